@@ -1,0 +1,99 @@
+"""Running a kernel on large arrays with several threads.
+
+The kernels release the GIL (``nogil=True``), so plain Python threads run them in parallel. This
+avoids numba's threading layers: the default OpenMP layer stalls for milliseconds per call on
+some machines and can clash with the OpenMP runtime torch brings. Results never depend on the
+thread count: chunks are disjoint and every kernel is told where its chunk starts.
+
+The thread bound comes from ``set_num_threads(n)``, else the ``NEURON_KERNELS_NUM_THREADS``
+environment variable, else the CPUs this process may use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+__all__ = ["set_num_threads", "get_num_threads", "PARALLEL_MIN_ELEMENTS", "run_chunked"]
+
+#: Arrays with fewer elements than this run on the calling thread alone: below it, handing work
+#: to a second thread costs more than it saves (measured with ``benchmarks/``).
+PARALLEL_MIN_ELEMENTS = 1 << 21
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = -1
+_num_threads: int | None = None
+
+
+def _available_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _from_env() -> int | None:
+    raw = os.environ.get("NEURON_KERNELS_NUM_THREADS", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"NEURON_KERNELS_NUM_THREADS must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"NEURON_KERNELS_NUM_THREADS must be a positive integer, got {raw!r}")
+    return value
+
+
+def set_num_threads(n: int | None) -> None:
+    """Bound the threads one kernel call may use (``None`` restores the default)."""
+    global _num_threads
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"the thread count must be a positive int or None, got {n!r}")
+    _num_threads = n
+
+
+def get_num_threads() -> int:
+    """The thread bound in force (see the module docstring for where it comes from)."""
+    if _num_threads is not None:
+        return _num_threads
+    return _from_env() or _available_cpus()
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _lock:
+        # A pool inherited through fork has no live threads: make a new one in the child.
+        if _pool is None or _pool_pid != os.getpid() or _pool._max_workers < workers:
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neuron_kernels")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def run_chunked(kernel: Callable[[Any, Any, Any, int], None], src: Any, dst: Any, options: Any,
+                src_group: int = 1, dst_group: int = 1, start: int = 0) -> None:
+    """Run ``kernel(src_chunk, dst_chunk, options, start)`` over 1-D ``src``/``dst``.
+
+    ``src_group`` source items correspond to ``dst_group`` destination items (4:1 when packing
+    into ``*_x4`` containers, 1:4 when unpacking); chunks never split a group. ``start`` is the
+    element index of ``src[0]`` in the caller's whole array.
+    """
+    units = src.size // src_group
+    threads = min(get_num_threads(), max(1, src.size // (PARALLEL_MIN_ELEMENTS // 2)))
+    if threads <= 1 or src.size < PARALLEL_MIN_ELEMENTS:
+        kernel(src, dst, options, start)
+        return
+    bounds = [units * k // threads for k in range(threads + 1)]
+    pieces = [(src[a * src_group:b * src_group], dst[a * dst_group:b * dst_group], start + a * src_group)
+              for a, b in zip(bounds[:-1], bounds[1:])]
+    pool = _executor(threads - 1)
+    futures = [pool.submit(kernel, s, d, options, off) for s, d, off in pieces[1:]]
+    try:
+        s, d, off = pieces[0]
+        kernel(s, d, options, off)
+    finally:
+        for f in futures:
+            f.result()

@@ -1,0 +1,202 @@
+"""The public cast functions: ``cast`` and ``auto_cast``.
+
+They validate, allocate and pick the kernel from the registry; the kernels only compute.
+"""
+
+from __future__ import annotations
+
+import numbers
+import secrets
+from typing import Any
+
+import numpy as np
+
+from ._parallel import run_chunked
+from .formats import DTypeLike, Format, get_format
+from .promotion import get_x4_from_x1, is_x4_dtype, launder_x4_dtype, promote_type
+from .registry import ROUNDING_MODES, CastKernel, CastOptions, lookup_cast
+
+__all__ = ["cast", "auto_cast"]
+
+#: Elements handed to a kernel at a time when the input or output is not contiguous.
+_BUFFER_ELEMENTS = 1 << 16
+
+
+def _options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
+    if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding mode {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"saturate must be True or False, got {saturate!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+    if rounding == "stochastic" and seed is None:
+        seed = secrets.randbits(63)
+    return CastOptions(rounding, bool(saturate), None if seed is None else int(seed))
+
+
+def _source_format(x: np.ndarray) -> Format:
+    try:
+        return get_format(x.dtype)
+    except TypeError:
+        raise TypeError(
+            f"cannot cast an array of dtype {x.dtype}: the sources are float and integer arrays "
+            "(float16/32/64, bfloat16, the float8/6/4 types, int8..int64, uint8..uint64)") from None
+
+
+def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[int, ...]:
+    if source.kind == "packed" and target.kind != "packed":
+        if not shape:
+            raise ValueError(f"a 0-d array of {source.name} containers cannot be unpacked")
+        return shape[:-1] + (shape[-1] * 4,)
+    if target.kind == "packed" and source.kind != "packed":
+        if not shape or shape[-1] % 4:
+            raise ValueError(
+                f"casting to {target.name} packs 4 consecutive elements of the last axis into one "
+                f"container, so the last axis must be a multiple of 4; got shape {shape}")
+        return shape[:-1] + (shape[-1] // 4,)
+    return shape
+
+
+def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, x: np.ndarray) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}; this cast needs shape {shape}")
+    if out.dtype != dtype:
+        raise ValueError(f"out has dtype {out.dtype}; this cast needs dtype {dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only; pass a writeable array")
+    if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):
+        raise ValueError("out overlaps the input; pass a separate array")
+    return out
+
+
+def _execute(x: np.ndarray, source: Format, target: Format, kernel: CastKernel,
+             options: CastOptions, out: np.ndarray) -> None:
+    """Run ``kernel`` over ``x`` into ``out`` (both already validated)."""
+    group = (4, 1) if target.kind == "packed" and source.kind != "packed" else (
+        (1, 4) if source.kind == "packed" and target.kind != "packed" else (1, 1))
+    native = x.dtype.isnative
+    if x.flags.c_contiguous and native and out.flags.c_contiguous:
+        if x.size:
+            fn = kernel.function
+            if kernel.parallel:
+                run_chunked(fn, x.reshape(-1), out.reshape(-1), options, *group)
+            else:
+                fn(x.reshape(-1), out.reshape(-1), options, 0)
+        return
+    if group != (1, 1):
+        # Packing needs whole groups of the last axis: work on contiguous copies.
+        src = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+        tmp = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        _execute(src, source, target, kernel, options, tmp)
+        if tmp is not out:
+            out[...] = tmp
+        return
+    it = np.nditer(
+        [x, out], flags=["external_loop", "buffered", "zerosize_ok", "grow_inner"],
+        op_flags=[["readonly"], ["writeonly"]], op_dtypes=[x.dtype.newbyteorder("="), out.dtype],
+        order="C", casting="equiv", buffersize=_BUFFER_ELEMENTS)
+    with it:
+        for a, b in it:
+            if a.size:
+                kernel.function(a, b, options, it.iterindex)
+
+
+def _run_cast(x: np.ndarray, source: Format, target: Format, options: CastOptions,
+              out: np.ndarray | None) -> np.ndarray:
+    kernel = lookup_cast(source.name, target.name)
+    kernel.check_options(options)
+    shape = _out_shape(x.shape, source, target)
+    if out is None:
+        out = np.empty(shape, target.result_dtype)
+    else:
+        out = _check_out(out, shape, target.result_dtype, x)
+    _execute(x, source, target, kernel, options, out)
+    return out
+
+
+def cast(x: Any, dtype: DTypeLike, *, rounding: str = "nearest_even", saturate: bool = False,
+         seed: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Cast an array to another number format, elementwise.
+
+    Parameters
+    ----------
+    x
+        An array of any shape and strides (or anything ``numpy.asarray`` accepts) of a float or
+        integer dtype. Big-endian arrays are read correctly.
+    dtype
+        The target: a numpy dtype, an ml_dtypes type, a name such as ``"bfloat16"`` or
+        ``"float8_e4m3fn"``, or one of the package's types (``"tfloat32"``, ``"float32r"``,
+        ``"float8_e4m3fn_x4"``, ...).
+    rounding
+        One of ``nearest_even`` (default, bit-exact with ml_dtypes), ``nearest_away``,
+        ``toward_zero``, ``toward_positive``, ``toward_negative``, ``stochastic``. A mode that the
+        pair's kernel does not implement raises ``NotImplementedError``.
+    saturate
+        Map overflow to the largest finite value instead of the overflow code.
+    seed
+        Seed of the stochastic rounding (``None``: fresh entropy).
+    out
+        Optional output array of the result's shape and dtype; written in place.
+
+    Returns
+    -------
+    numpy.ndarray
+        Of the ml_dtypes/numpy dtype of the target; ``float32`` arrays for ``tfloat32`` and
+        ``float32r``; ``uint32`` (FP8 lanes) or ``uint16`` (FP4 lanes) containers for the packed
+        ``*_x4`` targets, whose last axis is a quarter of the input's.
+
+    Raises
+    ------
+    TypeError
+        An unknown or non-numeric dtype, or a pair with no kernel (the message lists the
+        supported targets).
+    ValueError
+        An unknown rounding mode; an ``out`` of the wrong shape or dtype, read-only, or
+        overlapping ``x``; a packed target whose last axis is not a multiple of 4.
+    """
+    target = get_format(dtype)
+    options = _options(rounding, saturate, seed)
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    return _run_cast(arr, _source_format(arr), target, options, out)
+
+
+def _logical_format(arr: np.ndarray, declared: DTypeLike | None, which: str) -> Format:
+    if declared is None:
+        return _source_format(arr)
+    fmt = get_format(declared)
+    if arr.dtype.newbyteorder("=") != fmt.result_dtype:
+        raise ValueError(f"{which} is declared {fmt.name}, whose arrays have dtype "
+                         f"{fmt.result_dtype}, but {which} has dtype {arr.dtype}")
+    return fmt
+
+
+def auto_cast(a: Any, b: Any, *, a_dtype: DTypeLike | None = None,
+              b_dtype: DTypeLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Cast two operands to the dtype the Neuron compiler promotes them to.
+
+    The result dtype is ``promote_type`` of the operands' element types; when either operand is a
+    packed ``*_x4`` container and the promoted element has a packed form, the result is packed
+    too. An operand already of the result dtype is returned as it is (no copy).
+
+    ``a_dtype``/``b_dtype`` declare what an array holds when its numpy dtype cannot say:
+    ``"tfloat32"``/``"float32r"`` for float32 arrays, ``"float8_e4m3fn_x4"`` and friends for
+    their uint32/uint16 containers.
+    """
+    arrs = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in (a, b)]
+    fmts = [_logical_format(arrs[0], a_dtype, "a"), _logical_format(arrs[1], b_dtype, "b")]
+    elements = [launder_x4_dtype(f.dtype) for f in fmts]
+    result: Any = promote_type(elements[0], elements[1])
+    if any(is_x4_dtype(f.dtype) for f in fmts):
+        try:
+            result = get_x4_from_x1(result)
+        except TypeError:
+            pass
+    target = get_format(result)
+    options = CastOptions()
+    outs = [arr if fmt is target else _run_cast(arr, fmt, target, options, None)
+            for arr, fmt in zip(arrs, fmts)]
+    return outs[0], outs[1]
+
+

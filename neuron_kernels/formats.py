@@ -1,0 +1,417 @@
+"""The format table: every number format the package knows, and everything derived from it.
+
+Each format is one frozen :class:`Format` row holding its defining parameters (exponent and
+mantissa widths, bias, infinity/NaN policy, sign rule, storage). Every other number (largest
+finite value, smallest normal, codes of NaN and infinity, ...) is computed from those parameters;
+nothing is written out per format.
+
+The name normaliser :func:`as_dtype` accepts numpy dtypes, anything ``numpy.dtype()`` accepts,
+ml_dtypes scalar types, canonical name strings and the package's own :class:`NKDType` objects.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "Format",
+    "FormatInfo",
+    "NKDType",
+    "FORMATS",
+    "ALIASES",
+    "DTypeLike",
+    "as_dtype",
+    "canonical_name",
+    "format_info",
+    "get_format",
+]
+
+#: How a format spends its top codes on special values.
+#: ``ieee``: all-ones exponent is inf (zero mantissa) or NaN (non-zero mantissa).
+#: ``fn``: finite; only the all-ones exponent-and-mantissa code is NaN (``float8_e4m3fn``).
+#: ``fnuz``: finite, unsigned zero; the negative-zero code 0x80 is the only NaN.
+#: ``none``: every code is a finite number (FP6, FP4).
+#: ``e8m0``: unsigned exponent-only scale; 0xff is NaN.
+Specials = Literal["ieee", "fn", "fnuz", "none", "e8m0"]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One row of the format table.
+
+    ``kind`` is ``"float"``, ``"int"`` or ``"packed"`` (a container of four elements).
+    For floats, ``ebits``/``mbits``/``bias`` define the encoding and ``specials`` the use of the
+    top codes. ``bits`` is the width of one encoded value (sign included), ``itemsize`` the bytes
+    one stored value takes. ``numpy_name`` names the numpy/ml_dtypes dtype when one exists;
+    otherwise arrays of the format have the plain numpy dtype ``container``.
+    """
+
+    name: str
+    kind: Literal["float", "int", "packed"]
+    bits: int
+    itemsize: int
+    container: str | None = None
+    ebits: int = 0
+    mbits: int = 0
+    bias: int = 0
+    specials: Specials = "ieee"
+    signed: bool = True
+    numpy_name: str | None = None
+    element: str | None = None  # packed formats: the element format
+    lanes: int = 1  # packed formats: elements per container
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_packed(self) -> bool:
+        return self.kind == "packed"
+
+    @property
+    def has_inf(self) -> bool:
+        return self.kind == "float" and self.specials == "ieee"
+
+    @property
+    def has_nan(self) -> bool:
+        return self.kind == "float" and self.specials != "none"
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.kind == "float" and self.specials in ("ieee", "fn", "none")
+
+    @property
+    def max_exponent_field(self) -> int:
+        """Largest biased exponent field that encodes finite values."""
+        top = (1 << self.ebits) - 1
+        return top - 1 if self.specials in ("ieee", "e8m0") else top
+
+    @property
+    def max_mantissa_field(self) -> int:
+        """Largest mantissa field at :attr:`max_exponent_field` that encodes a finite value."""
+        full = (1 << self.mbits) - 1
+        return full - 1 if self.specials == "fn" else full
+
+    @property
+    def max_code(self) -> int:
+        """Code of the largest finite positive value (sign bit clear)."""
+        return (self.max_exponent_field << self.mbits) | self.max_mantissa_field
+
+    @property
+    def sign_code(self) -> int:
+        """The sign bit of a code (0 for unsigned formats)."""
+        return 1 << (self.bits - 1) if self.signed else 0
+
+    @property
+    def inf_code(self) -> int | None:
+        return ((1 << self.ebits) - 1) << self.mbits if self.has_inf else None
+
+    @property
+    def nan_code(self) -> int | None:
+        """The positive quiet NaN code (fnuz: the only NaN, 0x80)."""
+        if self.specials == "ieee":
+            return (((1 << self.ebits) - 1) << self.mbits) | (1 << (self.mbits - 1))
+        if self.specials == "fn":
+            return (1 << (self.bits - 1)) - 1
+        if self.specials == "fnuz":
+            return 1 << (self.bits - 1)
+        if self.specials == "e8m0":
+            return (1 << self.bits) - 1
+        return None
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal value."""
+        return 1 - self.bias if self.mbits else -self.bias
+
+    @property
+    def emax(self) -> int:
+        return self.max_exponent_field - self.bias
+
+    @property
+    def max(self) -> float:
+        if self.kind == "int":
+            return float(np.iinfo(self.name).max)
+        frac = 1.0 + self.max_mantissa_field / (1 << self.mbits)
+        return float(np.ldexp(frac, self.emax))
+
+    @property
+    def lowest(self) -> float:
+        if self.kind == "int":
+            return float(np.iinfo(self.name).min)
+        return -self.max if self.signed else self.smallest_normal
+
+    @property
+    def smallest_normal(self) -> float:
+        return float(np.ldexp(1.0, self.emin))
+
+    @property
+    def smallest_subnormal(self) -> float:
+        return float(np.ldexp(1.0, self.emin - self.mbits))
+
+    @property
+    def eps(self) -> float:
+        return float(np.ldexp(1.0, -self.mbits))
+
+    @property
+    def dtype(self) -> np.dtype | NKDType:
+        """The dtype object users see: the numpy/ml_dtypes dtype, else the package's own."""
+        if self.numpy_name is not None:
+            return _numpy_dtype(self.numpy_name)
+        return NKDType._for(self)
+
+    @property
+    def result_dtype(self) -> np.dtype:
+        """The dtype of the arrays that hold values of this format."""
+        if self.numpy_name is not None:
+            return _numpy_dtype(self.numpy_name)
+        return np.dtype(self.container)
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """The unsigned integer dtype of the same width: what the kernels see."""
+        return np.dtype(f"uint{8 * self.itemsize}")
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    obj = getattr(ml_dtypes, name, None)
+    return np.dtype(obj if obj is not None else name)
+
+
+class NKDType:
+    """A dtype object for a format that numpy and ml_dtypes do not have.
+
+    ``tfloat32`` and ``float32r`` are stored in float32 arrays; the packed ``*_x4`` types in
+    uint32 (FP8 lanes) or uint16 (FP4 lanes) arrays. The object carries the format's ``name``,
+    ``itemsize`` and the ``container`` dtype; it compares equal to itself and to its name.
+    """
+
+    __slots__ = ("_format",)
+    _instances: dict[str, NKDType] = {}
+
+    def __init__(self, fmt: Format) -> None:
+        self._format = fmt
+
+    @classmethod
+    def _for(cls, fmt: Format) -> NKDType:
+        inst = cls._instances.get(fmt.name)
+        if inst is None:
+            inst = cls._instances[fmt.name] = cls(fmt)
+        return inst
+
+    @property
+    def name(self) -> str:
+        return self._format.name
+
+    @property
+    def itemsize(self) -> int:
+        return self._format.itemsize
+
+    @property
+    def container(self) -> np.dtype:
+        return np.dtype(self._format.container)
+
+    @property
+    def format(self) -> Format:
+        return self._format
+
+    def __repr__(self) -> str:
+        return f"neuron_kernels.{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NKDType):
+            return other._format.name == self._format.name
+        if isinstance(other, str):
+            return other == self._format.name
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(("neuron_kernels", self._format.name))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (as_dtype, (self.name,))
+
+
+def _float(name: str, ebits: int, mbits: int, bias: int, specials: Specials, *,
+           itemsize: int = 1, container: str | None = None, signed: bool = True) -> Format:
+    width = 1 + ebits + mbits if signed else ebits + mbits
+    numpy_name = None if container else name
+    return Format(name=name, kind="float", bits=width, itemsize=itemsize, container=container,
+                  ebits=ebits, mbits=mbits, bias=bias, specials=specials, signed=signed,
+                  numpy_name=numpy_name)
+
+
+def _int(name: str) -> Format:
+    info = np.iinfo(name)
+    return Format(name=name, kind="int", bits=info.bits, itemsize=info.bits // 8,
+                  signed=info.min < 0, numpy_name=name)
+
+
+def _packed(name: str, element: str, container: str) -> Format:
+    size = np.dtype(container).itemsize
+    return Format(name=name, kind="packed", bits=8 * size, itemsize=size, container=container,
+                  element=element, lanes=4, numpy_name=None, signed=False)
+
+
+_TABLE: tuple[Format, ...] = (
+    # IEEE and numpy floats
+    _float("float64", 11, 52, 1023, "ieee", itemsize=8),
+    _float("float32", 8, 23, 127, "ieee", itemsize=4),
+    _float("float16", 5, 10, 15, "ieee", itemsize=2),
+    # Package-only floats stored in float32 arrays (tfloat32: the low 13 mantissa bits are zero)
+    _float("float32r", 8, 23, 127, "ieee", itemsize=4, container="float32"),
+    _float("tfloat32", 8, 10, 127, "ieee", itemsize=4, container="float32"),
+    # ml_dtypes floats
+    _float("bfloat16", 8, 7, 127, "ieee", itemsize=2),
+    _float("float8_e4m3", 4, 3, 7, "ieee"),
+    _float("float8_e4m3fn", 4, 3, 7, "fn"),
+    _float("float8_e4m3fnuz", 4, 3, 8, "fnuz"),
+    _float("float8_e4m3b11fnuz", 4, 3, 11, "fnuz"),
+    _float("float8_e5m2", 5, 2, 15, "ieee"),
+    _float("float8_e5m2fnuz", 5, 2, 16, "fnuz"),
+    _float("float8_e3m4", 3, 4, 3, "ieee"),
+    _float("float6_e2m3fn", 2, 3, 1, "none"),
+    _float("float6_e3m2fn", 3, 2, 3, "none"),
+    _float("float4_e2m1fn", 2, 1, 1, "none"),
+    _float("float8_e8m0fnu", 8, 0, 127, "e8m0", signed=False),
+    # Neuron's packed containers: four elements of the last axis per container
+    _packed("float8_e4m3fn_x4", "float8_e4m3fn", "uint32"),
+    _packed("float8_e5m2_x4", "float8_e5m2", "uint32"),
+    _packed("float4_e2m1fn_x4", "float4_e2m1fn", "uint16"),
+    # integers
+    *(_int(n) for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")),
+)
+
+#: Every format, by canonical name.
+FORMATS: dict[str, Format] = {f.name: f for f in _TABLE}
+
+#: Extra spellings accepted by :func:`as_dtype` (never ones that numpy reads differently).
+ALIASES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "fp64": "float64",
+    "tf32": "tfloat32",
+    "fp32r": "float32r",
+    "fp8_e4m3": "float8_e4m3",
+    "fp8_e4m3fn": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "fp4_e2m1fn": "float4_e2m1fn",
+    "e8m0": "float8_e8m0fnu",
+}
+
+DTypeLike = Union[np.dtype, NKDType, str, type, Any]
+
+
+def _unknown(name: str) -> TypeError:
+    known = sorted(set(FORMATS) | set(ALIASES))
+    close = difflib.get_close_matches(name.lower(), known, n=4, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return TypeError(f"unknown dtype {name!r}.{hint} Known names: {', '.join(sorted(FORMATS))}.")
+
+
+def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
+    """Normalise a dtype description.
+
+    Accepts a ``numpy.dtype``, anything ``numpy.dtype()`` accepts, an ml_dtypes scalar type, a
+    canonical name or alias string, or an :class:`NKDType`. Formats in the table come back as their
+    canonical dtype object (native byte order); other numpy dtypes (bool, complex, ...) come back
+    unchanged so that callers can reject them with their own message. Unknown names raise
+    ``TypeError`` listing the closest known names.
+    """
+    if isinstance(t, NKDType):
+        return t
+    if isinstance(t, str):
+        key = t.strip()
+        key = ALIASES.get(key.lower(), key)
+        fmt = FORMATS.get(key)
+        if fmt is not None:
+            return fmt.dtype
+        try:
+            dt = np.dtype(key)
+        except TypeError:
+            raise _unknown(t) from None
+    else:
+        try:
+            dt = np.dtype(t)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"not a dtype: {t!r} ({exc}); pass a numpy dtype, an ml_dtypes type "
+                            f"or one of: {', '.join(sorted(FORMATS))}") from None
+    fmt = FORMATS.get(dt.name)
+    if fmt is not None and fmt.numpy_name is not None and dt.newbyteorder("=") == fmt.result_dtype:
+        return fmt.result_dtype
+    return dt
+
+
+def get_format(t: DTypeLike) -> Format:
+    """The table row for a dtype description; ``TypeError`` for anything not in the table."""
+    dt = as_dtype(t)
+    if isinstance(dt, NKDType):
+        return dt.format
+    fmt = FORMATS.get(dt.name)
+    if fmt is None or fmt.numpy_name is None or dt.newbyteorder("=") != fmt.result_dtype:
+        raise TypeError(
+            f"unsupported dtype {dt!r}: expected a numeric format, one of "
+            f"{', '.join(sorted(FORMATS))}"
+        )
+    return fmt
+
+
+def canonical_name(t: DTypeLike) -> str:
+    """The canonical name of a supported dtype (``TypeError`` for anything else)."""
+    return get_format(t).name
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """finfo-like facts about one format (``None`` where a field does not apply)."""
+
+    name: str
+    kind: str
+    bits: int
+    itemsize: int
+    container: np.dtype
+    dtype: Any
+    ebits: int | None
+    mbits: int | None
+    bias: int | None
+    max: float
+    min: float
+    smallest_normal: float | None
+    smallest_subnormal: float | None
+    eps: float | None
+    has_inf: bool
+    has_nan: bool
+    has_negative_zero: bool
+    element: str | None = None
+    lanes: int = 1
+
+
+def format_info(t: DTypeLike) -> FormatInfo:
+    """Describe a format: bits, exponent/mantissa widths, bias, range, eps, special values.
+
+    >>> format_info("float8_e4m3fn").max
+    448.0
+    """
+    f = get_format(t)
+    if f.kind == "packed":
+        e = FORMATS[f.element]  # type: ignore[index]
+        return FormatInfo(f.name, f.kind, f.bits, f.itemsize, np.dtype(f.container), f.dtype,
+                          e.ebits, e.mbits, e.bias, e.max, e.lowest, e.smallest_normal,
+                          e.smallest_subnormal, e.eps, e.has_inf, e.has_nan,
+                          e.has_negative_zero, f.element, f.lanes)
+    if f.kind == "int":
+        return FormatInfo(f.name, f.kind, f.bits, f.itemsize, f.result_dtype, f.dtype,
+                          None, None, None, f.max, f.lowest, None, None, None, False, False, False)
+    return FormatInfo(f.name, f.kind, f.bits, f.itemsize, f.result_dtype, f.dtype, f.ebits,
+                      f.mbits, f.bias, f.max, f.lowest, f.smallest_normal, f.smallest_subnormal,
+                      f.eps, f.has_inf, f.has_nan, f.has_negative_zero)
