@@ -1,0 +1,124 @@
+"""Throughput measurement shared by ``neuron-kernels bench``.
+
+GB/s = (bytes read + bytes written) / time, median of ``repeat`` runs after one warm-up.
+Every figure of one report is measured in the same process, back to back, so that ratios are
+meaningful on a noisy machine even when absolute GB/s drift:
+
+- ``copy``: ``np.copyto`` float32 -> float32 into a preallocated array (the bandwidth baseline);
+- ``ours (out=)``: ``cast(x, dtype, out=preallocated)``, compared with the copy baseline;
+- ``ours``: ``cast(x, dtype)`` allocating its result, compared with the peer, which allocates too;
+- the peer: ml_dtypes ``astype`` (where ml_dtypes has the target), else the package's own
+  numpy fallback for the pair.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .casting import cast
+from .formats import get_format
+from .registry import CastOptions, supported_casts
+
+__all__ = ["BenchRow", "measure", "synthetic_input", "bench_casts", "format_table"]
+
+
+@dataclass
+class BenchRow:
+    source: str
+    target: str
+    elements: int
+    ours_gbs: float
+    ours_out_gbs: float
+    copy_gbs: float
+    peer: str
+    peer_gbs: float
+
+    @property
+    def vs_copy(self) -> float:
+        return self.ours_out_gbs / self.copy_gbs
+
+    @property
+    def vs_peer(self) -> float:
+        return self.ours_gbs / self.peer_gbs
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "vs_copy": self.vs_copy, "vs_peer": self.vs_peer}
+
+
+def measure(fn: Callable[[], Any], nbytes: int, repeat: int) -> float:
+    """Median GB/s of ``fn`` moving ``nbytes`` per call, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def synthetic_input(n: int, dtype: Any = np.float32, seed: int = 0) -> np.ndarray:
+    """Built-in data: normal values times powers of two across 40 binades, a few specials."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n, dtype=np.float32)
+    x *= np.exp2(rng.integers(-20, 20, n, dtype=np.int8).astype(np.float32))
+    if n >= 4:
+        x[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    return x if dtype is np.float32 else cast(x, dtype)
+
+
+def _peer(source: str, target: str) -> tuple[str, Callable[[np.ndarray], Any]]:
+    """The peer of a pair: ml_dtypes ``astype``, or numpy code where ml_dtypes lacks the target."""
+    t = get_format(target)
+    if t.numpy_name is not None:
+        return "ml_dtypes", lambda a: a.astype(t.result_dtype)
+    from .kernels.fallback import make_fallback
+
+    fallback = make_fallback(get_format(source), t)
+
+    def run(a: np.ndarray) -> np.ndarray:
+        out = np.empty(a.shape, t.result_dtype)
+        fallback(a.reshape(-1), out.reshape(-1), CastOptions(), 0)
+        return out
+
+    return "numpy", run
+
+
+def bench_casts(n: int, repeat: int = 5, pairs: list[tuple[str, str]] | None = None,
+                progress: Callable[[str], None] | None = None) -> list[BenchRow]:
+    """Measure every compiled cast kernel (or ``pairs``) on ``n`` built-in elements."""
+    if pairs is None:
+        pairs = [(k.source, k.target) for k in supported_casts("numba")]
+    base = synthetic_input(n)
+    copy_dst = np.empty_like(base)
+    rows = []
+    sources: dict[str, np.ndarray] = {"float32": base}
+    for source, target in pairs:
+        if progress:
+            progress(f"{source} -> {target}")
+        if source not in sources:
+            sources[source] = cast(base, source)
+        x = sources[source]
+        out = cast(x, target)
+        moved = x.nbytes + out.nbytes
+        copy_gbs = measure(lambda: np.copyto(copy_dst, base), 2 * base.nbytes, repeat)
+        ours_out = measure(lambda: cast(x, target, out=out), moved, repeat)
+        ours = measure(lambda: cast(x, target), moved, repeat)
+        peer_name, peer = _peer(source, target)
+        peer_gbs = measure(lambda: peer(x), moved, max(1, min(repeat, 3)))
+        rows.append(BenchRow(source, target, n, ours, ours_out, copy_gbs, peer_name, peer_gbs))
+    return rows
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    head = (f"{'cast':<28}{'GB/s':>8}{'out= GB/s':>11}{'copy GB/s':>11}{'vs copy':>9}"
+            f"{'peer':>11}{'peer GB/s':>11}{'vs peer':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.source + ' -> ' + r.target:<28}{r.ours_gbs:>8.1f}{r.ours_out_gbs:>11.1f}"
+                     f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>11}{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x")
+    return "\n".join(lines)
