@@ -28,11 +28,17 @@ _pool_pid = -1
 _num_threads: int | None = None
 
 
+_cpus: int | None = None
+
+
 def _available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+    global _cpus
+    if _cpus is None:
+        try:
+            _cpus = max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            _cpus = max(1, os.cpu_count() or 1)
+    return _cpus
 
 
 def _from_env() -> int | None:
@@ -81,11 +87,14 @@ def run_chunked(kernel: Callable[[Any, Any, Any, int], None], src: Any, dst: Any
     into ``*_x4`` containers, 1:4 when unpacking); chunks never split a group. ``start`` is the
     element index of ``src[0]`` in the caller's whole array.
     """
-    units = src.size // src_group
-    threads = min(get_num_threads(), max(1, src.size // (PARALLEL_MIN_ELEMENTS // 2)))
-    if threads <= 1 or src.size < PARALLEL_MIN_ELEMENTS:
+    if src.size < PARALLEL_MIN_ELEMENTS:
         kernel(src, dst, options, start)
         return
+    threads = min(get_num_threads(), max(1, src.size // (PARALLEL_MIN_ELEMENTS // 2)))
+    if threads <= 1:
+        kernel(src, dst, options, start)
+        return
+    units = src.size // src_group
     bounds = [units * k // threads for k in range(threads + 1)]
     pieces = [(src[a * src_group:b * src_group], dst[a * dst_group:b * dst_group], start + a * src_group)
               for a, b in zip(bounds[:-1], bounds[1:])]

@@ -352,8 +352,25 @@ def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
     return dt
 
 
+_FORMAT_CACHE: dict[Any, Format] = {}
+
+
 def get_format(t: DTypeLike) -> Format:
     """The table row for a dtype description; ``TypeError`` for anything not in the table."""
+    try:
+        return _FORMAT_CACHE[t]
+    except (KeyError, TypeError):  # not seen yet, or unhashable
+        pass
+    fmt = _resolve_format(t)
+    if len(_FORMAT_CACHE) < 4096:
+        try:
+            _FORMAT_CACHE[t] = fmt
+        except TypeError:
+            pass
+    return fmt
+
+
+def _resolve_format(t: DTypeLike) -> Format:
     dt = as_dtype(t)
     if isinstance(dt, NKDType):
         return dt.format

@@ -102,8 +102,15 @@ def register_cast(source: DTypeLike, target: DTypeLike, *, impl: Impl = "numba",
     return decorate
 
 
+_loaded = False
+
+
 def _ensure_loaded() -> None:
-    from . import kernels  # noqa: F401  (registers every kernel on first import)
+    global _loaded
+    if not _loaded:
+        from . import kernels  # noqa: F401  (registers every kernel on first import)
+
+        _loaded = True
 
 
 def lookup_cast(source: DTypeLike, target: DTypeLike) -> CastKernel:

@@ -49,10 +49,17 @@ def _lane_bits(fmt: Format) -> int:
 
 
 def _to_values(src: np.ndarray, fmt: Format) -> np.ndarray:
-    """Source array -> an array numpy/ml_dtypes can ``astype`` (packed containers are unpacked)."""
+    """Source array -> values numpy/ml_dtypes can ``astype``.
+
+    Floats narrower than float64 are decoded to float32 (exact), so that every target is reached
+    with one rounding even where ml_dtypes has no direct cast (float8_e8m0fnu to float8, ...);
+    packed containers are unpacked first. float64 and integers go to ``astype`` as they are.
+    """
     if fmt.kind == "packed":
         element = FORMATS[fmt.element]  # type: ignore[index]
-        return unpack_codes(src, _lane_bits(fmt)).view(element.result_dtype)
+        return unpack_codes(src, _lane_bits(fmt)).view(element.result_dtype).astype(np.float32)
+    if fmt.kind == "float" and fmt.itemsize < 8:
+        return src.astype(np.float32)
     return src
 
 

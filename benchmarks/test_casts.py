@@ -1,0 +1,67 @@
+"""Throughput of every compiled cast, with the copy baseline and the peer in the same run.
+
+    python -m pytest benchmarks --benchmark-json=bench.json
+    python scripts/bench_ratios.py bench.json
+
+GB/s = (bytes read + bytes written) / time, recorded in ``extra_info["gbs"]`` of every entry.
+Entries per (size): ``copy`` (np.copyto float32, preallocated). Per (pair, size): ``ours``
+(cast, allocating), ``ours_out`` (cast with out=), ``peer`` (ml_dtypes astype, or the numpy
+implementation where ml_dtypes lacks the target).
+"""
+
+import numpy as np
+import pytest
+
+import neuron_kernels as nk
+from neuron_kernels.bench import _peer
+
+from .conftest import SIZES, float32_input
+
+PAIRS = [(k.source, k.target) for k in nk.supported_casts("numba")]
+
+
+def _record(benchmark, nbytes):
+    benchmark.extra_info["bytes"] = nbytes
+    benchmark.extra_info["gbs"] = nbytes / benchmark.stats.stats.median / 1e9
+
+
+def _source(source, n):
+    x = float32_input(n)
+    return x if source == "float32" else nk.cast(x, source)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_copy_baseline(benchmark, n):
+    x = float32_input(n)
+    y = np.empty_like(x)
+    benchmark.group = f"copy n={n}"
+    benchmark.extra_info.update(kind="copy", n=n)
+    benchmark(np.copyto, y, x)
+    _record(benchmark, 2 * x.nbytes)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", ["ours", "ours_out", "peer"])
+@pytest.mark.parametrize("source, target", PAIRS)
+def test_cast(benchmark, source, target, kind, n):
+    x = _source(source, n)
+    out = nk.cast(x, target)
+    benchmark.group = f"{source}->{target} n={n}"
+    benchmark.extra_info.update(kind=kind, n=n, pair=f"{source}->{target}")
+    if kind == "ours":
+        benchmark(nk.cast, x, target)
+    elif kind == "ours_out":
+        benchmark(nk.cast, x, target, out=out)
+    else:
+        name, fn = _peer(source, target)
+        benchmark.extra_info["peer"] = name
+        benchmark(fn, x)
+    _record(benchmark, x.nbytes + out.nbytes)
+
+
+def test_small_cast_call(benchmark):
+    """The whole call for 16 elements (target: <= 30 microseconds median)."""
+    x = np.linspace(-4, 4, 16, dtype=np.float32)
+    benchmark.group = "16 elements"
+    benchmark.extra_info.update(kind="small", n=16)
+    benchmark(nk.cast, x, "bfloat16")

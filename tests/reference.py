@@ -1,0 +1,49 @@
+"""Slow, obviously-correct references that the fast kernels are compared with.
+
+Nothing here shares code with the package: values are computed in float64 with frexp/ldexp
+and ``numpy.rint`` (round half to even), the way one would do it by hand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def round_float32_to_mbits(x: np.ndarray, mbits: int) -> np.ndarray:
+    """Round float32 values to a float32-range format with ``mbits`` mantissa bits (ties to even).
+
+    The format has float32's exponent range (8 bits, bias 127), subnormals with quantum
+    2^(-126 - mbits), and overflows to infinity past its largest finite value. NaN becomes the
+    quiet NaN of its sign (0x7fc00000 / 0xffc00000). Returns float32 values.
+    """
+    with np.errstate(invalid="ignore"):
+        x64 = np.asarray(x, dtype=np.float32).astype(np.float64)
+    _, e = np.frexp(x64)  # |x| in [2^(e-1), 2^e)
+    exp = np.maximum(e - 1, -126)  # exponent of the value's binade, clamped to the normal range
+    ulp = np.ldexp(1.0, exp - mbits)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = np.rint(x64 / ulp) * ulp
+        largest = np.ldexp(2.0 - 2.0 ** -mbits, 127)
+        q = np.where(np.abs(q) > largest, np.copysign(np.inf, x64), q)
+        out = q.astype(np.float32)
+    bits = out.view(np.uint32)
+    nan = np.isnan(x64)
+    sign = np.asarray(x, dtype=np.float32).view(np.uint32) & np.uint32(0x80000000)
+    bits = np.where(nan, sign | np.uint32(0x7FC00000), bits)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def pack_lanes(codes: np.ndarray, lane_bits: int, container: type) -> np.ndarray:
+    """Pack the last axis four codes at a time, element 0 in the least significant lane (a loop)."""
+    codes = np.asarray(codes)
+    n = codes.shape[-1] // 4
+    out = np.zeros(codes.shape[:-1] + (n,), dtype=container)
+    flat_in = codes.reshape(-1, codes.shape[-1])
+    flat_out = out.reshape(-1, n)
+    for r in range(flat_in.shape[0]):
+        for j in range(n):
+            word = 0
+            for lane in range(4):
+                word |= (int(flat_in[r, 4 * j + lane]) & ((1 << lane_bits) - 1)) << (lane * lane_bits)
+            flat_out[r, j] = word
+    return out

@@ -1,0 +1,117 @@
+"""Package-level behaviour: lazy compilation, the on-disk cache, fork safety, the command line."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=full_env)
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "neuron_kernels", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_import_compiles_nothing_and_skips_numba():
+    r = run_python("""
+        import sys
+        import neuron_kernels as nk
+        nk.promote_type("bfloat16", "float16"); nk.format_info("float8_e4m3fn")
+        print("numba" in sys.modules)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_public_api_is_listed():
+    import neuron_kernels as nk
+
+    for name in nk.__all__:
+        assert hasattr(nk, name), name
+
+
+def test_cached_specialisations_stay_apart(tmp_path):
+    # Two kernels built by one factory must not share a cache entry: run both in a fresh process
+    # (compiling and caching), then again (loading from the cache), checking results each time.
+    code = """
+        import numpy as np, ml_dtypes, neuron_kernels as nk
+        from tests.reference import round_float32_to_mbits
+        x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+        a = nk.cast(x, "tfloat32").view(np.uint32)
+        b = nk.cast(x, "bfloat16").view(np.uint16)
+        assert (a == round_float32_to_mbits(x, 10).view(np.uint32)).all()
+        assert (b == x.astype(ml_dtypes.bfloat16).view(np.uint16)).all()
+        print("ok")
+    """
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    for _ in range(2):
+        r = run_python(code, env)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
+
+
+def test_threads_after_fork_do_not_hang():
+    r = run_python("""
+        import multiprocessing as mp, numpy as np, neuron_kernels as nk
+        from neuron_kernels import _parallel
+        x = np.ones(_parallel.PARALLEL_MIN_ELEMENTS * 2, np.float32)
+        nk.set_num_threads(2)
+        nk.cast(x, "bfloat16")          # the parent starts its thread pool
+        def child(q):
+            q.put(float(nk.cast(x, "bfloat16").astype(np.float32).sum()))
+        ctx = mp.get_context("fork")
+        q = ctx.Queue(); p = ctx.Process(target=child, args=(q,)); p.start()
+        print(q.get(timeout=120)); p.join(60)
+    """, timeout=200)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout.strip()) == 2 * float(2**21)
+
+
+def test_cli_bench_json(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_cli("bench", "--size", "64Ki", "--repeat", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "float32 -> bfloat16" in r.stdout and "vs copy" in r.stdout
+    rows = json.loads(out.read_text())
+    pairs = {(row["source"], row["target"]) for row in rows}
+    assert ("float32", "bfloat16") in pairs and ("bfloat16", "float32") in pairs
+    for row in rows:
+        assert row["elements"] == 65536
+        assert row["ours_gbs"] > 0 and row["copy_gbs"] > 0 and row["peer_gbs"] > 0
+
+
+def test_cli_promote_and_formats():
+    r = run_cli("promote", "uint8", "int8")
+    assert (r.returncode, r.stdout.strip()) == (0, "int16")
+    r = run_cli("promote", "uint64", "int8", "--explain")
+    assert r.returncode == 0 and "float32" in r.stdout and "int-mixed-float32" in r.stdout
+    r = run_cli("promote", "float4_e2m1fn", "float4_e2m1fn")
+    assert r.returncode == 1 and "No available implicit dtype promotion path" in r.stdout
+    r = run_cli("promote", "--table")
+    assert r.returncode == 0 and "e8m0" in r.stdout
+    r = run_cli("formats")
+    assert r.returncode == 0 and "float8_e4m3fn" in r.stdout and "448" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("promote", "float9", "int8"), "unknown dtype 'float9'"),
+    (("promote", "int8"), "needs two dtypes"),
+    (("bench", "--size", "lots"), "invalid size"),
+    (("bench", "--repeat", "0"), "--repeat"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_cli_bad_input(args, message):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr

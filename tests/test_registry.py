@@ -1,0 +1,161 @@
+"""The dispatch registry and auto_cast: every promotion result resolves to a kernel."""
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import neuron_kernels as nk
+from neuron_kernels.formats import FORMATS
+from neuron_kernels.promotion import grid_dtypes
+
+from .reference import pack_lanes, round_float32_to_mbits
+
+X4 = [n for n, f in FORMATS.items() if f.kind == "packed"]
+VALUE_TYPES = grid_dtypes()
+
+
+def _plan(t0, t1):
+    """The auto-cast plan of promotion.md: launder, promote, restore x4 where it exists."""
+    r = nk.promote_type(nk.launder_x4_dtype(t0), nk.launder_x4_dtype(t1))
+    if nk.is_x4_dtype(t0) or nk.is_x4_dtype(t1):
+        try:
+            r = nk.get_x4_from_x1(r)
+        except TypeError:
+            pass
+    return r
+
+
+def _promotable_pairs():
+    for t0, t1 in itertools.product(VALUE_TYPES + X4, repeat=2):
+        try:
+            yield t0, t1, _plan(t0, t1)
+        except TypeError:
+            continue
+
+
+def test_every_promotion_result_has_a_kernel():
+    missing = []
+    for t0, t1, r in _promotable_pairs():
+        for src in (t0, t1):
+            try:
+                nk.lookup_cast(src, r)
+            except nk.UnsupportedCastError:
+                missing.append((src, r.name))
+    assert not missing
+
+
+def test_kernels_are_marked():
+    kinds = {k.impl for k in nk.supported_casts()}
+    assert kinds == {"numba", "fallback"}
+    assert all(k.impl == "numba" for k in nk.supported_casts("numba"))
+    assert nk.lookup_cast("float64", "bfloat16").impl == "fallback"
+
+
+def test_lookup_error_names_pair_and_targets():
+    with pytest.raises(nk.UnsupportedCastError, match=r"no cast from float32 to int8.*supported targets are: .*float8_e4m3fn"):
+        nk.lookup_cast("float32", "int8")
+    with pytest.raises(TypeError, match="unknown dtype"):
+        nk.lookup_cast("float32", "nope")
+
+
+def test_register_twice_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        nk.register_cast("float32", "bfloat16")(lambda *a: None)
+
+
+def test_register_unknown_rounding_is_refused():
+    with pytest.raises(ValueError, match="unknown rounding"):
+        nk.register_cast("float32", "bfloat16", roundings=("up",))
+
+
+def _sample(fmt_name, rng):
+    """Values of a format: random float32 spread over binades, cast by ml_dtypes (an oracle)."""
+    f = FORMATS[fmt_name]
+    x = (rng.standard_normal(64) * np.exp2(rng.integers(-8, 8, 64))).astype(np.float32)
+    if f.kind == "int":
+        return rng.integers(np.iinfo(fmt_name).min // 2, np.iinfo(fmt_name).max // 2, 64, dtype=fmt_name,
+                            endpoint=True)
+    if f.kind == "packed":
+        element = np.dtype(getattr(ml_dtypes, f.element))
+        codes = x.astype(element).view(np.uint8)
+        return pack_lanes(codes, 8 * f.itemsize // 4, f.result_dtype.type)
+    if fmt_name == "tfloat32":
+        return round_float32_to_mbits(x, 10)
+    if f.numpy_name is None:
+        return x
+    with np.errstate(over="ignore"):
+        return x.astype(f.result_dtype)
+
+
+def _values(arr, fmt_name):
+    """Decode an array of a format to float64 values (independently of the package)."""
+    f = FORMATS[fmt_name]
+    if f.kind == "packed":
+        lane = 8 * f.itemsize // 4
+        codes = np.stack([(arr.astype(np.uint64) >> np.uint64(lane * i)) & np.uint64((1 << lane) - 1)
+                          for i in range(4)], axis=-1).reshape(arr.shape[:-1] + (-1,))
+        return codes.astype(np.uint8).view(getattr(ml_dtypes, f.element)).astype(np.float64)
+    return arr.astype(np.float64)
+
+
+@pytest.mark.parametrize("src, dst", sorted({(s, r.name) for t0, t1, r in _promotable_pairs() for s in (t0, t1)}))
+def test_promotion_casts_agree_with_ml_dtypes(src, dst, rng):
+    x = _sample(src, rng)
+    y = nk.auto_cast(x, np.zeros(0, FORMATS[dst].result_dtype), a_dtype=src, b_dtype=dst)[0] \
+        if src != dst else x
+    t = FORMATS[dst]
+    values = _values(x, src)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if t.kind == "packed":
+            element = np.dtype(getattr(ml_dtypes, t.element))
+            expected = pack_lanes(values.astype(np.float32).astype(element).view(np.uint8),
+                                  8 * t.itemsize // 4, t.result_dtype.type)
+        elif dst == "tfloat32":
+            expected = round_float32_to_mbits(values.astype(np.float32), 10)
+        elif dst == "float32r":
+            expected = values.astype(np.float32)
+        elif src == "float64" or FORMATS[src].kind == "int":
+            expected = x.astype(t.result_dtype)  # ml_dtypes' own cast
+        else:
+            expected = values.astype(np.float32).astype(t.result_dtype)  # exact decode, one rounding
+    assert y.dtype == expected.dtype and y.shape == expected.shape
+    np.testing.assert_array_equal(y.view(f"u{y.dtype.itemsize}"), expected.view(f"u{y.dtype.itemsize}"))
+
+
+def test_auto_cast_plain_arrays(rng):
+    a = rng.standard_normal(8).astype(np.float16)
+    b = rng.standard_normal(8).astype(ml_dtypes.bfloat16)
+    ca, cb = nk.auto_cast(a, b)
+    assert ca.dtype == cb.dtype == np.dtype(ml_dtypes.bfloat16)
+    assert cb is b
+    ia, ib = nk.auto_cast(np.arange(4, dtype=np.uint8), np.arange(4, dtype=np.int8))
+    assert ia.dtype == ib.dtype == np.int16
+
+
+def test_auto_cast_restores_x4(rng):
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    packed = nk.cast(x, "float8_e4m3fn_x4")
+    a, b = nk.auto_cast(packed, x.astype(ml_dtypes.float8_e5m2), a_dtype="float8_e4m3fn_x4")
+    assert a is packed
+    assert b.dtype == np.uint32 and b.shape == (2, 2)
+    expected = pack_lanes(x.astype(ml_dtypes.float8_e5m2).astype(ml_dtypes.float8_e4m3fn).view(np.uint8), 8, np.uint32)
+    np.testing.assert_array_equal(b, expected)
+
+
+def test_auto_cast_unpacks_when_result_has_no_x4_form(rng):
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    packed = nk.cast(x, "float4_e2m1fn_x4")
+    a, b = nk.auto_cast(packed, x.astype(np.float16), a_dtype="float4_e2m1fn_x4")
+    assert a.dtype == np.float16 and a.shape == (2, 8)
+    np.testing.assert_array_equal(a, x.astype(ml_dtypes.float4_e2m1fn).astype(np.float16))
+
+
+def test_auto_cast_errors():
+    with pytest.raises(nk.NoPromotionPathError):
+        nk.auto_cast(np.zeros(4, ml_dtypes.float4_e2m1fn), np.zeros(4, ml_dtypes.float4_e2m1fn))
+    with pytest.raises(ValueError, match="declared float8_e4m3fn_x4"):
+        nk.auto_cast(np.zeros(4, np.float32), np.zeros(4, np.float32), a_dtype="float8_e4m3fn_x4")
+    with pytest.raises(TypeError, match="cannot cast an array of dtype complex"):
+        nk.auto_cast(np.zeros(4, np.complex64), np.zeros(4, np.float32))
