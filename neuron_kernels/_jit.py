@@ -10,7 +10,8 @@ arguments are converted to ``uint32`` first, so literals can be passed as they a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numba
 from numba import types

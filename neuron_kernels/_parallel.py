@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["set_num_threads", "get_num_threads", "PARALLEL_MIN_ELEMENTS", "run_chunked"]
 

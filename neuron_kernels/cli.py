@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["main"]
 

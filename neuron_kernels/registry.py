@@ -13,8 +13,9 @@ of ``src[0]`` in the whole flattened input, for kernels whose result depends on 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from .formats import DTypeLike, canonical_name
 

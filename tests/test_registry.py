@@ -54,7 +54,8 @@ def test_kernels_are_marked():
 
 
 def test_lookup_error_names_pair_and_targets():
-    with pytest.raises(nk.UnsupportedCastError, match=r"no cast from float32 to int8.*supported targets are: .*float8_e4m3fn"):
+    pattern = r"no cast from float32 to int8.*supported targets are: .*float8_e4m3fn"
+    with pytest.raises(nk.UnsupportedCastError, match=pattern):
         nk.lookup_cast("float32", "int8")
     with pytest.raises(TypeError, match="unknown dtype"):
         nk.lookup_cast("float32", "nope")

@@ -10,7 +10,7 @@ The arithmetic never overflows 32 bits for non-NaN inputs.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from .._jit import jit, u32_add, u32_and, u32_or, u32_shl, u32_shr
@@ -18,7 +18,7 @@ from .._jit import jit, u32_add, u32_and, u32_or, u32_shl, u32_shr
 __all__ = ["make_encode_exp8", "decode_bfloat16"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def make_encode_exp8(mbits: int, store_shift: int) -> Any:
     """Kernel ``(src_u32, dst)`` rounding float32 patterns to ``mbits`` mantissa bits.
 

@@ -11,7 +11,7 @@ rounded to 10 mantissa bits (ties to even), the ``*_x4`` containers pack the ele
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
