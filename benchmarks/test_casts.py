@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import _peer
+from neuron_kernels.bench import _peer, default_pairs
 
 from .conftest import SIZES, float32_input
 
-PAIRS = [(k.source, k.target) for k in nk.supported_casts("numba")]
+PAIRS = default_pairs()
 
 
 def _record(benchmark, nbytes):

@@ -14,10 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numba
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["jit", "u32_add", "u32_sub", "u32_shr", "u32_shl", "u32_and", "u32_or", "u32_xor"]
+__all__ = [
+    "jit", "u32_add", "u32_sub", "u32_mul", "u32_shr", "u32_shl", "u32_and", "u32_or", "u32_xor",
+    "f32_bits", "f32_from_bits",
+]
 
 #: The options of every kernel: cached on disk, GIL released, no fastmath (it breaks NaN and
 #: signed-zero handling).
@@ -47,8 +51,31 @@ def _u32_binop(op: str) -> Any:
 
 u32_add = _u32_binop("add")
 u32_sub = _u32_binop("sub")
+u32_mul = _u32_binop("mul")
 u32_shr = _u32_binop("lshr")
 u32_shl = _u32_binop("shl")
 u32_and = _u32_binop("and_")
 u32_or = _u32_binop("or_")
 u32_xor = _u32_binop("xor")
+
+
+@intrinsic
+def f32_bits(typingctx: Any, x: Any) -> Any:
+    """The bit pattern of a float32 as a uint32 (a bitcast, no conversion)."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx: Any, u: Any) -> Any:
+    """The float32 whose bit pattern is the uint32 ``u`` (a bitcast, no conversion)."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen

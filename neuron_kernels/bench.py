@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from .casting import cast
-from .formats import get_format
-from .registry import CastOptions, supported_casts
+from .formats import FORMATS, get_format
 
-__all__ = ["BenchRow", "measure", "synthetic_input", "bench_casts", "format_table"]
+__all__ = ["BenchRow", "measure", "synthetic_input", "default_pairs", "bench_casts", "format_table"]
 
 
 @dataclass
@@ -72,28 +71,64 @@ def synthetic_input(n: int, dtype: Any = np.float32, seed: int = 0) -> np.ndarra
     return x if dtype is np.float32 else cast(x, dtype)
 
 
+def _numpy_tfloat32(values: np.ndarray) -> np.ndarray:
+    """float32 rounded to 10 mantissa bits, ties to even, in numpy (the peer for tfloat32)."""
+    u = values.astype(np.float32).view(np.uint32)
+    with np.errstate(over="ignore"):
+        r = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    nan = (u & np.uint32(0x80000000)) | np.uint32(0x7FC00000)
+    return np.where((u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000), nan, r).view(np.float32)
+
+
 def _peer(source: str, target: str) -> tuple[str, Callable[[np.ndarray], Any]]:
-    """The peer of a pair: ml_dtypes ``astype``, or numpy code where ml_dtypes lacks the target."""
+    """The peer of a pair: ml_dtypes ``astype``, or numpy code where ml_dtypes lacks the target.
+
+    Packed targets: ml_dtypes ``astype`` to the element, then numpy packing of the codes.
+    """
     t = get_format(target)
     if t.numpy_name is not None:
-        return "ml_dtypes", lambda a: a.astype(t.result_dtype)
-    from .kernels.fallback import make_fallback
 
-    fallback = make_fallback(get_format(source), t)
+        def astype(a: np.ndarray) -> np.ndarray:
+            with np.errstate(over="ignore", invalid="ignore"):
+                return a.astype(t.result_dtype)
 
-    def run(a: np.ndarray) -> np.ndarray:
-        out = np.empty(a.shape, t.result_dtype)
-        fallback(a.reshape(-1), out.reshape(-1), CastOptions(), 0)
+        return "ml_dtypes", astype
+    if t.name == "tfloat32":
+        return "numpy", _numpy_tfloat32
+    if t.name == "float32r":
+        return "numpy", lambda a: a.astype(np.float32)
+    element = get_format(t.element).result_dtype  # type: ignore[arg-type]
+    lane_bits = 8 * t.itemsize // t.lanes
+
+    def pack(a: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            codes = a.astype(element)
+        codes = codes.view(np.uint8).reshape(-1, 4).astype(t.result_dtype)
+        mask = t.result_dtype.type((1 << lane_bits) - 1)
+        out = codes[:, 0] & mask
+        for lane in range(1, 4):
+            out |= (codes[:, lane] & mask) << t.result_dtype.type(lane * lane_bits)
         return out
 
-    return "numpy", run
+    return "ml_dtypes+numpy", pack
+
+
+def default_pairs() -> list[tuple[str, str]]:
+    """The pairs users ask about: float32 to every format and back, and a few other sources."""
+    small = [f.name for f in FORMATS.values() if f.kind == "float" and f.name not in ("float32", "float64")]
+    packed = [f.name for f in FORMATS.values() if f.kind == "packed"]
+    encode = [("float32", t) for t in small + packed]
+    decode = [(s, "float32") for s in small if s not in ("float32r", "tfloat32")]
+    others = [("float64", "bfloat16"), ("float64", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn"),
+              ("float16", "float8_e4m3fn"), ("float8_e5m2", "float8_e4m3fn")]
+    return encode + decode + others
 
 
 def bench_casts(n: int, repeat: int = 5, pairs: list[tuple[str, str]] | None = None,
                 progress: Callable[[str], None] | None = None) -> list[BenchRow]:
-    """Measure every compiled cast kernel (or ``pairs``) on ``n`` built-in elements."""
+    """Measure ``pairs`` (default: :func:`default_pairs`) on ``n`` built-in elements."""
     if pairs is None:
-        pairs = [(k.source, k.target) for k in supported_casts("numba")]
+        pairs = default_pairs()
     base = synthetic_input(n)
     copy_dst = np.empty_like(base)
     rows = []

@@ -81,7 +81,8 @@ def _execute(x: np.ndarray, source: Format, target: Format, kernel: CastKernel,
         if x.size:
             fn = kernel.function
             if kernel.parallel:
-                run_chunked(fn, x.reshape(-1), out.reshape(-1), options, *group)
+                run_chunked(fn, x.reshape(-1), out.reshape(-1), options, *group,
+                            elements_per_item=source.lanes)
             else:
                 fn(x.reshape(-1), out.reshape(-1), options, 0)
         return

@@ -64,6 +64,11 @@ class Format:
     numpy_name: str | None = None
     element: str | None = None  # packed formats: the element format
     lanes: int = 1  # packed formats: elements per container
+    #: NaN payload policy of the reference casts: float32 -> float16 keeps the payload's top bits
+    #: (numpy); bfloat16 and float16 -> float32 keep the whole payload. Other NaNs become the
+    #: format's quiet NaN.
+    nan_payload_encode: bool = False
+    nan_payload_decode: bool = False
 
     # ---- derived values -------------------------------------------------------------------
     @property
@@ -242,12 +247,14 @@ class NKDType:
 
 
 def _float(name: str, ebits: int, mbits: int, bias: int, specials: Specials, *,
-           itemsize: int = 1, container: str | None = None, signed: bool = True) -> Format:
+           itemsize: int = 1, container: str | None = None, signed: bool = True,
+           nan_payload_encode: bool = False, nan_payload_decode: bool = False) -> Format:
     width = 1 + ebits + mbits if signed else ebits + mbits
     numpy_name = None if container else name
     return Format(name=name, kind="float", bits=width, itemsize=itemsize, container=container,
                   ebits=ebits, mbits=mbits, bias=bias, specials=specials, signed=signed,
-                  numpy_name=numpy_name)
+                  numpy_name=numpy_name, nan_payload_encode=nan_payload_encode,
+                  nan_payload_decode=nan_payload_decode)
 
 
 def _int(name: str) -> Format:
@@ -266,12 +273,12 @@ _TABLE: tuple[Format, ...] = (
     # IEEE and numpy floats
     _float("float64", 11, 52, 1023, "ieee", itemsize=8),
     _float("float32", 8, 23, 127, "ieee", itemsize=4),
-    _float("float16", 5, 10, 15, "ieee", itemsize=2),
+    _float("float16", 5, 10, 15, "ieee", itemsize=2, nan_payload_encode=True, nan_payload_decode=True),
     # Package-only floats stored in float32 arrays (tfloat32: the low 13 mantissa bits are zero)
     _float("float32r", 8, 23, 127, "ieee", itemsize=4, container="float32"),
     _float("tfloat32", 8, 10, 127, "ieee", itemsize=4, container="float32"),
     # ml_dtypes floats
-    _float("bfloat16", 8, 7, 127, "ieee", itemsize=2),
+    _float("bfloat16", 8, 7, 127, "ieee", itemsize=2, nan_payload_decode=True),
     _float("float8_e4m3", 4, 3, 7, "ieee"),
     _float("float8_e4m3fn", 4, 3, 7, "fn"),
     _float("float8_e4m3fnuz", 4, 3, 8, "fnuz"),

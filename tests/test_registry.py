@@ -11,6 +11,7 @@ from neuron_kernels.formats import FORMATS
 from neuron_kernels.promotion import grid_dtypes
 
 from .reference import pack_lanes, round_float32_to_mbits
+from .reference_casts import encode_ref
 
 X4 = [n for n, f in FORMATS.items() if f.kind == "packed"]
 VALUE_TYPES = grid_dtypes()
@@ -47,10 +48,9 @@ def test_every_promotion_result_has_a_kernel():
 
 
 def test_kernels_are_marked():
-    kinds = {k.impl for k in nk.supported_casts()}
-    assert kinds == {"numba", "fallback"}
     assert all(k.impl == "numba" for k in nk.supported_casts("numba"))
-    assert nk.lookup_cast("float64", "bfloat16").impl == "fallback"
+    assert nk.supported_casts("fallback") == []
+    assert nk.lookup_cast("float64", "bfloat16").impl == "numba"
 
 
 def test_lookup_error_names_pair_and_targets():
@@ -117,6 +117,9 @@ def test_promotion_casts_agree_with_ml_dtypes(src, dst, rng):
             expected = round_float32_to_mbits(values.astype(np.float32), 10)
         elif dst == "float32r":
             expected = values.astype(np.float32)
+        elif dst == "float8_e8m0fnu":  # ties to even (casts.md), unlike ml_dtypes 0.6.0
+            f32 = x.astype(np.float32) if src == "float64" or FORMATS[src].kind == "int" else values.astype(np.float32)
+            expected = encode_ref(f32, dst).view(t.result_dtype)
         elif src == "float64" or FORMATS[src].kind == "int":
             expected = x.astype(t.result_dtype)  # ml_dtypes' own cast
         else:

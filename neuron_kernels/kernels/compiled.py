@@ -1,35 +1,145 @@
-"""Registry entries of the numba kernels.
+"""Registry entries of the compiled kernels: every pair of the format table that has a meaning.
 
-Each entry is a thin wrapper that views the arrays as the unsigned integers the kernel works on
-and calls the compiled kernel. The numba modules are imported on the first call, so registering
-costs nothing and ``import neuron_kernels`` compiles nothing.
+Sources: every float format, the packed ``*_x4`` containers and the integers. Targets: every float
+format and the packed containers; integers also go to integers. Each entry is a thin wrapper that
+views the arrays as the kernel wants them (codes and float32 patterns as unsigned ints) and picks
+the specialisation for the call's rounding mode and saturation. The numba modules are imported
+on the first call, so registering costs nothing and ``import neuron_kernels`` compiles nothing.
+
+Which options an entry implements:
+
+- casts that can round (to a narrower float) implement every rounding mode and ``saturate``,
+  except from integers wider than 16 bits (they are converted to float32 first, like ml_dtypes;
+  only the default mode is implemented for them) and to float32 from float64 (the default only);
+- exact casts (decoding, widening) accept every mode and ``saturate``: nothing rounds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..registry import CastOptions, register_cast
+from ..formats import FORMATS, Format
+from ..registry import ROUNDING_MODES, CastOptions, register_cast
+
+_ALL_MODES = ROUNDING_MODES
+_F32_LIKE = ("float32", "float32r", "tfloat32")
 
 
-def _exp8() -> Any:
-    from . import exp8
+def _codec() -> Any:
+    from . import codec
 
-    return exp8
-
-
-@register_cast("float32", "bfloat16")
-def float32_to_bfloat16(src: np.ndarray, dst: np.ndarray, options: CastOptions, start: int) -> None:
-    _exp8().make_encode_exp8(7, 16)(src.view(np.uint32), dst.view(np.uint16))
+    return codec
 
 
-@register_cast("float32", "tfloat32")
-def float32_to_tfloat32(src: np.ndarray, dst: np.ndarray, options: CastOptions, start: int) -> None:
-    _exp8().make_encode_exp8(10, 0)(src.view(np.uint32), dst.view(np.uint32))
+def _element(fmt: Format) -> Format:
+    return FORMATS[fmt.element] if fmt.kind == "packed" else fmt  # type: ignore[index]
 
 
-@register_cast("bfloat16", "float32")
-def bfloat16_to_float32(src: np.ndarray, dst: np.ndarray, options: CastOptions, start: int) -> None:
-    _exp8().decode_bfloat16(src.view(np.uint16), dst.view(np.uint32))
+def _is_exact(source: Format, target: Format) -> bool:
+    """Whether every value of ``source`` is a value of ``target`` (nothing rounds or overflows)."""
+    s, t = _element(source), _element(target)
+    if t.name in ("float32r",):
+        t = FORMATS["float32"]
+    if s.name in ("float32r",):
+        s = FORMATS["float32"]
+    if s.kind == "int":
+        if t.kind == "int":
+            return t.signed >= s.signed and t.bits - t.signed >= s.bits - s.signed
+        return t.kind == "float" and t.mbits + 1 >= s.bits - s.signed and t.max >= s.max
+    if t.kind != "float" or t.name == "float8_e8m0fnu":
+        return s.name == t.name
+    if s.name == "float8_e8m0fnu":
+        return t.emin - t.mbits <= s.emin and t.emax >= s.emax
+    return s.mbits <= t.mbits and t.emax >= s.emax and t.emin - t.mbits <= s.emin - s.mbits and (
+        t.has_inf or not s.has_inf) and (t.has_nan or not s.has_nan)
+
+
+def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndarray, CastOptions, int], None]:
+    """The registry function of ``source -> target``."""
+    s_el, t_el = _element(source), _element(target)
+    fp4_in = source.kind == "packed" and s_el.bits == 4
+    fp4_out = target.kind == "packed" and t_el.bits == 4
+    kernels: dict[tuple[str, bool], Any] = {}
+
+    def kernel_for(options: CastOptions) -> Any:
+        key = (options.rounding, options.saturate)
+        k = kernels.get(key)
+        if k is None:
+            k = kernels[key] = _build(source, target, s_el, t_el, fp4_in, fp4_out, *key)
+        return k
+
+    def view_in(a: np.ndarray) -> np.ndarray:
+        if s_el.kind == "int" or s_el.name == "float64":
+            return a
+        return a.view(np.uint8 if source.kind == "packed" else s_el.storage_dtype)
+
+    def view_out(a: np.ndarray) -> np.ndarray:
+        if t_el.kind == "int" or t_el.name == "float64":
+            return a
+        return a.view(np.uint8 if target.kind == "packed" else t_el.storage_dtype)
+
+    def cast_kernel(src: np.ndarray, dst: np.ndarray, options: CastOptions, start: int) -> None:
+        key = (options.seed or 0) & 0x7FFFFFFFFFFFFFFF
+        kernel_for(options)(view_in(src), view_out(dst), key, start)
+
+    cast_kernel.__name__ = f"{source.name}_to_{target.name}"
+    cast_kernel.__doc__ = f"Compiled cast {source.name} -> {target.name}."
+    return cast_kernel
+
+
+def _build(source: Format, target: Format, s_el: Format, t_el: Format, fp4_in: bool, fp4_out: bool,
+           rounding: str, saturate: bool) -> Any:
+    c = _codec()
+    if source.name == target.name and not saturate:
+        return c.copy_items
+    if s_el.kind == "int" and t_el.kind == "int":
+        return c.copy_items
+    mode = c.MODE_IDS[rounding]
+    if s_el.kind == "int":
+        src_kind, src_codec = c.SOURCE_INT, None
+    elif s_el.name in _F32_LIKE:
+        src_kind, src_codec = c.SOURCE_F32, None
+    elif s_el.name == "float64":
+        # ml_dtypes (and the default) round float64 to float32 first; numpy's float16 and every
+        # other mode round once, which rounding to odd first preserves.
+        nearest = rounding == "nearest_even" and t_el.name != "float16"
+        src_kind, src_codec = (c.SOURCE_F64_NEAREST if nearest else c.SOURCE_F64_ODD), None
+        if target.name == "float64":
+            return c.copy_items
+    else:
+        src_kind, src_codec = c.SOURCE_CODES, c.codec_of(s_el)
+    if t_el.name in ("float32", "float32r"):
+        tgt_kind, tgt_codec = c.TARGET_F32, None
+    elif t_el.name == "float64":
+        tgt_kind, tgt_codec = c.TARGET_F64, None
+    else:
+        tgt_kind, tgt_codec = c.TARGET_CODES, c.codec_of(t_el)
+    layout = c.UNPACK_NIBBLES if fp4_in and not fp4_out else c.PACK_NIBBLES if fp4_out and not fp4_in else c.ELEMENTWISE
+    if fp4_in and fp4_out:
+        return c.copy_items
+    return c.make_cast_kernel(src_kind, src_codec, tgt_kind, tgt_codec, mode, bool(saturate), layout)
+
+
+def _options_for(source: Format, target: Format) -> dict[str, Any]:
+    """Which rounding modes and saturation an entry implements (see the module docstring)."""
+    if _is_exact(source, target):
+        return {"roundings": _ALL_MODES, "saturate": True}
+    s, t = _element(source), _element(target)
+    if t.kind == "int" or (s.kind == "int" and s.bits > 16) or (
+            s.name == "float64" and t.name in ("float32", "float32r")):
+        return {"roundings": ("nearest_even",), "saturate": False}
+    return {"roundings": _ALL_MODES, "saturate": True}
+
+
+def _register_all() -> None:
+    for s in FORMATS.values():
+        for t in FORMATS.values():
+            if t.kind == "int" and s.kind != "int":
+                continue
+            register_cast(s.name, t.name, **_options_for(s, t))(_make_entry(s, t))
+
+
+_register_all()

@@ -1,0 +1,385 @@
+"""The generic encoder and decoder: float32 bit patterns <-> the codes of every float format.
+
+One encoder and one decoder, written once over the parameters of the format table and
+specialised per (source, target, rounding, saturate) by :func:`make_cast_kernel`, which closes over
+plain ints only (so every specialisation is cached on disk on its own).
+
+Encoding (float32 pattern ``u`` -> code), for a target with ``M`` mantissa bits and bias ``B``::
+
+    m = significand with the implicit bit (F | 2^23 for normal inputs, F for subnormal ones)
+    s = 23 - M + max(0, emin - e)         shift that puts the target's ulp at bit 0
+    q = m >> s, r = m mod 2^s             kept significand (with the implicit bit), discarded bits
+    up = rounding decision from (q, r, s, sign, random bits)
+    code = (max(e + B - 1, 0) << M) + q + up
+
+A rounding carry out of the mantissa moves into the exponent by itself, so the result is
+correct at binade edges, at the subnormal/normal boundary and at the overflow threshold.
+Everything is 32-bit integer arithmetic without branches, which vectorises.
+
+The special values, sign rules and ml_dtypes' quirks (float6/float4 map +NaN to the -0 code,
+fnuz types have no -0, float16 keeps NaN payloads) follow ``casts.md``; ``float8_e8m0fnu``
+has its own encoder (ties to the even code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from .._jit import (
+    f32_bits,
+    f32_from_bits,
+    jit,
+    u32_add,
+    u32_and,
+    u32_mul,
+    u32_or,
+    u32_shl,
+    u32_shr,
+    u32_sub,
+    u32_xor,
+)
+from ..formats import Format
+from ..registry import ROUNDING_MODES
+
+__all__ = ["Codec", "codec_of", "make_cast_kernel", "copy_items"]
+
+# Specials kinds (Format.specials), as ints for the kernels.
+IEEE, FN, FNUZ, NONE, E8M0 = 0, 1, 2, 3, 4
+_SPECIALS = {"ieee": IEEE, "fn": FN, "fnuz": FNUZ, "none": NONE, "e8m0": E8M0}
+
+# Rounding modes, as ints for the kernels (same order as ROUNDING_MODES).
+NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, TOWARD_POSITIVE, TOWARD_NEGATIVE, STOCHASTIC = range(6)
+MODE_IDS = {name: i for i, name in enumerate(ROUNDING_MODES)}
+
+# Where a kernel's float32 patterns come from / go to.
+SOURCE_F32 = 0  # a float32 (or tfloat32/float32r) array
+SOURCE_F64_NEAREST = 1  # float64, rounded to float32 to nearest even first (ml_dtypes' double rounding)
+SOURCE_F64_ODD = 2  # float64, rounded to float32 "to odd": one correct rounding follows
+SOURCE_CODES = 3  # codes of a small format, decoded exactly
+SOURCE_INT = 4  # integers, converted to float32 (round to nearest even), as ml_dtypes does
+TARGET_F32 = 0
+TARGET_F64 = 1
+TARGET_CODES = 2
+ELEMENTWISE, PACK_NIBBLES, UNPACK_NIBBLES = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Codec:
+    """The ints a kernel needs about one float format (derived from its table row).
+
+    ``shift`` places the code in its container: 13 for tfloat32 (a float32 pattern with the low
+    13 bits zero), 0 otherwise.
+    """
+
+    bits: int
+    mbits: int
+    bias: int
+    specials: int
+    max_code: int
+    nan_code: int
+    inf_code: int
+    payload_encode: bool
+    payload_decode: bool
+    shift: int
+
+
+def codec_of(fmt: Format) -> Codec:
+    """The :class:`Codec` of a float format of the table."""
+    if fmt.kind != "float":
+        raise ValueError(f"{fmt.name} is not a float format")
+    return Codec(
+        bits=fmt.bits,
+        mbits=fmt.mbits,
+        bias=fmt.bias,
+        specials=_SPECIALS[fmt.specials],
+        max_code=fmt.max_code,
+        nan_code=fmt.nan_code if fmt.nan_code is not None else 0,
+        inf_code=fmt.inf_code if fmt.inf_code is not None else 0,
+        payload_encode=fmt.nan_payload_encode,
+        payload_decode=fmt.nan_payload_decode,
+        shift=8 * fmt.itemsize - fmt.bits if fmt.container == "float32" else 0,
+    )
+
+
+@jit
+def _round_significand(m, s, neg, rnd, mode):  # pragma: no cover - compiled
+    """``m`` shifted right by ``s`` bits and rounded by ``mode`` (a carry may add a bit).
+
+    ``m`` < 2^24, so adding a rounding increment below 2^31 never overflows 32 bits. ``s`` may
+    exceed 31 (the value is far below the smallest subnormal): the result is then 0 or 1.
+    ``rnd`` is 32 uniformly random bits (stochastic mode only).
+    """
+    sc = s if s < 31 else u32_or(u32_and(s, 0), 31)
+    if mode == NEAREST_EVEN:
+        lsb = u32_and(u32_shr(m, sc), 1)
+        return u32_shr(u32_add(u32_add(m, u32_sub(u32_shl(1, u32_sub(sc, 1)), 1)), lsb), sc)
+    if mode == NEAREST_AWAY:
+        return u32_shr(u32_add(m, u32_shl(1, u32_sub(sc, 1))), sc)
+    if mode == TOWARD_ZERO:
+        return u32_shr(m, sc)
+    if mode == TOWARD_POSITIVE or mode == TOWARD_NEGATIVE:
+        away = (neg == 0) if mode == TOWARD_POSITIVE else (neg == 1)
+        bump = u32_sub(u32_shl(1, sc), 1) if away else u32_and(sc, 0)
+        return u32_shr(u32_add(m, bump), sc)
+    # stochastic: up with probability (discarded bits) / 2^s, the fraction as 32-bit fixed point
+    q = u32_shr(m, sc)
+    r = u32_sub(m, u32_shl(q, sc))
+    if s <= 31:
+        frac = u32_shl(r, u32_sub(32, s))
+    elif s < 64:
+        frac = u32_shr(r, u32_sub(s, 32))
+    else:
+        frac = u32_and(r, 0)
+    return u32_add(q, rnd < frac)
+
+
+@jit(inline="always")
+def _encode(u, rnd, mbits, bias, bits, specials, max_code, nan_code, inf_code, payload, mode, saturate):  # pragma: no cover
+    """Code of the float32 pattern ``u`` in a format with a mantissa (every format but e8m0)."""
+    a = u32_and(u, 0x7FFFFFFF)
+    neg = u32_shr(u, 31)
+    e_bits = u32_shr(a, 23)
+    frac = u32_and(a, 0x7FFFFF)
+    e1 = e_bits if e_bits > 0 else u32_or(e_bits, 1)
+    m = u32_or(frac, 0x800000) if e_bits > 0 else frac
+    k = 128 - bias  # float32 biased exponent of the target's smallest normal
+    extra = u32_sub(k, e1) if e1 < k else u32_and(e1, 0)
+    s = u32_add(23 - mbits, extra)
+    q = _round_significand(m, s, neg, rnd, mode)
+    expo = u32_sub(u32_add(e1, bias), 128) if u32_add(e1, bias) > 128 else u32_and(e1, 0)
+    mag = u32_add(u32_shl(expo, mbits), q)
+
+    # Overflow: saturate, or IEEE's rule for directed modes, or the format's overflow code.
+    toward_zero = (mode == TOWARD_ZERO) | ((mode == TOWARD_POSITIVE) & (neg == 1)) | (
+        (mode == TOWARD_NEGATIVE) & (neg == 0))
+    sign_bit = 1 << (bits - 1)
+    if specials == IEEE:
+        inf_out = inf_code
+    elif specials == FN:
+        inf_out = nan_code
+    elif specials == FNUZ:
+        inf_out = sign_bit
+    else:
+        inf_out = max_code
+    over = max_code if (saturate or toward_zero) else inf_out
+    mag = over if mag > max_code else mag
+
+    # Infinity and NaN inputs.
+    if specials == IEEE and payload:
+        pay = u32_shr(frac, 23 - mbits)
+        nan_out = u32_or(inf_code, pay if pay != 0 else u32_or(pay, 1))
+    elif specials == NONE or specials == FNUZ:
+        nan_out = sign_bit  # fnuz: the one NaN; float6/float4 (ml_dtypes): the -0 code, flipped by the sign
+    else:
+        nan_out = nan_code
+    mag = (max_code if saturate else inf_out) if a == 0x7F800000 else mag
+    mag = nan_out if a > 0x7F800000 else mag
+
+    # The sign: XOR (ml_dtypes' rule for float6/float4; the same as OR elsewhere), except that
+    # fnuz formats have no negative zero and a single NaN.
+    signed = (mag != 0) & (mag < sign_bit) if specials == FNUZ else mag == mag
+    return u32_xor(mag, u32_shl(neg, bits - 1)) if signed else mag
+
+
+@jit(inline="always")
+def _encode_e8m0(u, rnd, mode, saturate):  # pragma: no cover - compiled
+    """Code of the float32 pattern ``u`` in float8_e8m0fnu: the nearest power of two, ties to even.
+
+    Consecutive codes are a binade apart, so the decision is about the significand's position
+    in its own binade (midpoint 1.5 * 2^e); float32 subnormals above 2^-127 are placed in the
+    binade [2^-127, 2^-126) the same way. 0, negatives, NaN -> 0xff; overflow -> 0xff, or 0xfe
+    under ``saturate``.
+    """
+    e_bits = u32_shr(u, 23)  # the sign is bit 8 of this: negatives are >= 256
+    frac = u32_and(u, 0x7FFFFF)
+    # float32 subnormals: (2^-127, 2^-126) maps onto code 0 with a significand twice the excess
+    sub_frac = u32_shl(u32_sub(frac, 0x400000), 1) if frac > 0x400000 else u32_and(frac, 0)
+    f = frac if e_bits > 0 else sub_frac
+    if mode == NEAREST_EVEN:
+        up = (f > 0x400000) | ((f == 0x400000) & (u32_and(e_bits, 1) == 1))
+    elif mode == NEAREST_AWAY:
+        up = f >= 0x400000
+    elif mode == TOWARD_POSITIVE:
+        up = f != 0
+    elif mode == STOCHASTIC:
+        up = rnd < u32_shl(f, 9)
+    else:
+        up = f != f
+    code = u32_add(e_bits, up)
+    top = 0xFE if saturate else 0xFF
+    code = top if code > 0xFE else code
+    code = top if u == 0x7F800000 else code
+    invalid = (e_bits > 0xFF) | (u32_and(u, 0x7FFFFFFF) == 0) | (u32_and(u, 0x7FFFFFFF) > 0x7F800000)
+    return 0xFF if invalid else code
+
+
+@jit(inline="always")
+def _decode(c, mbits, bias, bits, specials, payload):  # pragma: no cover - compiled
+    """The float32 pattern of code ``c`` (exact; NaN codes give a quiet NaN, or keep the payload)."""
+    if specials == E8M0:
+        v = u32_shl(c, 23) if c != 0 else u32_or(c, 0x400000)
+        return 0x7FC00000 if c == 0xFF else v
+    sign_bit = 1 << (bits - 1)
+    neg = c >= sign_bit if specials == NONE else u32_and(c, sign_bit) != 0
+    mag = u32_and(c, sign_bit - 1)
+    ex = u32_shr(mag, mbits)
+    mant = u32_and(mag, (1 << mbits) - 1)
+    normal = u32_add(u32_shl(mag, 23 - mbits), (127 - bias) << 23)
+    # subnormal: 2^(1-B) * (1 + mant/2^M) - 2^(1-B), exact in float32 (no int-to-float conversion)
+    sub = f32_bits(f32_from_bits(u32_or((128 - bias) << 23, u32_shl(mant, 23 - mbits))) - np.float32(2.0 ** (1 - bias)))
+    v = normal if ex != 0 else sub
+    top = (1 << (bits - 1 - mbits)) - 1
+    if specials == IEEE:
+        nan = u32_or(u32_shl(mant, 23 - mbits), 0x7F800000) if payload else u32_or(u32_and(mant, 0), 0x7FC00000)
+        v = (0x7F800000 if mant == 0 else nan) if ex == top else v
+    elif specials == FN:
+        v = 0x7FC00000 if mag == sign_bit - 1 else v
+    v = u32_or(v, u32_shl(neg, 31))
+    if specials == FNUZ:
+        v = 0xFFC00000 if c == sign_bit else v
+    return v
+
+
+@jit
+def _mix32(x):  # pragma: no cover - compiled
+    """A 32-bit integer hash with good avalanche (xorshift-multiply, as in 'lowbias32')."""
+    x = u32_xor(x, u32_shr(x, 16))
+    x = u32_mul(x, 0x7FEB352D)
+    x = u32_xor(x, u32_shr(x, 15))
+    x = u32_mul(x, 0x846CA68B)
+    return u32_xor(x, u32_shr(x, 16))
+
+
+@jit
+def _f64_to_f32_odd(x):  # pragma: no cover - compiled
+    """float64 -> float32 pattern rounded to odd: truncate, then set the last bit if inexact.
+
+    A later rounding to at most 21 significand bits then equals one correct rounding of ``x``
+    in every mode. Beyond float32's range this gives the largest finite float32 (odd), which
+    is past every target's overflow threshold.
+    """
+    y = np.float32(x)
+    b = f32_bits(y)
+    back = np.float64(y)
+    b = u32_sub(b, 1) if abs(back) > abs(x) else b
+    return u32_or(b, 1) if (back != x) & (x == x) else b
+
+
+def _codec_args(c: Codec | None) -> tuple[Any, ...]:
+    if c is None:
+        return (0, 0, 0, 0, 0, 0, 0, False)
+    return (c.mbits, c.bias, c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, c.payload_encode)
+
+
+@jit
+def _random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
+    """32 random bits for element ``idx`` of an array: a hash of (key, idx), nothing else."""
+    h = _mix32(u32_xor(np.uint32(idx & 0xFFFFFFFF), key_lo))
+    return _mix32(u32_xor(u32_add(h, np.uint32((idx >> 32) & 0xFFFFFFFF)), key_hi))
+
+
+@jit(inline="always")
+def _load(x, source, s_m, s_b, s_bits, s_sp, s_pay):  # pragma: no cover - compiled
+    """The float32 pattern of one source item."""
+    if source == SOURCE_F32:
+        return x
+    if source == SOURCE_F64_NEAREST or source == SOURCE_INT:
+        return f32_bits(np.float32(x))
+    if source == SOURCE_F64_ODD:
+        return _f64_to_f32_odd(x)
+    return _decode(x, s_m, s_b, s_bits, s_sp, s_pay)
+
+
+@jit(inline="always")
+def _store(x, u, rnd, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate,
+           d_shift):  # pragma: no cover - compiled
+    """The target item of the float32 pattern ``u`` (``x`` is the source item it came from)."""
+    if target == TARGET_F32:
+        return u
+    if target == TARGET_F64:
+        return np.float64(x) if source == SOURCE_INT else np.float64(f32_from_bits(u))
+    if is_e8m0:
+        return _encode_e8m0(u, rnd, mode, saturate)
+    return u32_shl(_encode(u, rnd, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate), d_shift)
+
+
+@cache
+def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_codec: Codec | None,
+                     mode: int, saturate: bool, layout: int = ELEMENTWISE) -> Any:
+    """Kernel ``(src, dst, key, start)`` casting 1-D arrays.
+
+    ``source`` is one of ``SOURCE_*`` (codes need ``src_codec``), ``target`` one of ``TARGET_*``
+    (codes need ``dst_codec``). Codes and float32 patterns are passed as unsigned-int views, float64
+    and integers as they are. ``layout``: ``ELEMENTWISE``; ``PACK_NIBBLES`` (two 4-bit codes per
+    output byte, element 2k in the low nibble); ``UNPACK_NIBBLES`` (the reverse). ``key`` seeds the
+    stochastic rounding: element ``start + i`` uses the hash of (key, start + i), so results do not
+    depend on how the array was split.
+    """
+    s_m, s_b, s_bits, s_sp = (0, 0, 0, 0) if src_codec is None else (
+        src_codec.mbits, src_codec.bias, src_codec.bits, src_codec.specials)
+    s_pay = src_codec is not None and src_codec.payload_decode
+    d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay = _codec_args(dst_codec)
+    d_shift = 0 if dst_codec is None else dst_codec.shift
+    is_e8m0 = dst_codec is not None and dst_codec.specials == E8M0
+    stochastic = mode == STOCHASTIC
+    sat = bool(saturate)
+
+    # One loop per kernel, chosen here rather than inside the kernel; the helpers are inlined
+    # into it (inline="always"), so the loop vectorises.
+    if layout == ELEMENTWISE:
+
+        @jit
+        def kernel(src, dst, key, start):  # pragma: no cover - compiled
+            key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+            rnd = np.uint32(0)
+            for i in range(src.size):
+                if stochastic:
+                    rnd = _random_bits(key_lo, key_hi, start + i)
+                u = _load(src[i], source, s_m, s_b, s_bits, s_sp, s_pay)
+                dst[i] = _store(src[i], u, rnd, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+
+    elif layout == PACK_NIBBLES:
+
+        @jit
+        def kernel(src, dst, key, start):  # pragma: no cover - compiled
+            key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+            rnd_lo = np.uint32(0)
+            rnd_hi = np.uint32(0)
+            for k in range(dst.size):
+                if stochastic:
+                    rnd_lo = _random_bits(key_lo, key_hi, start + 2 * k)
+                    rnd_hi = _random_bits(key_lo, key_hi, start + 2 * k + 1)
+                a = src[2 * k]
+                b = src[2 * k + 1]
+                lo = _store(a, _load(a, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_lo, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+                hi = _store(b, _load(b, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_hi, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+                dst[k] = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
+
+    else:
+
+        @jit
+        def kernel(src, dst, key, start):  # pragma: no cover - compiled
+            key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+            rnd_lo = np.uint32(0)
+            rnd_hi = np.uint32(0)
+            for k in range(src.size):
+                if stochastic:
+                    rnd_lo = _random_bits(key_lo, key_hi, start + 2 * k)
+                    rnd_hi = _random_bits(key_lo, key_hi, start + 2 * k + 1)
+                a = u32_and(src[k], 0xF)
+                b = u32_shr(u32_and(src[k], 0xFF), 4)
+                dst[2 * k] = _store(a, _load(a, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_lo, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+                dst[2 * k + 1] = _store(b, _load(b, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_hi, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+
+    return kernel
+
+
+@jit
+def copy_items(src, dst, key, start):  # pragma: no cover - compiled
+    """Item by item with C conversion semantics (integer to integer: wrap, as numpy does)."""
+    for i in range(src.size):
+        dst[i] = src[i]
