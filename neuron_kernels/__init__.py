@@ -5,7 +5,7 @@ loaded from the on-disk cache) the first time it runs.
 """
 
 from ._parallel import get_num_threads, set_num_threads
-from .casting import auto_cast, cast
+from .casting import auto_cast, cast, pack_x4, unpack_x4
 from .formats import FORMATS, Format, FormatInfo, NKDType, as_dtype, canonical_name, format_info
 from .promotion import (
     NoPromotionPathError,
@@ -59,9 +59,11 @@ __all__ = [
     "launder_x4_dtype",
     "lookup_cast",
     "merge_type",
+    "pack_x4",
     "promote_type",
     "promotion_table",
     "register_cast",
     "set_num_threads",
     "supported_casts",
+    "unpack_x4",
 ]

@@ -7,8 +7,8 @@ meaningful on a noisy machine even when absolute GB/s drift:
 - ``copy``: ``np.copyto`` float32 -> float32 into a preallocated array (the bandwidth baseline);
 - ``ours (out=)``: ``cast(x, dtype, out=preallocated)``, compared with the copy baseline;
 - ``ours``: ``cast(x, dtype)`` allocating its result, compared with the peer, which allocates too;
-- the peer: ml_dtypes ``astype`` (where ml_dtypes has the target), else the package's own
-  numpy fallback for the pair.
+- the peer: ml_dtypes ``astype`` (where ml_dtypes has the target), else numpy code (tfloat32
+  rounding, packing of ml_dtypes codes).
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from ._parallel import run_chunked
-from .formats import DTypeLike, Format, get_format
+from .formats import FORMATS, DTypeLike, Format, get_format
 from .promotion import get_x4_from_x1, is_x4_dtype, launder_x4_dtype, promote_type
 from .registry import ROUNDING_MODES, CastKernel, CastOptions, lookup_cast
 
-__all__ = ["cast", "auto_cast"]
+__all__ = ["cast", "auto_cast", "pack_x4", "unpack_x4"]
 
 #: Elements handed to a kernel at a time when the input or output is not contiguous.
 _BUFFER_ELEMENTS = 1 << 16
@@ -201,3 +201,41 @@ def auto_cast(a: Any, b: Any, *, a_dtype: DTypeLike | None = None,
     return outs[0], outs[1]
 
 
+
+
+def _x4_format(dtype: DTypeLike) -> Format:
+    fmt = get_format(dtype)
+    if fmt.kind != "packed":
+        packed = ", ".join(n for n, f in FORMATS.items() if f.kind == "packed")
+        raise TypeError(f"{fmt.name} is not a packed x4 type; expected one of: {packed}")
+    return fmt
+
+
+def pack_x4(codes: Any, dtype: DTypeLike) -> np.ndarray:
+    """Pack an array of element codes into a packed ``*_x4`` container array, bits unchanged.
+
+    ``codes`` must have the element dtype of ``dtype`` (``float8_e4m3fn`` for
+    ``float8_e4m3fn_x4`` ...) and a last axis that is a multiple of 4; lane i of container j holds
+    element 4j + i, element 0 in the least significant bits. No value is rounded: use
+    :func:`cast` to convert values.
+    """
+    fmt = _x4_format(dtype)
+    element = FORMATS[fmt.element]  # type: ignore[index]
+    arr = codes if isinstance(codes, np.ndarray) else np.asarray(codes)
+    if arr.dtype != element.result_dtype:
+        raise TypeError(f"pack_x4 to {fmt.name} needs an array of {element.name} codes, got dtype "
+                        f"{arr.dtype}; cast(x, {fmt.name!r}) converts values")
+    return _run_cast(arr, element, fmt, CastOptions(), None)
+
+
+def unpack_x4(packed: Any, dtype: DTypeLike) -> np.ndarray:
+    """The element codes of a packed ``*_x4`` container array (the inverse of :func:`pack_x4`).
+
+    The result has the element's ml_dtypes dtype and a last axis four times longer.
+    """
+    fmt = _x4_format(dtype)
+    element = FORMATS[fmt.element]  # type: ignore[index]
+    arr = packed if isinstance(packed, np.ndarray) else np.asarray(packed, dtype=fmt.result_dtype)
+    if arr.dtype.newbyteorder("=") != fmt.result_dtype:
+        raise TypeError(f"unpack_x4 of {fmt.name} needs a {fmt.result_dtype} array, got dtype {arr.dtype}")
+    return _run_cast(arr, fmt, element, CastOptions(), None)

@@ -20,6 +20,8 @@ Public names:
 - ``encode_ref(x, name, rounding, saturate, rand)``: float32 values -> codes
 - ``decode_ref(codes, name)``: codes -> float32 values
 - ``float64_to_target_ref(x64, name)``: ml_dtypes' default double rounding for float64 sources
+- ``encode_float64_ref(x64, name, rounding, saturate, rand)``: float64 values -> codes, rounding
+  the exact float64 value once (no intermediate float32)
 """
 
 from __future__ import annotations
@@ -347,6 +349,45 @@ def float64_to_target_ref(x64, name: str) -> np.ndarray:
     """ml_dtypes' default for float64 sources: round to float32 (nearest even), then encode."""
     with np.errstate(over="ignore", invalid="ignore"):
         return encode_ref(np.asarray(x64, dtype=np.float64).astype(np.float32), name)
+
+
+def encode_float64_ref(x64, name: str, rounding: str = "nearest_even", saturate: bool = False,
+                       rand=None) -> np.ndarray:
+    """Encode float64 values into format ``name`` with one rounding of the exact float64 value.
+
+    The rules are those of ``encode_ref`` (same rounding modes, overflow, saturation, signs),
+    applied to the float64 value itself instead of its float32 rounding, so there is no double
+    rounding. A value beyond float32's range is simply a value far past the format's max; a
+    value below float32's smallest subnormal still has its sign.
+
+    Exactness: every representable value and every midpoint of two neighbours is exact in
+    float64 (at most 25 significant bits), so comparing a float64 input with them is exact; the
+    stochastic threshold uses ``fractions.Fraction`` of the exact input.
+
+    NaN inputs give the code of the float32 NaN that numpy's float64 -> float32 conversion
+    makes of them (sign kept, the top of the payload kept).
+    """
+    fmt = FORMATS_REF[name]
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDING_MODES}")
+    x = np.ascontiguousarray(x64, dtype=np.float64)
+    shape = x.shape
+    vals = x.reshape(-1).tolist()
+    if rounding == "stochastic":
+        if rand is None:
+            raise ValueError("rounding='stochastic' needs rand (uint32 per element)")
+        draws = np.broadcast_to(np.asarray(rand), shape).reshape(-1).tolist()
+    else:
+        draws = [0] * len(vals)
+    codes = []
+    for v, r in zip(vals, draws):
+        if math.isnan(v):
+            with np.errstate(invalid="ignore"):
+                bits = int(np.array([v], dtype=np.float64).astype(np.float32).view(np.uint32)[0])
+        else:
+            bits = 0x80000000 if math.copysign(1.0, v) < 0 else 0  # only the sign is read
+        codes.append(_encode_one(fmt, bits, v, rounding, saturate, r))
+    return np.array(codes, dtype=fmt.container).reshape(shape)
 
 
 # ---- decode -----------------------------------------------------------------------------------

@@ -298,3 +298,35 @@ def test_thread_count_from_environment(monkeypatch):
     monkeypatch.setenv("NEURON_KERNELS_NUM_THREADS", "many")
     with pytest.raises(ValueError, match="NEURON_KERNELS_NUM_THREADS"):
         nk.get_num_threads()
+
+
+# ---- pack_x4 / unpack_x4 --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("x4, element, lane_bits, container", [
+    ("float8_e4m3fn_x4", ml_dtypes.float8_e4m3fn, 8, np.uint32),
+    ("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8, np.uint32),
+    ("float4_e2m1fn_x4", ml_dtypes.float4_e2m1fn, 4, np.uint16),
+])
+def test_pack_and_unpack_every_code(x4, element, lane_bits, container):
+    n_codes = 1 << lane_bits
+    codes = np.tile(np.arange(n_codes, dtype=np.uint8), 2).reshape(2, n_codes)  # NaN payloads included
+    packed = nk.pack_x4(codes.view(element), x4)
+    assert packed.dtype == container and packed.shape == (2, n_codes // 4)
+    np.testing.assert_array_equal(packed, pack_lanes(codes, lane_bits, container))
+    back = nk.unpack_x4(packed, x4)
+    assert back.dtype == np.dtype(element)
+    np.testing.assert_array_equal(back.view(np.uint8), codes)
+
+
+def test_pack_x4_errors():
+    with pytest.raises(TypeError, match="needs an array of float8_e4m3fn codes"):
+        nk.pack_x4(np.zeros(8, np.float32), "float8_e4m3fn_x4")
+    with pytest.raises(TypeError, match="not a packed x4 type"):
+        nk.pack_x4(np.zeros(8, ml_dtypes.float8_e4m3fn), "float8_e4m3fn")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        nk.pack_x4(np.zeros(6, ml_dtypes.float8_e4m3fn), "float8_e4m3fn_x4")
+    with pytest.raises(TypeError, match="needs a uint16 array"):
+        nk.unpack_x4(np.zeros(2, np.uint32), "float4_e2m1fn_x4")
+    with pytest.raises(ValueError, match="0-d"):
+        nk.unpack_x4(np.uint32(7), "float8_e5m2_x4")

@@ -45,7 +45,7 @@ from .._jit import (
 from ..formats import Format
 from ..registry import ROUNDING_MODES
 
-__all__ = ["Codec", "codec_of", "make_cast_kernel", "copy_items"]
+__all__ = ["Codec", "codec_of", "make_cast_kernel", "copy_items", "pack_nibbles", "unpack_nibbles"]
 
 # Specials kinds (Format.specials), as ints for the kernels.
 IEEE, FN, FNUZ, NONE, E8M0 = 0, 1, 2, 3, 4
@@ -138,7 +138,8 @@ def _round_significand(m, s, neg, rnd, mode):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _encode(u, rnd, mbits, bias, bits, specials, max_code, nan_code, inf_code, payload, mode, saturate):  # pragma: no cover
+def _encode(u, rnd, mbits, bias, bits, specials, max_code, nan_code, inf_code, payload, mode,
+            saturate):  # pragma: no cover - compiled
     """Code of the float32 pattern ``u`` in a format with a mantissa (every format but e8m0)."""
     a = u32_and(u, 0x7FFFFFFF)
     neg = u32_shr(u, 31)
@@ -230,11 +231,13 @@ def _decode(c, mbits, bias, bits, specials, payload):  # pragma: no cover - comp
     mant = u32_and(mag, (1 << mbits) - 1)
     normal = u32_add(u32_shl(mag, 23 - mbits), (127 - bias) << 23)
     # subnormal: 2^(1-B) * (1 + mant/2^M) - 2^(1-B), exact in float32 (no int-to-float conversion)
-    sub = f32_bits(f32_from_bits(u32_or((128 - bias) << 23, u32_shl(mant, 23 - mbits))) - np.float32(2.0 ** (1 - bias)))
+    one_plus = f32_from_bits(u32_or((128 - bias) << 23, u32_shl(mant, 23 - mbits)))
+    sub = f32_bits(one_plus - np.float32(2.0 ** (1 - bias)))
     v = normal if ex != 0 else sub
     top = (1 << (bits - 1 - mbits)) - 1
     if specials == IEEE:
-        nan = u32_or(u32_shl(mant, 23 - mbits), 0x7F800000) if payload else u32_or(u32_and(mant, 0), 0x7FC00000)
+        quiet = u32_or(u32_and(mant, 0), 0x7FC00000)
+        nan = u32_or(u32_shl(mant, 23 - mbits), 0x7F800000) if payload else quiet
         v = (0x7F800000 if mant == 0 else nan) if ex == top else v
     elif specials == FN:
         v = 0x7FC00000 if mag == sign_bit - 1 else v
@@ -277,14 +280,21 @@ def _codec_args(c: Codec | None) -> tuple[Any, ...]:
 
 @jit
 def _random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
-    """32 random bits for element ``idx`` of an array: a hash of (key, idx), nothing else."""
+    """32 random bits for element ``idx`` of an array: a hash of (key, idx), nothing else.
+
+    With ``key = seed mod 2^63`` split into 32-bit halves ``key_lo``/``key_hi`` and ``idx`` into
+    ``idx_lo``/``idx_hi``: ``mix32(((mix32(idx_lo ^ key_lo) + idx_hi) mod 2^32) ^ key_hi)``.
+    Stochastic rounding rounds a magnitude up when these bits, read as an unsigned integer, are
+    below ``floor(2^32 * f)``, ``f`` being the discarded fraction of an ulp.
+    """
     h = _mix32(u32_xor(np.uint32(idx & 0xFFFFFFFF), key_lo))
     return _mix32(u32_xor(u32_add(h, np.uint32((idx >> 32) & 0xFFFFFFFF)), key_hi))
 
 
 @jit(inline="always")
-def _load(x, source, s_m, s_b, s_bits, s_sp, s_pay):  # pragma: no cover - compiled
-    """The float32 pattern of one source item."""
+def _load(x, inp):  # pragma: no cover - compiled
+    """The float32 pattern of one source item; ``inp`` = (source kind, then the source codec's ints)."""
+    source, s_m, s_b, s_bits, s_sp, s_pay = inp
     if source == SOURCE_F32:
         return x
     if source == SOURCE_F64_NEAREST or source == SOURCE_INT:
@@ -295,9 +305,12 @@ def _load(x, source, s_m, s_b, s_bits, s_sp, s_pay):  # pragma: no cover - compi
 
 
 @jit(inline="always")
-def _store(x, u, rnd, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate,
-           d_shift):  # pragma: no cover - compiled
-    """The target item of the float32 pattern ``u`` (``x`` is the source item it came from)."""
+def _store(x, u, rnd, out):  # pragma: no cover - compiled
+    """The target item of the float32 pattern ``u`` (``x`` is the source item it came from).
+
+    ``out`` = (source kind, target kind, is e8m0, the target codec's ints, mode, saturate, shift).
+    """
+    source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate, d_shift = out
     if target == TARGET_F32:
         return u
     if target == TARGET_F64:
@@ -326,7 +339,8 @@ def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_code
     d_shift = 0 if dst_codec is None else dst_codec.shift
     is_e8m0 = dst_codec is not None and dst_codec.specials == E8M0
     stochastic = mode == STOCHASTIC
-    sat = bool(saturate)
+    inp = (source, s_m, s_b, s_bits, s_sp, s_pay)
+    out = (source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, bool(saturate), d_shift)
 
     # One loop per kernel, chosen here rather than inside the kernel; the helpers are inlined
     # into it (inline="always"), so the loop vectorises.
@@ -339,8 +353,8 @@ def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_code
             for i in range(src.size):
                 if stochastic:
                     rnd = _random_bits(key_lo, key_hi, start + i)
-                u = _load(src[i], source, s_m, s_b, s_bits, s_sp, s_pay)
-                dst[i] = _store(src[i], u, rnd, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+                u = _load(src[i], inp)
+                dst[i] = _store(src[i], u, rnd, out)
 
     elif layout == PACK_NIBBLES:
 
@@ -355,8 +369,8 @@ def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_code
                     rnd_hi = _random_bits(key_lo, key_hi, start + 2 * k + 1)
                 a = src[2 * k]
                 b = src[2 * k + 1]
-                lo = _store(a, _load(a, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_lo, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
-                hi = _store(b, _load(b, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_hi, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+                lo = _store(a, _load(a, inp), rnd_lo, out)
+                hi = _store(b, _load(b, inp), rnd_hi, out)
                 dst[k] = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
 
     else:
@@ -372,8 +386,8 @@ def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_code
                     rnd_hi = _random_bits(key_lo, key_hi, start + 2 * k + 1)
                 a = u32_and(src[k], 0xF)
                 b = u32_shr(u32_and(src[k], 0xFF), 4)
-                dst[2 * k] = _store(a, _load(a, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_lo, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
-                dst[2 * k + 1] = _store(b, _load(b, source, s_m, s_b, s_bits, s_sp, s_pay), rnd_hi, source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, sat, d_shift)
+                dst[2 * k] = _store(a, _load(a, inp), rnd_lo, out)
+                dst[2 * k + 1] = _store(b, _load(b, inp), rnd_hi, out)
 
     return kernel
 
@@ -383,3 +397,18 @@ def copy_items(src, dst, key, start):  # pragma: no cover - compiled
     """Item by item with C conversion semantics (integer to integer: wrap, as numpy does)."""
     for i in range(src.size):
         dst[i] = src[i]
+
+
+@jit
+def pack_nibbles(src, dst, key, start):  # pragma: no cover - compiled
+    """4-bit codes (one per byte) to bytes of two, element 2k in the low nibble; bits kept as they are."""
+    for k in range(dst.size):
+        dst[k] = u32_or(u32_and(src[2 * k], 0xF), u32_shl(u32_and(src[2 * k + 1], 0xF), 4))
+
+
+@jit
+def unpack_nibbles(src, dst, key, start):  # pragma: no cover - compiled
+    """The inverse of :func:`pack_nibbles`."""
+    for k in range(src.size):
+        dst[2 * k] = u32_and(src[k], 0xF)
+        dst[2 * k + 1] = u32_shr(u32_and(src[k], 0xFF), 4)

@@ -93,8 +93,11 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
 def _build(source: Format, target: Format, s_el: Format, t_el: Format, fp4_in: bool, fp4_out: bool,
            rounding: str, saturate: bool) -> Any:
     c = _codec()
-    if source.name == target.name and not saturate:
-        return c.copy_items
+    if s_el.name == t_el.name and not saturate:
+        # The same values in another container: move the bits (NaN payloads included).
+        if fp4_in == fp4_out:
+            return c.copy_items
+        return c.unpack_nibbles if fp4_in else c.pack_nibbles
     if s_el.kind == "int" and t_el.kind == "int":
         return c.copy_items
     mode = c.MODE_IDS[rounding]

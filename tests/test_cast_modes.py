@@ -1,0 +1,837 @@
+"""cast(): every rounding mode, saturation, source type and packed container, bit for bit.
+
+The oracle is ``tests/reference_casts.py`` (independent of the package). The random bits of
+stochastic rounding are recomputed here from the hash that the package documents:
+``mix32(((mix32(idx_lo ^ key_lo) + idx_hi) mod 2^32) ^ key_hi)`` with ``key = seed mod 2^63``
+and ``idx`` the element's index in the C-order flattened array.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import neuron_kernels as nk
+
+from .reference_casts import (
+    FORMATS_REF,
+    ROUNDING_MODES,
+    decode_ref,
+    encode_float64_ref,
+    encode_ref,
+    float64_to_target_ref,
+    magnitudes_ref,
+)
+
+DIRECTED_AND_AWAY = ["nearest_away", "toward_zero", "toward_positive", "toward_negative"]
+ALL_TARGETS = list(FORMATS_REF)  # every float target with codes (tfloat32 included)
+SMALL_SOURCES = [n for n in FORMATS_REF if n != "tfloat32"]  # bfloat16, float16 and every small format
+ML_DTYPES = {n: np.dtype(np.float16 if n == "float16" else getattr(ml_dtypes, n)) for n in SMALL_SOURCES}
+SEED = 0x0123456789ABCDEF  # both 32-bit halves of the key are non-zero
+INF32 = np.float32(np.inf)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def mix32(x: np.ndarray) -> np.ndarray:
+    """The 32-bit hash of the package's documentation, in uint64 arithmetic reduced mod 2^32."""
+    m = np.uint64(0xFFFFFFFF)
+    x = np.asarray(x, dtype=np.uint64) & m
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & m
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & m
+    return x ^ (x >> np.uint64(16))
+
+
+def random_bits(seed: int, n: int, start: int = 0) -> np.ndarray:
+    """The uint32 draws of elements ``start .. start + n - 1`` for ``seed``."""
+    key = seed % (1 << 63)
+    key_lo, key_hi = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    idx = np.arange(n, dtype=np.uint64) + np.uint64(start)
+    h = mix32((idx & np.uint64(0xFFFFFFFF)) ^ key_lo)
+    return mix32(((h + (idx >> np.uint64(32))) & np.uint64(0xFFFFFFFF)) ^ key_hi).astype(np.uint32)
+
+
+def codes_of(a: np.ndarray) -> np.ndarray:
+    """A result array as unsigned codes (float32 containers as their bit patterns)."""
+    return a.view(f"uint{8 * a.dtype.itemsize}")
+
+
+def result_dtype(name: str) -> np.dtype:
+    return ML_DTYPES.get(name, np.dtype(np.float32))
+
+
+def f32(values) -> np.ndarray:
+    """float32 from a list of floats (exact or overflowing on purpose) or ints (bit patterns)."""
+    if all(isinstance(v, int) for v in values):
+        return np.array(values, dtype=np.uint32).view(np.float32)
+    with np.errstate(over="ignore"):
+        return np.array(values, dtype=np.float64).astype(np.float32)
+
+
+def describe(x: np.ndarray, i: int) -> str:
+    v = np.asarray(x).ravel()[i]
+    if np.asarray(x).dtype == np.float32:
+        return f"0x{int(np.array(v).view(np.uint32)):08x} ({float(v)!r})"
+    if np.asarray(x).dtype == np.float64:
+        return f"0x{int(np.array(v).view(np.uint64)):016x} ({float(v)!r})"
+    return repr(v)
+
+
+def assert_same(x: np.ndarray, got: np.ndarray, want: np.ndarray, what: str) -> None:
+    got, want = np.asarray(got).ravel(), np.asarray(want).ravel()
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        i = int(bad[0])
+        raise AssertionError(f"{what}: {bad.size} of {got.size} differ; first: element {i}, input "
+                             f"{describe(x, i)} -> 0x{int(got[i]):x}, expected 0x{int(want[i]):x}")
+
+
+def with_neighbours(v: np.ndarray, steps: int = 1) -> np.ndarray:
+    """float32 values, their ``steps`` float32 neighbours on each side, both signs."""
+    v = np.asarray(v, dtype=np.float32)
+    out, up, down = [v], v, v
+    with np.errstate(over="ignore"):  # the neighbour above float32's max is inf
+        for _ in range(steps):
+            up, down = np.nextafter(up, INF32), np.nextafter(down, -INF32)
+            out += [up, down]
+    a = np.concatenate(out)
+    return np.concatenate([a, -a])
+
+
+def magnitude_sample(name: str, rng: np.random.Generator, limit: int) -> np.ndarray:
+    """Magnitude codes to use: all of them, or (tfloat32) the lowest and highest codes, the codes
+    around 1.0 and a random sample when there are more than ``limit``."""
+    n = len(magnitudes_ref(name))
+    if n <= limit:
+        return np.arange(n)
+    one = int(np.searchsorted(magnitudes_ref(name), 1.0))
+    q = limit // 8
+    parts = [np.arange(q), np.arange(n - q, n), np.arange(one - q, one + q), rng.integers(0, n, 3 * q)]
+    return np.unique(np.concatenate(parts))
+
+
+@functools.cache
+def float32_inputs(name: str) -> np.ndarray:
+    """The float32 input set of one target format (read-only)."""
+    fmt = FORMATS_REF[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    mags = magnitudes_ref(name)
+    beyond = fmt.value_of_magnitude_code(fmt.max_code + 1)  # the virtual value after the max
+    ext = np.append(mags, beyond)
+    idx = magnitude_sample(name, rng, 1 << 17)
+    lo, hi = ext[idx], ext[idx + 1]
+    points = np.concatenate([lo, (lo + hi) / 2, [beyond]])
+    p32 = f32(points)
+    finite = np.isfinite(p32)
+    assert np.array_equal(p32[finite].astype(np.float64), points[finite])  # all exact in float32
+    over = f32([fmt.max_finite, (fmt.max_finite + beyond) / 2, beyond, 2 * beyond, 3.4028234663852886e38])
+    nan_bits = [0x7FC00000, 0x7F800001, 0x7FA00000, 0x7FFFFFFF, 0x7F802000, 0x7F801FFF, 0x7FC00001, 0x7FE12345]
+    specials = nan_bits + [b | 0x80000000 for b in nan_bits] + [0, 0x80000000, 0x7F800000, 0xFF800000]
+    subnormals = [1, 2, 3, 0x400000, 0x600000, 0x7FFFFF, 0x800000] + rng.integers(1, 0x800000, 500).tolist()
+    subnormals += [b | 0x80000000 for b in subnormals]
+    patterns = rng.integers(0, 1 << 32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    lo_exp, hi_exp = math.log2(fmt.min_subnormal) - 3, math.log2(fmt.max_finite) + 1
+    spread = f32(np.exp2(rng.uniform(lo_exp, hi_exp, 2000)) * rng.choice([-1.0, 1.0], 2000))
+    x = np.concatenate([with_neighbours(p32[finite]), with_neighbours(over, steps=4), f32(specials),
+                        f32(subnormals), patterns, spread])
+    x.setflags(write=False)
+    return x
+
+
+def stochastic_kwargs(rounding: str, seed: int = SEED) -> dict:
+    return {"seed": seed} if rounding == "stochastic" else {}
+
+
+# ---- 1. float32 sources: every target x every mode x saturate ------------------------------------
+
+
+@pytest.mark.parametrize("saturate", [False, True], ids=["wrap", "saturate"])
+@pytest.mark.parametrize("rounding", ROUNDING_MODES)
+@pytest.mark.parametrize("name", ALL_TARGETS)
+def test_float32_source_every_mode(name, rounding, saturate):
+    x = float32_inputs(name)
+    rand = random_bits(SEED, x.size) if rounding == "stochastic" else None
+    got = nk.cast(x, name, rounding=rounding, saturate=saturate, **stochastic_kwargs(rounding))
+    assert got.dtype == result_dtype(name) and got.shape == x.shape
+    want = encode_ref(x, name, rounding=rounding, saturate=saturate, rand=rand)
+    assert_same(x, codes_of(got), want, f"float32 -> {name} {rounding} saturate={saturate}")
+
+
+@pytest.mark.parametrize("saturate", [False, True], ids=["wrap", "saturate"])
+@pytest.mark.parametrize("rounding", ROUNDING_MODES)
+def test_float32_to_float32r_copies_bits(rounding, saturate):
+    # casts.md: float32r is numerically float32, "casting to it is a copy of the bits". The spec
+    # does not say whether saturate=True turns +-inf into +-max for this exact cast: not checked.
+    x = float32_inputs("bfloat16")
+    if saturate:
+        x = x[~np.isinf(x)]
+    got = nk.cast(x, "float32r", rounding=rounding, saturate=saturate, **stochastic_kwargs(rounding))
+    assert got.dtype == np.float32
+    assert_same(x, codes_of(got), x.view(np.uint32), f"float32 -> float32r {rounding}")
+
+
+# ---- 2. float64 sources -------------------------------------------------------------------------
+
+
+@functools.cache
+def float64_inputs(name: str) -> np.ndarray:
+    """float64 values that tell one rounding from two: just above/below every representable value
+    and every midpoint by a relative 2^-30 (float32 rounding would land exactly on them), plus
+    values beyond float32's range, below its subnormals, specials and random values."""
+    fmt = FORMATS_REF[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()) + 64)
+    mags = magnitudes_ref(name)
+    beyond = fmt.value_of_magnitude_code(fmt.max_code + 1)
+    ext = np.append(mags, beyond)
+    idx = magnitude_sample(name, rng, 4096)
+    lo, hi = ext[idx], ext[idx + 1]
+    mid = (lo + hi) / 2
+    eps = 2.0**-30
+    near = [lo, mid, lo * (1 + eps), mid * (1 + eps), mid * (1 - eps), hi * (1 - eps)]
+    tiny = fmt.min_subnormal * np.array([2.0**-40, 0.25, 0.5 * (1 - eps), 0.5, 0.5 * (1 + eps), 1 - eps])
+    f32max = 3.4028234663852886e38
+    huge = [f32max, f32max * (1 + eps), 2.0**128 * (1 - 2.0**-25), 2.0**128, 1e39, 1e300, np.inf, 5e-324,
+            1e-300, 1e-46, 0.0]
+    spread = np.exp2(rng.uniform(math.log2(fmt.min_subnormal) - 3, math.log2(fmt.max_finite) + 1, 3000))
+    spread = spread * (1 + rng.uniform(-2.0**-20, 2.0**-20, spread.size))  # full float64 mantissas
+    patterns = rng.integers(0, 1 << 64, 2000, dtype=np.uint64).view(np.float64)
+    patterns = patterns[~np.isnan(patterns)]  # NaN payloads of float64 are not specified
+    x = np.concatenate(near + [tiny, np.array(huge), spread, patterns])
+    x = np.concatenate([x, -x, [np.nan, -np.nan]])
+    x.setflags(write=False)
+    return x
+
+
+F64_TARGETS = ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn", "float8_e8m0fnu"]
+
+
+@pytest.mark.parametrize("rounding", DIRECTED_AND_AWAY)
+@pytest.mark.parametrize("name", F64_TARGETS)
+def test_float64_source_rounds_once_in_other_modes(name, rounding):
+    x = float64_inputs(name)
+    got = codes_of(nk.cast(x, name, rounding=rounding))
+    want = encode_float64_ref(x, name, rounding=rounding)
+    with np.errstate(over="ignore", invalid="ignore"):
+        twice = encode_ref(x.astype(np.float32), name, rounding=rounding)
+    assert (twice != want).sum() > 10, "the input set must tell single from double rounding"
+    assert_same(x, got, want, f"float64 -> {name} {rounding}")
+
+
+@pytest.mark.parametrize("name, rounding", [("float8_e4m3fn", "toward_positive"), ("bfloat16", "nearest_away")])
+def test_float64_source_saturate(name, rounding):
+    x = float64_inputs(name)
+    got = codes_of(nk.cast(x, name, rounding=rounding, saturate=True))
+    assert_same(x, got, encode_float64_ref(x, name, rounding=rounding, saturate=True), f"float64 -> {name}")
+
+
+def test_float64_to_float16_default_rounds_once_like_numpy():
+    x = float64_inputs("float16")
+    got = codes_of(nk.cast(x, "float16"))
+    want = encode_float64_ref(x, "float16")
+    assert_same(x, got, want, "float64 -> float16 (one rounding)")
+    with np.errstate(over="ignore", invalid="ignore"):
+        np16 = x.astype(np.float16).view(np.uint16)
+        twice = encode_ref(x.astype(np.float32), "float16")
+    keep = ~np.isnan(x)
+    assert_same(x[keep], got[keep], np16[keep], "float64 -> float16 against numpy")
+    assert (twice != want).sum() > 10
+    # 1 + 2^-11 + 2^-40: float32 would make it the tie 1 + 2^-11 (-> 0x3c00); once: 0x3c01
+    assert codes_of(nk.cast(np.array([1 + 2.0**-11 + 2.0**-40]), "float16")).tolist() == [0x3C01]
+
+
+@pytest.mark.parametrize("name", [n for n in SMALL_SOURCES if n not in ("float16", "float8_e8m0fnu")])
+def test_float64_source_default_double_rounding_like_ml_dtypes(name):
+    x = float64_inputs(name)
+    got = codes_of(nk.cast(x, name))
+    with np.errstate(over="ignore", invalid="ignore"):
+        ml = x.astype(ML_DTYPES[name]).view(f"uint{8 * ML_DTYPES[name].itemsize}")
+    assert_same(x, got, ml, f"float64 -> {name} against ml_dtypes")
+    assert_same(x, got, float64_to_target_ref(x, name), f"float64 -> {name} against the reference")
+    assert (encode_float64_ref(x, name) != got).sum() > 10, "the default must round twice here"
+
+
+@pytest.mark.parametrize("name", ["float8_e8m0fnu", "tfloat32"])
+def test_float64_source_default_double_rounding_without_ml_dtypes(name):
+    x = float64_inputs(name)
+    got = codes_of(nk.cast(x, name))
+    assert_same(x, got, float64_to_target_ref(x, name), f"float64 -> {name}")
+
+
+def test_float64_named_double_rounding():
+    # casts.md: 1.0625 + 2^-40 -> e4m3fn 0x38 (float32 makes it the tie 1.0625; to even: 1.0)
+    assert codes_of(nk.cast(np.array([1.0625 + 2.0**-40]), "float8_e4m3fn")).tolist() == [0x38]
+    # every other mode rounds the float64 value once: it is above the tie, so nearest_away -> 0x39,
+    # toward_positive -> 0x39, toward_zero -> 0x38
+    for rounding, code in [("nearest_away", 0x39), ("toward_positive", 0x39), ("toward_zero", 0x38)]:
+        got = nk.cast(np.array([1.0625 + 2.0**-40]), "float8_e4m3fn", rounding=rounding)
+        assert codes_of(got).tolist() == [code], rounding
+    # 1.0625 - 2^-40: float32 makes it 1.0625 (the tie); nearest_away of the float64 value: 0x38
+    assert codes_of(nk.cast(np.array([1.0625 - 2.0**-40]), "float8_e4m3fn", rounding="nearest_away")).tolist() == [0x38]
+    # 1 + 2^-30: toward_positive of the float64 value is the next e4m3fn value (0x39), although
+    # float32 would round it to exactly 1.0
+    assert codes_of(nk.cast(np.array([1 + 2.0**-30]), "float8_e4m3fn", rounding="toward_positive")).tolist() == [0x39]
+    # e8m0: 3 + 2^-30 -> float32 gives the tie 3 -> 0x80 (even) by default; 3 - 2^-30 is below the
+    # tie, so nearest_away of the float64 value -> 0x80 (through float32 it would be 0x81)
+    assert codes_of(nk.cast(np.array([3 + 2.0**-30]), "float8_e8m0fnu")).tolist() == [0x80]
+    assert codes_of(nk.cast(np.array([3 - 2.0**-30]), "float8_e8m0fnu", rounding="nearest_away")).tolist() == [0x80]
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn"])
+def test_float64_source_stochastic_is_unbiased(name):
+    n = 1 << 16
+    mags = magnitudes_ref(name)
+    i = int(np.searchsorted(mags, 1.0))
+    lo, hi = float(mags[i]), float(mags[i + 1])
+    for frac in (1 / 3, 2 / 3):
+        for sign in (1.0, -1.0):
+            x = sign * (lo + frac * (hi - lo))  # not a float32
+            got = nk.cast(np.full(n, x), name, rounding="stochastic", seed=SEED + 1)
+            v = np.abs(decode_ref(codes_of(got), name).astype(np.float64))
+            assert set(np.unique(v).tolist()) <= {lo, hi}
+            ups = int((v == hi).sum())
+            sigma = math.sqrt(n * frac * (1 - frac))
+            assert abs(ups - n * frac) <= 5 * sigma + 1, (name, x, ups)
+            assert abs(v.mean() - abs(x)) <= (hi - lo) * (5 * sigma / n + 2.0**-14)
+
+
+# ---- 3. other sources ---------------------------------------------------------------------------
+
+
+def every_code(name: str) -> np.ndarray:
+    """Every code of a source array (float6/float4: every byte; the decode rule covers them all)."""
+    dt = ML_DTYPES[name]
+    return np.arange(1 << (8 * dt.itemsize), dtype=np.uint64).astype(f"uint{8 * dt.itemsize}")
+
+
+def _narrowing_cases() -> list[tuple[str, str, str, bool]]:
+    """Two narrowing targets per source, rotating the modes and saturate over the grid."""
+    targets = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e3m4", "float6_e3m2fn",
+               "float4_e2m1fn", "float8_e4m3b11fnuz", "float6_e2m3fn", "float8_e5m2fnuz", "float8_e4m3"]
+    cases = []
+    for i, src in enumerate(SMALL_SOURCES):
+        first = targets[i % len(targets)]
+        if first == src:
+            first = targets[(i + 1) % len(targets)]
+        second = "float8_e8m0fnu" if src != "float8_e8m0fnu" else "float4_e2m1fn"
+        cases.append((src, first, ROUNDING_MODES[i % 6], i % 2 == 1))
+        cases.append((src, second, ROUNDING_MODES[(i + 3) % 6], i % 2 == 0))
+    return cases
+
+
+@pytest.mark.parametrize("source, target, rounding, saturate", _narrowing_cases())
+def test_small_source_to_small_target_in_one_pass(source, target, rounding, saturate):
+    c = every_code(source)
+    x = c.view(ML_DTYPES[source])
+    rand = random_bits(SEED, c.size) if rounding == "stochastic" else None
+    got = nk.cast(x, target, rounding=rounding, saturate=saturate, **stochastic_kwargs(rounding))
+    assert got.dtype == result_dtype(target)
+    want = encode_ref(decode_ref(c, source), target, rounding=rounding, saturate=saturate, rand=rand)
+    assert_same(c, codes_of(got), want, f"{source} -> {target} {rounding} saturate={saturate}")
+
+
+INT_TYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+@functools.cache
+def int_inputs(name: str) -> np.ndarray:
+    """Every value of 8/16-bit types; edges, powers of two +-3, float32 and bfloat16 near-ties and
+    random magnitudes of every bit length for the wider ones."""
+    info = np.iinfo(name)
+    if info.bits <= 16:
+        return np.arange(info.min, info.max + 1, dtype=np.int64).astype(name)
+    rng = np.random.default_rng(info.bits + info.min)
+    vals = {0, 1, info.max, info.min, info.max - 1, info.min + 1}
+    for k in range(info.bits):
+        for d in range(-3, 4):
+            vals.add((1 << k) + d)
+            vals.add(-(1 << k) + d)
+    for k in range(9, info.bits - 1):  # near-ties of float32 (24 bits) and bfloat16 (8 bits)
+        for keep in (8, 24):
+            if k > keep:
+                base = (1 << k) + (1 << (k - keep))
+                vals.update({base, base + 1, base - 1, base + (1 << (k - keep - 1)), base + (1 << (k - keep - 1)) + 1})
+    lengths = rng.integers(1, info.bits + 1, 20000).tolist()
+    mags = rng.integers(0, 1 << 64, 20000, dtype=np.uint64).tolist()  # 64 random bits, then cut
+    vals.update(m >> (64 - b) for m, b in zip(mags, lengths))
+    vals.update(-(m >> (64 - b)) for m, b in zip(mags[:10000], lengths[:10000]))
+    kept = sorted(v for v in vals if info.min <= v <= info.max)
+    return np.array(kept, dtype=object).astype(name)
+
+
+INT_CASES = [(i, t) for i in INT_TYPES for t in ("bfloat16", "float8_e4m3fn", "float8_e8m0fnu")] + [
+    ("int64", "float16"), ("uint16", "float16"), ("int8", "float4_e2m1fn"), ("uint32", "float8_e5m2fnuz"),
+    ("int16", "float6_e3m2fn"), ("uint64", "float8_e3m4"),
+]
+
+
+@pytest.mark.parametrize("source, target", INT_CASES)
+def test_integer_source_matches_ml_dtypes(source, target):
+    x = int_inputs(source)
+    got = codes_of(nk.cast(x, target))
+    with np.errstate(over="ignore", invalid="ignore"):
+        via_f32 = encode_ref(x.astype(np.float32), target)
+        if target == "float8_e8m0fnu":
+            want = via_f32  # casts.md's tie rule, not ml_dtypes 0.6.0's
+        else:
+            want = x.astype(ML_DTYPES[target]).view(f"uint{8 * ML_DTYPES[target].itemsize}")
+    assert_same(x, got, want, f"{source} -> {target}")
+    assert_same(x, got, via_f32, f"{source} -> {target} (through float32)")
+
+
+@pytest.mark.parametrize("source, target", [("int64", "float32"), ("uint64", "float32"), ("int32", "float64"),
+                                            ("uint64", "float64")])
+def test_integer_source_to_float32_and_float64_like_numpy(source, target):
+    x = int_inputs(source)
+    got = nk.cast(x, target)
+    assert got.dtype == np.dtype(target)
+    assert_same(x, codes_of(got), codes_of(x.astype(target)), f"{source} -> {target}")
+
+
+@pytest.mark.parametrize("source, target, rounding", [("int16", "bfloat16", "toward_zero"),
+                                                      ("int16", "bfloat16", "stochastic"),
+                                                      ("uint8", "float4_e2m1fn", "toward_positive")])
+def test_narrow_integer_source_other_modes(source, target, rounding):
+    x = int_inputs(source)
+    rand = random_bits(SEED, x.size) if rounding == "stochastic" else None
+    got = codes_of(nk.cast(x, target, rounding=rounding, **stochastic_kwargs(rounding)))
+    want = encode_ref(x.astype(np.float32), target, rounding=rounding, rand=rand)
+    assert_same(x, got, want, f"{source} -> {target} {rounding}")
+
+
+@pytest.mark.parametrize("source, target", [("int64", "int8"), ("int32", "uint8"), ("uint64", "int16"),
+                                            ("uint32", "int32"), ("int16", "uint8"), ("int8", "uint64"),
+                                            ("uint16", "int8"), ("int64", "uint32")])
+def test_integer_to_integer_wraps_like_numpy(source, target):
+    x = int_inputs(source)
+    got = nk.cast(x, target)
+    assert got.dtype == np.dtype(target)
+    np.testing.assert_array_equal(got, x.astype(target))
+
+
+def test_options_a_pair_implements():
+    every = set(ROUNDING_MODES)
+    for src, dst in [("float32", "bfloat16"), ("float64", "float8_e4m3fn"), ("int16", "bfloat16"),
+                     ("float8_e5m2", "float4_e2m1fn"), ("float32", "float4_e2m1fn_x4")]:
+        k = nk.lookup_cast(src, dst)
+        assert set(k.roundings) == every and k.saturate, (src, dst)
+    for src, dst in [("int32", "bfloat16"), ("uint64", "float8_e4m3fn"), ("float64", "float32")]:
+        k = nk.lookup_cast(src, dst)
+        assert set(k.roundings) == {"nearest_even"} and not k.saturate, (src, dst)
+    with pytest.raises(NotImplementedError):
+        nk.cast(np.arange(4, dtype=np.int32), "bfloat16", rounding="toward_zero")
+    with pytest.raises(NotImplementedError):
+        nk.cast(np.arange(4, dtype=np.int64), "float8_e4m3fn", saturate=True)
+    with pytest.raises(NotImplementedError):
+        nk.cast(np.arange(4, dtype=np.float64), "float32", rounding="stochastic", seed=1)
+
+
+# ---- 4. decode ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SMALL_SOURCES)
+def test_decode_every_code_to_float32(name):
+    c = every_code(name)
+    got = nk.cast(c.view(ML_DTYPES[name]), np.float32)
+    assert got.dtype == np.float32
+    assert_same(c, codes_of(got), decode_ref(c, name).view(np.uint32), f"{name} -> float32")
+
+
+@pytest.mark.parametrize("name", SMALL_SOURCES)
+def test_decode_every_code_to_float64(name):
+    c = every_code(name)
+    got = nk.cast(c.view(ML_DTYPES[name]), np.float64)
+    assert got.dtype == np.float64
+    with np.errstate(invalid="ignore"):
+        want = decode_ref(c, name).astype(np.float64)
+    keep = ~np.isnan(want)
+    assert_same(c[keep], codes_of(got)[keep], codes_of(want)[keep], f"{name} -> float64")
+    # NaN codes: a float64 NaN of the same sign (casts.md does not fix float64 payloads)
+    assert np.isnan(got[~keep]).all()
+    assert np.array_equal(np.signbit(got[~keep]), np.signbit(want[~keep]))
+
+
+@pytest.mark.parametrize("out", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", SMALL_SOURCES)
+def test_decode_every_code_to_16_bit_floats(name, out):
+    if name == out:
+        pytest.skip("identity")
+    c = every_code(name)
+    got = nk.cast(c.view(ML_DTYPES[name]), out)
+    assert got.dtype == ML_DTYPES[out]
+    want = encode_ref(decode_ref(c, name), out)  # through the exact float32 value
+    assert_same(c, codes_of(got), want, f"{name} -> {out}")
+
+
+@pytest.mark.parametrize("name", SMALL_SOURCES)
+def test_round_trip_every_non_nan_code_every_mode(name):
+    fmt = FORMATS_REF[name]
+    width = fmt.ebits + fmt.mbits + (1 if fmt.signed else 0)
+    c = np.arange(1 << width, dtype=np.uint64).astype(fmt.container)
+    values = nk.cast(c.view(ML_DTYPES[name]), np.float32)
+    for rounding in ROUNDING_MODES:
+        for saturate in (False, True):
+            keep = ~np.isnan(values) & ~(saturate & np.isinf(values))  # saturate maps +-inf to +-max
+            back = nk.cast(values, name, rounding=rounding, saturate=saturate, **stochastic_kwargs(rounding))
+            assert_same(c[keep], codes_of(back)[keep], c[keep], f"{name} round trip {rounding} saturate={saturate}")
+
+
+# ---- 5. packed containers -----------------------------------------------------------------------
+
+PACKED = {  # name: (element, lane bits, container)
+    "float8_e4m3fn_x4": ("float8_e4m3fn", 8, np.uint32),
+    "float8_e5m2_x4": ("float8_e5m2", 8, np.uint32),
+    "float4_e2m1fn_x4": ("float4_e2m1fn", 4, np.uint16),
+}
+
+
+def pack_loop(codes: np.ndarray, lane_bits: int, container: type) -> np.ndarray:
+    """Four codes of the last axis per container, element 0 in the least significant lane."""
+    rows = codes.reshape(-1, codes.shape[-1])
+    out = np.zeros((rows.shape[0], rows.shape[1] // 4), dtype=container)
+    for r in range(rows.shape[0]):
+        for j in range(out.shape[1]):
+            word = 0
+            for lane in range(4):
+                word |= (int(rows[r, 4 * j + lane]) & ((1 << lane_bits) - 1)) << (lane_bits * lane)
+            out[r, j] = word
+    return out.reshape(codes.shape[:-1] + (codes.shape[-1] // 4,))
+
+
+def unpack_lanes(containers: np.ndarray, lane_bits: int) -> np.ndarray:
+    c = containers.astype(np.uint64)[..., None]
+    shifts = np.arange(4, dtype=np.uint64) * np.uint64(lane_bits)
+    lanes = (c >> shifts) & np.uint64((1 << lane_bits) - 1)
+    return lanes.reshape(containers.shape[:-1] + (containers.shape[-1] * 4,)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("rounding, saturate", [(m, False) for m in ROUNDING_MODES] + [("nearest_even", True)])
+@pytest.mark.parametrize("packed", list(PACKED))
+def test_pack_every_mode(packed, rounding, saturate):
+    element, lane_bits, container = PACKED[packed]
+    x = float32_inputs(element)
+    x = x[: x.size - x.size % 32].reshape(-1, 32)
+    rand = random_bits(SEED, x.size).reshape(x.shape) if rounding == "stochastic" else None
+    got = nk.cast(x, packed, rounding=rounding, saturate=saturate, **stochastic_kwargs(rounding))
+    assert got.dtype == container and got.shape == (x.shape[0], 8)
+    codes = encode_ref(x, element, rounding=rounding, saturate=saturate, rand=rand)
+    assert_same(x[:, ::4], got, pack_loop(codes, lane_bits, container), f"float32 -> {packed} {rounding}")
+
+
+@pytest.mark.parametrize("packed", list(PACKED))
+def test_unpack_gives_the_element_values(packed):
+    element, lane_bits, container = PACKED[packed]
+    rng = np.random.default_rng(5)
+    if container == np.uint16:
+        c = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)  # every container
+    else:
+        c = rng.integers(0, 1 << 32, (64, 160), dtype=np.uint64).astype(np.uint32)
+    lanes = unpack_lanes(c, lane_bits)
+    values, other = nk.auto_cast(c, np.zeros(2, np.float32), a_dtype=packed)
+    assert values.dtype == np.float32 and values.shape == lanes.shape and other.dtype == np.float32
+    assert_same(lanes, codes_of(values), decode_ref(lanes, element).view(np.uint32), f"{packed} -> float32")
+    # the registry function, to the element format (1-D arrays)
+    k = nk.lookup_cast(packed, element)
+    dst = np.empty(lanes.size, ML_DTYPES[element])
+    k.function(c.reshape(-1), dst, nk.CastOptions(), 0)
+    assert_same(lanes, codes_of(dst), lanes.ravel(), f"{packed} -> {element}")
+    # and back: every container of non-NaN lanes packs to itself
+    if packed != "float8_e5m2_x4":  # e5m2 has several NaN codes, which come back as 0x7e / 0xfe
+        np.testing.assert_array_equal(nk.cast(values, packed), c)
+
+
+@pytest.mark.parametrize("shape", [(3, 6), (5,), (2, 0, 3), ()])
+@pytest.mark.parametrize("packed", list(PACKED))
+def test_pack_last_axis_must_be_multiple_of_four(packed, shape):
+    with pytest.raises(ValueError, match="multiple of 4"):
+        nk.cast(np.zeros(shape, np.float32), packed)
+
+
+# ---- 6. stochastic rounding ---------------------------------------------------------------------
+
+
+def test_stochastic_seed_rules():
+    x = np.full(1 << 14, 1 + 2.0**-8, np.float32)  # the bfloat16 tie between 1.0 and 1 + 2^-7
+    a = codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=5))
+    assert 0.4 < (a == 0x3F81).mean() < 0.6
+    np.testing.assert_array_equal(a, codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=5)))
+    assert (a != codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=6))).any()
+    # key = seed mod 2^63
+    np.testing.assert_array_equal(a, codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=5 + (1 << 63))))
+    np.testing.assert_array_equal(a, codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=5 + (3 << 63))))
+    # seed=None: fresh entropy each call
+    n1 = codes_of(nk.cast(x, "bfloat16", rounding="stochastic"))
+    n2 = codes_of(nk.cast(x, "bfloat16", rounding="stochastic"))
+    assert (n1 != n2).any()
+
+
+@pytest.mark.parametrize("start", [(1 << 32) + 12345, (1 << 32) - 700, (5 << 40) + 3])
+def test_stochastic_index_above_2_32_through_the_registry(start):
+    x = float32_inputs("float8_e5m2")[:1500].copy()
+    k = nk.lookup_cast("float32", "float8_e5m2")
+    dst = np.empty(x.size, ML_DTYPES["float8_e5m2"])
+    k.function(x, dst, nk.CastOptions("stochastic", False, SEED), start)
+    want = encode_ref(x, "float8_e5m2", rounding="stochastic", rand=random_bits(SEED, x.size, start))
+    assert_same(x, codes_of(dst), want, f"start={start}")
+
+
+def pack_vectorised(codes: np.ndarray, lane_bits: int, container: type) -> np.ndarray:
+    c = codes.reshape(codes.shape[:-1] + (-1, 4)).astype(np.uint64) & np.uint64((1 << lane_bits) - 1)
+    shifts = np.arange(4, dtype=np.uint64) * np.uint64(lane_bits)
+    return np.bitwise_or.reduce(c << shifts, axis=-1).astype(container)
+
+
+def test_stochastic_is_independent_of_threads(threads):
+    n = 5 << 20  # large enough to be split over two threads
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(n) * 8).astype(np.float32)
+    results = {}
+    for t in (1, 2):
+        threads(t)
+        results[t] = (codes_of(nk.cast(x, "float8_e4m3fn", rounding="stochastic", seed=SEED)),
+                      nk.cast(x.reshape(-1, 64), "float4_e2m1fn_x4", rounding="stochastic", seed=SEED))
+    threads(None)
+    np.testing.assert_array_equal(results[1][0], results[2][0])
+    np.testing.assert_array_equal(results[1][1], results[2][1])
+    elem = results[2][0]
+    assert (elem != codes_of(nk.cast(x, "float8_e4m3fn"))).any()
+    for start in (0, n // 2 - 4000, n - 8000):  # both chunks, and across their boundary
+        piece = x[start:start + 8000]
+        want = encode_ref(piece, "float8_e4m3fn", rounding="stochastic", rand=random_bits(SEED, piece.size, start))
+        assert_same(piece, elem[start:start + 8000], want, f"elements from {start}")
+    # packing uses the element index too: the packed result is the packed elementwise result
+    fp4 = codes_of(nk.cast(x, "float4_e2m1fn", rounding="stochastic", seed=SEED)).reshape(-1, 64)
+    np.testing.assert_array_equal(results[2][1], pack_vectorised(fp4, 4, np.uint16))
+
+
+def test_unpacking_in_parallel(threads):
+    rng = np.random.default_rng(12)
+    c = rng.integers(0, 1 << 32, (1 << 21) + 12, dtype=np.uint64).astype(np.uint32)
+    table = decode_ref(np.arange(256, dtype=np.uint8), "float8_e4m3fn").view(np.uint32)
+    want = table[unpack_lanes(c, 8)]
+    for t in (1, 2):
+        threads(t)
+        got, _ = nk.auto_cast(c, np.zeros(1, np.float32), a_dtype="float8_e4m3fn_x4")
+        np.testing.assert_array_equal(codes_of(got), want)
+
+
+def test_stochastic_index_is_the_c_order_index_for_any_layout():
+    rng = np.random.default_rng(13)
+    base = (rng.standard_normal((700, 400)) * 3).astype(np.float32)  # more than one buffer of 2^16
+    kw = {"rounding": "stochastic", "seed": SEED}
+    t = base.T
+    want = encode_ref(np.ascontiguousarray(t), "bfloat16", rounding="stochastic",
+                      rand=random_bits(SEED, t.size).reshape(t.shape))
+    assert_same(np.ascontiguousarray(t), codes_of(nk.cast(t, "bfloat16", **kw)), want, "transposed")
+    views = {"reversed": base[::-1, ::-1], "strided": base[:, ::2], "big-endian": base.astype(">f4"),
+             "transposed-3d": base.reshape(70, 10, 400).transpose(2, 0, 1)}
+    for what, v in views.items():
+        got = codes_of(nk.cast(v, "bfloat16", **kw))
+        assert_same(v, got, codes_of(nk.cast(np.ascontiguousarray(v, dtype=np.float32), "bfloat16", **kw)), what)
+    out = np.empty((400, 1400), ML_DTYPES["bfloat16"])[:, ::2]
+    nk.cast(t, "bfloat16", out=out, **kw)
+    assert_same(t, codes_of(np.ascontiguousarray(out)), want, "non-contiguous out")
+
+
+def _unbiased_cases() -> list[tuple[str, str]]:
+    return [(n, where) for n in ["bfloat16", "float16", "tfloat32", "float8_e4m3fn", "float8_e5m2fnuz",
+                                 "float6_e3m2fn", "float4_e2m1fn", "float8_e8m0fnu"]
+            for where in ("one", "lowest")]
+
+
+@pytest.mark.parametrize("name, where", _unbiased_cases())
+def test_stochastic_is_unbiased(name, where):
+    n = 1 << 16
+    mags = magnitudes_ref(name)
+    i = int(np.searchsorted(mags, 1.0)) if where == "one" else 0
+    lo, hi = float(mags[i]), float(mags[i + 1])
+    signs = (1.0,) if name == "float8_e8m0fnu" else (1.0, -1.0)
+    for frac in (0.25, 0.5, 0.9):
+        x32 = np.float32(lo + frac * (hi - lo))
+        p = (float(x32) - lo) / (hi - lo)  # exact fraction of the float32 input
+        p_up = math.floor(p * 2**32) / 2**32
+        for sign in signs:
+            x = np.full(n, sign * x32, np.float32)
+            got = nk.cast(x, name, rounding="stochastic", seed=SEED + int(frac * 100))
+            v = np.abs(decode_ref(codes_of(got), name).astype(np.float64))
+            assert set(np.unique(v).tolist()) <= {lo, hi}, (name, float(x32))
+            ups = int((v == hi).sum())
+            sigma = math.sqrt(n * p_up * (1 - p_up))
+            assert abs(ups - n * p_up) <= 5 * sigma, (name, float(x32), sign, ups, n * p_up)
+            assert abs(v.mean() - float(x32)) <= 5 * (hi - lo) * sigma / n, (name, float(x32), sign)
+
+
+# ---- 7. directed-mode overflow and saturation, by hand -----------------------------------------
+
+NAN, NNAN, INF = 0x7FC00000, 0xFFC00000, float("inf")
+F32MAX = 0x7F7FFFFF
+
+# (format, input (float, or int = float32 bit pattern), rounding, saturate, expected code)
+NAMED = [
+    # float8_e4m3fn: max 448 = 0x7e; the next code 0x7f (virtual 480) is NaN; 464 is the tie
+    ("float8_e4m3fn", 449.0, "nearest_even", False, 0x7E),
+    ("float8_e4m3fn", 464.0, "nearest_even", False, 0x7E),  # tie; 448's mantissa 110 is even
+    ("float8_e4m3fn", 464.0, "nearest_away", False, 0x7F),  # away from zero past max: NaN
+    ("float8_e4m3fn", 449.0, "toward_positive", False, 0x7F),  # rounds up past max: overflow code
+    ("float8_e4m3fn", 449.0, "toward_zero", False, 0x7E),
+    ("float8_e4m3fn", 1e30, "toward_zero", False, 0x7E),  # toward zero never overflows
+    ("float8_e4m3fn", 1e30, "toward_negative", False, 0x7E),
+    ("float8_e4m3fn", -1e30, "toward_positive", False, 0xFE),
+    ("float8_e4m3fn", -1e30, "toward_negative", False, 0xFF),
+    ("float8_e4m3fn", -449.0, "toward_zero", False, 0xFE),
+    ("float8_e4m3fn", 1e30, "stochastic", False, 0x7F),  # past the virtual next value: always up
+    ("float8_e4m3fn", 448.0, "stochastic", False, 0x7E),  # exact: never moves
+    ("float8_e4m3fn", INF, "toward_zero", False, 0x7F),  # inf is not finite: the overflow code
+    ("float8_e4m3fn", -INF, "toward_positive", False, 0xFF),
+    ("float8_e4m3fn", INF, "nearest_even", True, 0x7E),
+    ("float8_e4m3fn", -INF, "toward_zero", True, 0xFE),
+    ("float8_e4m3fn", 1e30, "toward_positive", True, 0x7E),
+    ("float8_e4m3fn", 1e30, "stochastic", True, 0x7E),
+    ("float8_e4m3fn", -464.0, "nearest_away", True, 0xFE),
+    ("float8_e4m3fn", NAN, "nearest_even", True, 0x7F),
+    ("float8_e4m3fn", NNAN, "toward_zero", True, 0xFF),
+    # float8_e5m2: max 57344 = 0x7b, inf 0x7c, NaN 0x7e; 61440 is the tie with the virtual 65536
+    ("float8_e5m2", 60000.0, "nearest_even", False, 0x7B),
+    ("float8_e5m2", 61440.0, "nearest_even", False, 0x7C),  # tie; 57344's mantissa 11 is odd: up
+    ("float8_e5m2", 61440.0, "toward_zero", False, 0x7B),
+    ("float8_e5m2", 57345.0, "toward_positive", False, 0x7C),
+    ("float8_e5m2", -57345.0, "toward_positive", False, 0xFB),
+    ("float8_e5m2", -57345.0, "toward_negative", False, 0xFC),
+    ("float8_e5m2", -1e30, "toward_zero", False, 0xFB),
+    ("float8_e5m2", INF, "toward_negative", False, 0x7C),
+    ("float8_e5m2", -INF, "toward_zero", False, 0xFC),
+    ("float8_e5m2", 61440.0, "nearest_even", True, 0x7B),
+    ("float8_e5m2", INF, "nearest_even", True, 0x7B),
+    ("float8_e5m2", -INF, "stochastic", True, 0xFB),
+    ("float8_e5m2", NAN, "toward_positive", True, 0x7E),
+    # float8_e4m3: max 240 = 0x77, inf 0x78, NaN 0x7c
+    ("float8_e4m3", 248.0, "nearest_even", False, 0x78),
+    ("float8_e4m3", 248.0, "toward_zero", False, 0x77),
+    ("float8_e4m3", 241.0, "toward_positive", False, 0x78),
+    ("float8_e4m3", -241.0, "toward_positive", False, 0xF7),
+    ("float8_e4m3", -INF, "toward_positive", True, 0xF7),
+    ("float8_e4m3", NAN, "nearest_even", True, 0x7C),
+    # float8_e4m3fnuz: max 240 = 0x7f, the only NaN 0x80, no -0
+    ("float8_e4m3fnuz", 248.0, "nearest_even", False, 0x80),  # tie; 240's mantissa 111 is odd: up
+    ("float8_e4m3fnuz", 248.0, "toward_zero", False, 0x7F),
+    ("float8_e4m3fnuz", -248.0, "toward_positive", False, 0xFF),
+    ("float8_e4m3fnuz", -248.0, "toward_negative", False, 0x80),
+    ("float8_e4m3fnuz", 1e30, "toward_negative", False, 0x7F),
+    ("float8_e4m3fnuz", INF, "toward_zero", False, 0x80),
+    ("float8_e4m3fnuz", INF, "nearest_even", True, 0x7F),
+    ("float8_e4m3fnuz", -INF, "nearest_even", True, 0xFF),
+    ("float8_e4m3fnuz", -1e30, "toward_negative", True, 0xFF),
+    ("float8_e4m3fnuz", NAN, "nearest_even", True, 0x80),
+    ("float8_e4m3fnuz", -1e-30, "toward_zero", False, 0x00),  # underflow: no -0
+    ("float8_e4m3fnuz", -1e-30, "toward_positive", False, 0x00),
+    ("float8_e4m3fnuz", -1e-30, "toward_negative", False, 0x81),  # away from zero: -2^-10
+    # float8_e4m3b11fnuz: max 30 = 0x7f
+    ("float8_e4m3b11fnuz", 31.0, "nearest_even", False, 0x80),
+    ("float8_e4m3b11fnuz", 31.0, "toward_zero", False, 0x7F),
+    ("float8_e4m3b11fnuz", 30.5, "toward_positive", False, 0x80),
+    ("float8_e4m3b11fnuz", 31.0, "nearest_even", True, 0x7F),
+    # float8_e5m2fnuz: max 57344 = 0x7f
+    ("float8_e5m2fnuz", 61440.0, "nearest_even", False, 0x80),
+    ("float8_e5m2fnuz", 61440.0, "toward_zero", False, 0x7F),
+    ("float8_e5m2fnuz", -61440.0, "nearest_away", True, 0xFF),
+    # float8_e3m4: max 15.5 = 0x6f, inf 0x70
+    ("float8_e3m4", 15.75, "nearest_even", False, 0x70),  # tie; 15.5's mantissa 1111 is odd: up
+    ("float8_e3m4", 15.75, "toward_zero", False, 0x6F),
+    ("float8_e3m4", 100.0, "toward_negative", False, 0x6F),
+    ("float8_e3m4", -100.0, "toward_negative", False, 0xF0),
+    ("float8_e3m4", -100.0, "toward_negative", True, 0xEF),
+    # float6 / float4: no inf, no NaN; overflow saturates; +NaN -> -0 code, -NaN -> +0 code
+    ("float6_e2m3fn", 100.0, "toward_positive", False, 0x1F),
+    ("float6_e2m3fn", -100.0, "toward_negative", False, 0x3F),
+    ("float6_e2m3fn", 7.75, "nearest_even", False, 0x1F),
+    ("float6_e2m3fn", INF, "nearest_even", False, 0x1F),
+    ("float6_e2m3fn", -INF, "toward_zero", False, 0x3F),
+    ("float6_e2m3fn", NAN, "nearest_even", False, 0x20),
+    ("float6_e2m3fn", NNAN, "nearest_even", False, 0x00),
+    ("float6_e2m3fn", NAN, "nearest_even", True, 0x20),
+    ("float6_e2m3fn", NNAN, "toward_zero", True, 0x00),
+    ("float6_e3m2fn", 1e30, "toward_positive", False, 0x1F),
+    ("float6_e3m2fn", -30.0, "nearest_away", False, 0x3F),
+    ("float4_e2m1fn", 7.0, "toward_positive", False, 0x07),
+    ("float4_e2m1fn", -7.0, "toward_negative", False, 0x0F),
+    ("float4_e2m1fn", 5.0, "nearest_even", False, 0x06),  # tie 4 (0x6, even) / 6 (0x7)
+    ("float4_e2m1fn", 5.0, "nearest_away", False, 0x07),
+    ("float4_e2m1fn", 4.5, "toward_positive", False, 0x07),
+    ("float4_e2m1fn", -INF, "nearest_even", True, 0x0F),
+    ("float4_e2m1fn", NAN, "toward_positive", True, 0x08),
+    # bfloat16: max 0x7f7f, inf 0x7f80
+    ("bfloat16", F32MAX, "toward_zero", False, 0x7F7F),
+    ("bfloat16", F32MAX, "nearest_even", False, 0x7F80),
+    ("bfloat16", 0x7F7F0001, "toward_positive", False, 0x7F80),
+    ("bfloat16", 0xFF7F0001, "toward_positive", False, 0xFF7F),
+    ("bfloat16", 0xFF7F0001, "toward_negative", False, 0xFF80),
+    ("bfloat16", INF, "toward_zero", False, 0x7F80),
+    ("bfloat16", F32MAX, "nearest_even", True, 0x7F7F),
+    ("bfloat16", -INF, "nearest_even", True, 0xFF7F),
+    ("bfloat16", 0x7FC00001, "nearest_even", True, 0x7FC0),
+    # float16: max 65504 = 0x7bff, inf 0x7c00
+    ("float16", 65519.0, "nearest_even", False, 0x7BFF),
+    ("float16", 65520.0, "nearest_even", False, 0x7C00),
+    ("float16", 65520.0, "toward_zero", False, 0x7BFF),
+    ("float16", 65505.0, "toward_positive", False, 0x7C00),
+    ("float16", -65505.0, "toward_positive", False, 0xFBFF),
+    ("float16", 1e6, "toward_negative", False, 0x7BFF),
+    ("float16", -1e6, "toward_negative", False, 0xFC00),
+    ("float16", 1e6, "nearest_even", True, 0x7BFF),
+    ("float16", -INF, "nearest_even", True, 0xFBFF),
+    ("float16", 0x7F800001, "nearest_even", True, 0x7C01),  # NaN payload kept (F >> 13, at least 1)
+    # tfloat32: max 0x7f7fe000 (a float32 pattern), inf 0x7f800000
+    ("tfloat32", F32MAX, "nearest_even", False, 0x7F800000),
+    ("tfloat32", F32MAX, "toward_zero", False, 0x7F7FE000),
+    ("tfloat32", 0x7F7FEFFF, "nearest_even", False, 0x7F7FE000),
+    ("tfloat32", 0x7F7FF000, "nearest_even", False, 0x7F800000),  # tie; mantissa 0x3ff is odd: up
+    ("tfloat32", 0x7F7FE001, "toward_positive", False, 0x7F800000),
+    ("tfloat32", 0x7F7FE001, "toward_positive", True, 0x7F7FE000),
+    ("tfloat32", -INF, "toward_zero", True, 0xFF7FE000),
+    # float8_e8m0fnu: 2^(c-127); max 2^127 = 0xfe; 0xff is NaN and every overflow
+    ("float8_e8m0fnu", INF, "nearest_even", False, 0xFF),
+    ("float8_e8m0fnu", INF, "toward_zero", False, 0xFF),
+    ("float8_e8m0fnu", INF, "nearest_even", True, 0xFE),
+    ("float8_e8m0fnu", 1.5 * 2.0**127, "nearest_even", False, 0xFE),  # tie: 0xfe is even
+    ("float8_e8m0fnu", 1.5 * 2.0**127, "nearest_away", False, 0xFF),
+    ("float8_e8m0fnu", 1.5 * 2.0**127, "nearest_away", True, 0xFE),
+    ("float8_e8m0fnu", F32MAX, "nearest_even", False, 0xFF),
+    ("float8_e8m0fnu", F32MAX, "toward_zero", False, 0xFE),
+    ("float8_e8m0fnu", F32MAX, "toward_negative", False, 0xFE),
+    ("float8_e8m0fnu", 0x7F000001, "toward_positive", False, 0xFF),
+    ("float8_e8m0fnu", 0x7F000001, "toward_positive", True, 0xFE),
+    ("float8_e8m0fnu", 0.0, "nearest_even", True, 0xFF),
+    ("float8_e8m0fnu", 0x80000000, "toward_positive", True, 0xFF),
+    ("float8_e8m0fnu", -1.0, "toward_zero", True, 0xFF),
+    ("float8_e8m0fnu", -INF, "nearest_even", True, 0xFF),
+    ("float8_e8m0fnu", NAN, "nearest_even", True, 0xFF),
+    ("float8_e8m0fnu", 3.0, "nearest_even", False, 0x80),  # tie 2 (0x80, even) / 4
+    ("float8_e8m0fnu", 3.0, "nearest_away", False, 0x81),
+    ("float8_e8m0fnu", 3.0, "toward_zero", False, 0x80),
+    ("float8_e8m0fnu", 3.0, "toward_positive", False, 0x81),
+    ("float8_e8m0fnu", 6.0, "nearest_even", False, 0x82),
+    ("float8_e8m0fnu", 12.0, "nearest_even", False, 0x82),
+    ("float8_e8m0fnu", 0.75, "nearest_even", False, 0x7E),
+    ("float8_e8m0fnu", 1.5 * 2.0**-127, "nearest_even", False, 0x00),
+    ("float8_e8m0fnu", 1.75 * 2.0**-127, "nearest_even", False, 0x01),
+    ("float8_e8m0fnu", 1.25 * 2.0**-127, "toward_positive", False, 0x01),
+    ("float8_e8m0fnu", 2.0**-140, "toward_negative", False, 0x00),  # nothing below 2^-127
+    ("float8_e8m0fnu", 2.0**-140, "toward_positive", False, 0x00),
+]
+
+
+@pytest.mark.parametrize("name, x, rounding, saturate, expected", NAMED)
+def test_named_overflow_and_saturation(name, x, rounding, saturate, expected):
+    arr = f32([x])
+    got = codes_of(nk.cast(arr, name, rounding=rounding, saturate=saturate, **stochastic_kwargs(rounding)))
+    assert int(got[0]) == expected, f"{name} {describe(arr, 0)} {rounding} saturate={saturate}: 0x{int(got[0]):x}"
+    rand = np.array([0]) if rounding == "stochastic" else None
+    assert int(encode_ref(arr, name, rounding=rounding, saturate=saturate, rand=rand)[0]) == expected  # the oracle agrees
