@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 __all__ = [
     "jit", "u32_add", "u32_sub", "u32_mul", "u32_shr", "u32_shl", "u32_and", "u32_or", "u32_xor",
-    "f32_bits", "f32_from_bits",
+    "f32_bits", "f32_from_bits", "i32_positive",
 ]
 
 #: The options of every kernel: cached on disk, GIL released, no fastmath (it breaks NaN and
@@ -77,5 +77,16 @@ def f32_from_bits(typingctx: Any, u: Any) -> Any:
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def i32_positive(typingctx: Any, u: Any) -> Any:
+    """Whether the uint32 ``u``, read as a signed 32-bit integer, is greater than zero."""
+    sig = types.boolean(types.uint32)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.icmp_signed(">", args[0], ir.Constant(ir.IntType(32), 0))
 
     return sig, codegen

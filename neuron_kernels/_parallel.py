@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["set_num_threads", "get_num_threads", "PARALLEL_MIN_ELEMENTS", "run_chunked"]
+__all__ = ["set_num_threads", "get_num_threads", "PARALLEL_MIN_ELEMENTS", "run_chunked", "run_tasks"]
 
 #: Arrays with fewer elements than this run on the calling thread alone: below it, handing work
 #: to a second thread costs more than it saves (measured with ``benchmarks/``).
@@ -104,6 +104,29 @@ def run_chunked(kernel: Callable[[Any, Any, Any, int], None], src: Any, dst: Any
     try:
         s, d, off = pieces[0]
         kernel(s, d, options, off)
+    finally:
+        for f in futures:
+            f.result()
+
+
+def run_tasks(kernel: Callable[..., None], ntasks: int, elements: int, args: tuple[Any, ...],
+              align: int = 1) -> None:
+    """Run ``kernel(*args, t0, t1)`` over the independent tasks ``[0, ntasks)``.
+
+    Large jobs (``elements`` at least :data:`PARALLEL_MIN_ELEMENTS`) are split into contiguous
+    task ranges, one per thread, whose boundaries are multiples of ``align``.
+    """
+    threads = 1 if elements < PARALLEL_MIN_ELEMENTS else min(
+        get_num_threads(), max(1, elements // (PARALLEL_MIN_ELEMENTS // 2)), max(1, ntasks // align))
+    if threads <= 1:
+        kernel(*args, 0, ntasks)
+        return
+    bounds = [min(ntasks, (ntasks * k // threads) // align * align) for k in range(threads)] + [ntasks]
+    ranges = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    pool = _executor(len(ranges) - 1)
+    futures = [pool.submit(kernel, *args, a, b) for a, b in ranges[1:]]
+    try:
+        kernel(*args, *ranges[0])
     finally:
         for f in futures:
             f.result()

@@ -9,7 +9,6 @@ Chunks run on two threads (the casts release the GIL). Run alone with
 
 from concurrent.futures import ThreadPoolExecutor
 
-import ml_dtypes
 import numpy as np
 import pytest
 

@@ -32,6 +32,7 @@ import numpy as np
 from .._jit import (
     f32_bits,
     f32_from_bits,
+    i32_positive,
     jit,
     u32_add,
     u32_and,
@@ -138,20 +139,25 @@ def _round_significand(m, s, neg, rnd, mode):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _encode(u, rnd, mbits, bias, bits, specials, max_code, nan_code, inf_code, payload, mode,
+def _encode(u, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, payload, mode,
             saturate):  # pragma: no cover - compiled
-    """Code of the float32 pattern ``u`` in a format with a mantissa (every format but e8m0)."""
+    """Code of the float32 pattern ``u`` in a format with a mantissa (every format but e8m0).
+
+    The exponent bias B enters as ``kc = max(128 - B, 0)`` (the float32 biased exponent of the
+    smallest normal, clamped) and ``off = (B - 128) mod 2^32``, so that it may vary at run time:
+    encoding x / 2^k is encoding x with bias B - k (the MX elements).
+    """
     a = u32_and(u, 0x7FFFFFFF)
     neg = u32_shr(u, 31)
     e_bits = u32_shr(a, 23)
     frac = u32_and(a, 0x7FFFFF)
     e1 = e_bits if e_bits > 0 else u32_or(e_bits, 1)
     m = u32_or(frac, 0x800000) if e_bits > 0 else frac
-    k = 128 - bias  # float32 biased exponent of the target's smallest normal
-    extra = u32_sub(k, e1) if e1 < k else u32_and(e1, 0)
+    extra = u32_sub(kc, e1) if e1 < kc else u32_and(e1, 0)  # extra shift below the smallest normal
     s = u32_add(23 - mbits, extra)
     q = _round_significand(m, s, neg, rnd, mode)
-    expo = u32_sub(u32_add(e1, bias), 128) if u32_add(e1, bias) > 128 else u32_and(e1, 0)
+    t = u32_add(e1, off)  # e + B - 1, the code's exponent field before rounding, if positive
+    expo = t if i32_positive(t) else u32_and(t, 0)
     mag = u32_add(u32_shl(expo, mbits), q)
 
     # Overflow: saturate, or IEEE's rule for directed modes, or the format's overflow code.
@@ -272,10 +278,15 @@ def _f64_to_f32_odd(x):  # pragma: no cover - compiled
     return u32_or(b, 1) if (back != x) & (x == x) else b
 
 
+def bias_args(bias: int) -> tuple[int, int]:
+    """The two forms in which :func:`_encode` takes an exponent bias."""
+    return max(128 - bias, 0), (bias - 128) & 0xFFFFFFFF
+
+
 def _codec_args(c: Codec | None) -> tuple[Any, ...]:
     if c is None:
-        return (0, 0, 0, 0, 0, 0, 0, False)
-    return (c.mbits, c.bias, c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, c.payload_encode)
+        return (0, 0, 0, 0, 0, 0, 0, 0, False)
+    return (c.mbits, *bias_args(c.bias), c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, c.payload_encode)
 
 
 @jit
@@ -310,14 +321,15 @@ def _store(x, u, rnd, out):  # pragma: no cover - compiled
 
     ``out`` = (source kind, target kind, is e8m0, the target codec's ints, mode, saturate, shift).
     """
-    source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate, d_shift = out
+    source, target, is_e8m0, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate, d_shift = out
     if target == TARGET_F32:
         return u
     if target == TARGET_F64:
         return np.float64(x) if source == SOURCE_INT else np.float64(f32_from_bits(u))
     if is_e8m0:
         return _encode_e8m0(u, rnd, mode, saturate)
-    return u32_shl(_encode(u, rnd, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate), d_shift)
+    code = _encode(u, rnd, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate)
+    return u32_shl(code, d_shift)
 
 
 @cache
@@ -335,12 +347,13 @@ def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_code
     s_m, s_b, s_bits, s_sp = (0, 0, 0, 0) if src_codec is None else (
         src_codec.mbits, src_codec.bias, src_codec.bits, src_codec.specials)
     s_pay = src_codec is not None and src_codec.payload_decode
-    d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay = _codec_args(dst_codec)
+    d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay = _codec_args(dst_codec)
     d_shift = 0 if dst_codec is None else dst_codec.shift
     is_e8m0 = dst_codec is not None and dst_codec.specials == E8M0
     stochastic = mode == STOCHASTIC
     inp = (source, s_m, s_b, s_bits, s_sp, s_pay)
-    out = (source, target, is_e8m0, d_m, d_b, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, bool(saturate), d_shift)
+    out = (source, target, is_e8m0, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, bool(saturate),
+           d_shift)
 
     # One loop per kernel, chosen here rather than inside the kernel; the helpers are inlined
     # into it (inline="always"), so the loop vectorises.

@@ -1,0 +1,381 @@
+"""Numba kernels of MX quantisation, dequantisation and fake quantisation.
+
+The array is seen as (A, L, B) with blocks of ``block_size`` along L; ``B == 1`` (the block axis is
+the last) has its own, faster kernels on (A, L) arrays. A *task* is one (row, block) pair, and a
+kernel runs the tasks ``[t0, t1)``, so that threads can share an array without sharing a block.
+
+Scales come from the block's amax read as a float32 bit pattern (integer max over |x| patterns;
+NaN patterns are the largest), never from a floating-point log2. An element is encoded with the
+cast codec's generic encoder, the division by the scale 2^e folded into the exponent bias
+(x / 2^e in a format of bias B is x in bias B - e): exact, with no float divide that could
+underflow. Elements always saturate.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from .._jit import f32_bits, f32_from_bits, jit, u32_and, u32_or, u32_shl, u32_shr, u32_sub
+from ..formats import FORMATS
+from ..mx import MX_FORMATS
+from . import codec as C
+
+__all__ = ["quantize_kernel", "dequantize_kernel", "fake_quantize_kernel", "unpack_fp4_axis"]
+
+FLOOR, CEIL, EVEN, RCEIL, NEURON = range(5)
+_SCALE_IDS = {"floor": FLOOR, "ceil": CEIL, "even": EVEN, "rceil": RCEIL, "neuron": NEURON}
+_INT8 = 99  # the "specials" id of mxint8 elements
+
+
+@jit
+def _bit_length(v):  # pragma: no cover - compiled
+    n = 0
+    while v:
+        v >>= 1
+        n += 1
+    return n
+
+
+@jit
+def _scale_byte(amax, mode, emax, mbits, rcp):  # pragma: no cover - compiled
+    """The e8m0 byte of a block from its amax bit pattern (see spec/mx.md, "The shared scale")."""
+    if amax == 0:
+        return 0
+    if amax >= 0x7F800000:
+        return 0xFF
+    e_bits = np.int64(amax >> 23)
+    frac = np.int64(amax & 0x7FFFFF)
+    if e_bits > 0:
+        fl = e_bits - 127
+        sig = frac | 0x800000
+    else:
+        nbits = _bit_length(frac)
+        fl = nbits - 150
+        sig = frac << (24 - nbits)
+    if mode == FLOOR:
+        e = fl - emax
+    elif mode == CEIL:
+        e = fl + (1 if sig != 0x800000 else 0) - emax
+    elif mode == EVEN:
+        e = fl + ((sig + (1 << (22 - mbits))) >> 24) - emax
+    elif mode == NEURON:
+        e = fl - (emax - 1)
+    else:
+        d = f32_bits(f32_from_bits(np.uint32(amax)) * rcp)
+        d_exp = np.int64(d >> 23)
+        d_mant = np.int64(d & 0x7FFFFF)
+        if d_exp == 0:
+            u = 0 if d_mant <= 0x400000 else 1
+        else:
+            u = d_exp + (1 if d_mant != 0 else 0)
+        e = min(u, 0xFE) - 127
+    e = max(-127, min(127, e))
+    return e + 127
+
+
+@jit(inline="always")
+def _element(u, rnd, e, el):  # pragma: no cover - compiled
+    """The code of x / 2^e (``u`` the float32 pattern of x) in the element format ``el``."""
+    mbits, bias, bits, specials, max_code, nan_code, inf_code, mode = el
+    if specials == _INT8:
+        # c = round(x / 2^e * 64), clamped to [-127, 127], int8 two's complement
+        a = u32_and(u, 0x7FFFFFFF)
+        e_bits = u32_shr(a, 23)
+        e1 = e_bits if e_bits > 0 else u32_or(e_bits, 1)
+        m = u32_or(u32_and(a, 0x7FFFFF), 0x800000) if e_bits > 0 else u32_and(a, 0x7FFFFF)
+        neg = u32_shr(u, 31)
+        s = 144 + e - np.int64(e1)  # right shift that leaves the integer part of |x| / 2^e * 64
+        q = C._round_significand(m, np.uint32(max(s, 0)), neg, rnd, mode) if s > 0 else np.uint32(127)
+        c = q if q < 127 else np.uint32(127)
+        return u32_and(u32_sub(0, c), 0xFF) if neg == 1 else c
+    # A float32 subnormal may be normal in the element's scaled range: normalise it first
+    # (x * 2^24 / 2^(e + 24), exact). Zero gives the signed zero (none in fnuz formats).
+    a = u32_and(u, 0x7FFFFFFF)
+    tiny = a < 0x800000
+    u = f32_bits(f32_from_bits(u) * np.float32(16777216.0)) if tiny else u
+    b = bias - e - (24 if tiny else 0)
+    kc = np.uint32(max(128 - b, 0))
+    off = np.uint32((b - 128) & 0xFFFFFFFF)
+    code = C._encode(u, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, False, mode, True)
+    zero = u32_and(u32_shl(u32_shr(u, 31), bits - 1), 0 if specials == C.FNUZ else 0xFF)
+    return zero if a == 0 else code
+
+
+@jit(inline="always")
+def _value(code, byte, el):  # pragma: no cover - compiled
+    """X * P as a float32 (NaN for a NaN block)."""
+    mbits, bias, bits, specials, max_code, nan_code, inf_code, mode = el
+    if specials == _INT8:
+        p = np.float32(np.int8(code)) * np.float32(1.0 / 64.0)
+    else:
+        p = f32_from_bits(C._decode(code, mbits, bias, bits, specials, False))
+    x = f32_from_bits(u32_shl(byte, 23) if byte != 0 else np.uint32(0x400000))
+    return np.float32(np.nan) if byte == 0xFF else p * x
+
+
+def _element_args(fmt: str, rounding: str) -> tuple[Any, ...]:
+    mxf = MX_FORMATS[fmt]
+    mode = C.MODE_IDS[rounding]
+    if mxf.is_int:
+        return (0, 0, 8, _INT8, 127, 0, 0, mode)
+    c = C.codec_of(FORMATS[mxf.element])
+    return (c.mbits, c.bias, c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, mode)
+
+
+def _nan_block_code(fmt: str) -> int:
+    """The code of every element of a NaN block: the positive NaN code, or 0 where there is none."""
+    mxf = MX_FORMATS[fmt]
+    if mxf.is_int or mxf.element_format.nan_code is None:  # type: ignore[union-attr]
+        return 0
+    return mxf.element_format.nan_code  # type: ignore[union-attr,return-value]
+
+
+def _input_args(source: str) -> tuple[Any, ...]:
+    if source == "float32":
+        return (C.SOURCE_F32, 0, 0, 0, 0, False)
+    if source == "float64":
+        return (C.SOURCE_F64_NEAREST, 0, 0, 0, 0, False)
+    c = C.codec_of(FORMATS[source])
+    return (C.SOURCE_CODES, c.mbits, c.bias, c.bits, c.specials, c.payload_decode)
+
+
+def input_view(x: np.ndarray) -> np.ndarray:
+    """The array as the kernels read it: float32 patterns, float16/bfloat16 codes, or float64."""
+    if x.dtype == np.float64:
+        return x
+    return x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
+
+
+@cache
+def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack: bool, last: bool) -> Any:
+    """Kernel ``(x, codes, scales, block_size, key, t0, t1)``; 2-D arrays if ``last`` else 3-D."""
+    mxf = MX_FORMATS[fmt]
+    inp = _input_args(source)
+    el = _element_args(fmt, rounding)
+    sc = (_SCALE_IDS[scale_mode], mxf.emax_elem, mxf.mbits, np.float32(1.0 / mxf.max_element))
+    nan_code = _nan_block_code(fmt)
+    stochastic = rounding == "stochastic"
+
+    if last:
+
+        @jit
+        def kernel(x, codes, scales, size, key, t0, t1):  # pragma: no cover - compiled
+            key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+            length = x.shape[1]
+            nb = scales.shape[1]
+            rnd = np.uint32(0)
+            rnd_hi = np.uint32(0)
+            t = t0
+            while t < t1:
+                r = t // nb
+                xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
+                for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                    l0 = np.uint64(j * size)
+                    l1 = np.uint64(min(j * size + size, length))
+                    amax = np.uint32(0)
+                    for i in range(l0, l1):
+                        a = u32_and(C._load(xr[i], inp), 0x7FFFFFFF)
+                        amax = a if a > amax else amax
+                    byte = _scale_byte(amax, sc[0], sc[1], sc[2], sc[3])
+                    sr[j] = byte
+                    e = np.int64(byte) - 127
+                    base = r * length
+                    if not pack:
+                        for i in range(l0, l1):
+                            if stochastic:
+                                rnd = C._random_bits(key_lo, key_hi, base + np.int64(i))
+                            code = _element(C._load(xr[i], inp), rnd, e, el)
+                            cr[i] = nan_code if byte == 0xFF else code
+                    elif (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                        for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                            lo_i = k + k
+                            if stochastic:
+                                rnd = C._random_bits(key_lo, key_hi, base + np.int64(lo_i))
+                                rnd_hi = C._random_bits(key_lo, key_hi, base + np.int64(lo_i) + 1)
+                            lo = _element(C._load(xr[lo_i], inp), rnd, e, el)
+                            hi = _element(C._load(xr[lo_i + np.uint64(1)], inp), rnd_hi, e, el)
+                            pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
+                            cr[k] = nan_code if byte == 0xFF else pair
+                    else:
+                        for i in range(l0, l1):
+                            if stochastic:
+                                rnd = C._random_bits(key_lo, key_hi, base + np.int64(i))
+                            code = _element(C._load(xr[i], inp), rnd, e, el)
+                            code = u32_and(nan_code if byte == 0xFF else code, 0xF)
+                            pos = i >> np.uint64(1)
+                            if i & 1:
+                                cr[pos] = u32_or(cr[pos], u32_shl(code, 4))
+                            else:
+                                cr[pos] = code
+                t = (r + 1) * nb
+
+        return kernel
+
+    @jit
+    def kernel3(x, codes, scales, size, key, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+        length = x.shape[1]
+        inner = x.shape[2]
+        nb = scales.shape[1]
+        amax = np.empty(inner, np.uint32)
+        rnd = np.uint32(0)
+        for t in range(t0, t1):
+            a_ = t // nb
+            j = t - a_ * nb
+            l0 = j * size
+            l1 = min(l0 + size, length)
+            amax[:] = 0
+            for ll in range(l0, l1):
+                for b in range(inner):
+                    v = u32_and(C._load(x[a_, ll, b], inp), 0x7FFFFFFF)
+                    amax[b] = v if v > amax[b] else amax[b]
+            for b in range(inner):
+                scales[a_, j, b] = _scale_byte(amax[b], sc[0], sc[1], sc[2], sc[3])
+            for ll in range(l0, l1):
+                cl = ll >> 1 if pack else ll
+                for b in range(inner):
+                    byte = scales[a_, j, b]
+                    if stochastic:
+                        rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
+                    code = _element(C._load(x[a_, ll, b], inp), rnd, np.int64(byte) - 127, el)
+                    code = nan_code if byte == 0xFF else code
+                    if not pack:
+                        codes[a_, cl, b] = code
+                    elif ll & 1:
+                        codes[a_, cl, b] = u32_or(codes[a_, cl, b], u32_shl(u32_and(code, 0xF), 4))
+                    else:
+                        codes[a_, cl, b] = u32_and(code, 0xF)
+
+    return kernel3
+
+
+@cache
+def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, last: bool) -> Any:
+    """Kernel ``(x, out, block_size, key, t0, t1)``: X * P of every element, in one pass."""
+    mxf = MX_FORMATS[fmt]
+    inp = _input_args(source)
+    el = _element_args(fmt, rounding)
+    sc = (_SCALE_IDS[scale_mode], mxf.emax_elem, mxf.mbits, np.float32(1.0 / mxf.max_element))
+    stochastic = rounding == "stochastic"
+
+    @jit
+    def kernel(x, out, size, key, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+        length = x.shape[1]
+        inner = x.shape[2]
+        nb = (length + size - 1) // size
+        amax = np.empty(inner, np.uint32)
+        bytes_ = np.empty(inner, np.uint32)
+        rnd = np.uint32(0)
+        for t in range(t0, t1):
+            a_ = t // nb
+            j = t - a_ * nb
+            l0 = j * size
+            l1 = min(l0 + size, length)
+            amax[:] = 0
+            for ll in range(l0, l1):
+                for b in range(inner):
+                    v = u32_and(C._load(x[a_, ll, b], inp), 0x7FFFFFFF)
+                    amax[b] = v if v > amax[b] else amax[b]
+            for b in range(inner):
+                bytes_[b] = _scale_byte(amax[b], sc[0], sc[1], sc[2], sc[3])
+            for ll in range(l0, l1):
+                for b in range(inner):
+                    byte = bytes_[b]
+                    if stochastic:
+                        rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
+                    code = _element(C._load(x[a_, ll, b], inp), rnd, np.int64(byte) - 127, el)
+                    out[a_, ll, b] = _value(code, byte, el)
+
+    if not last:
+        return kernel
+
+    @jit
+    def kernel2(x, out, size, key, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+        length = x.shape[1]
+        nb = (length + size - 1) // size
+        rnd = np.uint32(0)
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, orow = x[r], out[r]
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                amax = np.uint32(0)
+                for i in range(l0, l1):
+                    a = u32_and(C._load(xr[i], inp), 0x7FFFFFFF)
+                    amax = a if a > amax else amax
+                byte = np.uint32(_scale_byte(amax, sc[0], sc[1], sc[2], sc[3]))
+                e = np.int64(byte) - 127
+                for i in range(l0, l1):
+                    if stochastic:
+                        rnd = C._random_bits(key_lo, key_hi, r * length + np.int64(i))
+                    code = _element(C._load(xr[i], inp), rnd, e, el)
+                    orow[i] = _value(code, byte, el)
+            t = (r + 1) * nb
+
+    return kernel2
+
+
+@cache
+def dequantize_kernel(fmt: str, packed: bool, last: bool) -> Any:
+    """Kernel ``(codes, scales, out, block_size, t0, t1)``: X * P into float32 or float64 ``out``."""
+    el = _element_args(fmt, "nearest_even")
+
+    @jit
+    def kernel(codes, scales, out, size, t0, t1):  # pragma: no cover - compiled
+        length = out.shape[1]
+        inner = out.shape[2]
+        nb = scales.shape[1]
+        for t in range(t0, t1):
+            a_ = t // nb
+            j = t - a_ * nb
+            l0 = j * size
+            l1 = min(l0 + size, length)
+            for ll in range(l0, l1):
+                cl = ll >> 1 if packed else ll
+                shift = 4 * (ll & 1) if packed else 0
+                for b in range(inner):
+                    code = u32_and(u32_shr(codes[a_, cl, b], shift), 0xF if packed else 0xFF)
+                    out[a_, ll, b] = _value(code, np.uint32(scales[a_, j, b]), el)
+
+    if not last:
+        return kernel
+
+    @jit
+    def kernel2(codes, scales, out, size, t0, t1):  # pragma: no cover - compiled
+        length = out.shape[1]
+        nb = scales.shape[1]
+        t = t0
+        while t < t1:
+            r = t // nb
+            cr, sr, orow = codes[r], scales[r], out[r]
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                byte = np.uint32(sr[j])
+                if packed:
+                    for pos in range(l0, l1):
+                        code = u32_and(u32_shr(cr[pos >> np.uint64(1)], 4 * (pos & 1)), 0xF)
+                        orow[pos] = _value(code, byte, el)
+                else:
+                    for pos in range(l0, l1):
+                        orow[pos] = _value(np.uint32(cr[pos]), byte, el)
+            t = (r + 1) * nb
+
+    return kernel2
+
+
+def unpack_fp4_axis(codes: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """FP4 codes stored two per byte along ``axis`` -> one code per byte, ``shape``."""
+    moved = np.moveaxis(codes, axis, -1)
+    out = np.empty(moved.shape[:-1] + (2 * moved.shape[-1],), np.uint8)
+    out[..., 0::2] = moved & 0xF
+    out[..., 1::2] = moved >> 4
+    return np.ascontiguousarray(np.moveaxis(out[..., :shape[axis]], -1, axis))
+

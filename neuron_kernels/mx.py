@@ -1,0 +1,499 @@
+"""MX block-scale quantisation (OCP Microscaling): quantise, dequantise, fake-quantise, simulate.
+
+An MX array stores, for every block of ``block_size`` consecutive elements along one axis, a shared
+power-of-two scale X (an e8m0 byte) and one small code P per element; the value is X * P. The
+rules (scale modes, special blocks, rounding) are those of ``spec/mx.md``; the public functions here
+validate and allocate, the kernels in ``kernels/mx_kernels.py`` compute.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import secrets
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ._parallel import run_tasks
+from .formats import FORMATS, Format, get_format
+
+__all__ = [
+    "MX_FORMATS",
+    "MX_ROUNDING_MODES",
+    "SCALE_MODES",
+    "MXArray",
+    "MXFormat",
+    "QuantizationError",
+    "dequantize_mx",
+    "fake_quantize_mx",
+    "mx_matmul",
+    "quantization_error",
+    "quantize_mx",
+]
+
+#: How the shared exponent of a block is chosen (see spec/mx.md).
+SCALE_MODES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "neuron")
+#: How elements are rounded (the cast vocabulary; MX elements always saturate).
+MX_ROUNDING_MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
+_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+_FILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MXFormat:
+    """One MX format: its element format and the numbers derived from it.
+
+    ``element`` names a float format of the table, or ``"int8"`` for mxint8 (code c, value c/64).
+    """
+
+    name: str
+    element: str
+
+    @property
+    def is_int(self) -> bool:
+        return self.element == "int8"
+
+    @property
+    def element_format(self) -> Format | None:
+        return None if self.is_int else FORMATS[self.element]
+
+    @property
+    def emax_elem(self) -> int:
+        """Exponent of the element's largest normal value, floor(log2(max element))."""
+        return 0 if self.is_int else self.element_format.emax  # type: ignore[union-attr]
+
+    @property
+    def max_element(self) -> float:
+        return 127 / 64 if self.is_int else self.element_format.max  # type: ignore[union-attr]
+
+    @property
+    def mbits(self) -> int:
+        """The element's mantissa width (for mxint8: 6, the fraction bits of c/64 in [1, 2))."""
+        return 6 if self.is_int else self.element_format.mbits  # type: ignore[union-attr]
+
+    @property
+    def element_bits(self) -> int:
+        return 8 if self.is_int else self.element_format.bits  # type: ignore[union-attr]
+
+    @property
+    def packable(self) -> bool:
+        """Whether codes can be stored two per byte (FP4)."""
+        return self.element_bits == 4
+
+    @property
+    def x4(self) -> str | None:
+        """The Neuron packed container of the element, if any."""
+        for f in FORMATS.values():
+            if f.kind == "packed" and f.element == self.element:
+                return f.name
+        return None
+
+
+#: Every MX format, by name.
+MX_FORMATS: dict[str, MXFormat] = {f.name: f for f in (
+    MXFormat("mxfp8_e4m3", "float8_e4m3fn"),
+    MXFormat("mxfp8_e5m2", "float8_e5m2"),
+    MXFormat("mxfp6_e2m3", "float6_e2m3fn"),
+    MXFormat("mxfp6_e3m2", "float6_e3m2fn"),
+    MXFormat("mxfp4_e2m1", "float4_e2m1fn"),
+    MXFormat("mxint8", "int8"),
+)}
+
+_INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _choice(value: Any, accepted: tuple[str, ...], what: str) -> str:
+    if not isinstance(value, str) or value not in accepted:
+        raise ValueError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+    return value
+
+
+def _mx_format(fmt: Any) -> MXFormat:
+    if isinstance(fmt, MXFormat):
+        return fmt
+    return MX_FORMATS[_choice(fmt, tuple(MX_FORMATS), "MX format")]
+
+
+def _block_size(block_size: Any) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
+        raise TypeError(f"block_size must be a positive int, got {block_size!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size}")
+    return int(block_size)
+
+
+def _axis(axis: Any, ndim: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if ndim == 0:
+        raise ValueError("cannot quantise a 0-d array: MX blocks run along an axis")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for an array of {ndim} dimensions")
+    return int(axis) % ndim
+
+
+def _input_array(x: Any) -> tuple[np.ndarray, Format]:
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    try:
+        fmt = get_format(arr.dtype)
+    except TypeError:
+        fmt = None
+    if fmt is None or fmt.name not in _INPUT_DTYPES:
+        raise TypeError(f"MX quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {arr.dtype}")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.ascontiguousarray(arr), fmt
+
+
+def _seed(rounding: str, seed: Any) -> int:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+    if rounding == "stochastic" and seed is None:
+        return secrets.randbits(63)
+    return 0 if seed is None else int(seed) & 0x7FFFFFFFFFFFFFFF
+
+
+def _geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """(outer, length, inner): the array seen as (A, L, B) with blocks along L."""
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    return outer, shape[axis], inner
+
+
+def _blocked(last: bool, outer: int, inner: int, *arrays: tuple[np.ndarray, int]) -> list[np.ndarray]:
+    """Views of C-contiguous arrays as (A, n) when the block axis is last, else (A, n, B)."""
+    return [a.reshape((outer, n) if last else (outer, n, inner)) for a, n in arrays]
+
+
+@dataclass(frozen=True, eq=False)
+class MXArray:
+    """An MX-quantised array.
+
+    Attributes
+    ----------
+    codes
+        uint8 element codes, the shape of the original array; for mxfp4 stored with ``packed``
+        two per byte along the block axis (element 2i in the low nibble, an odd tail padded with a
+        zero nibble). mxint8 codes are int8 two's complement.
+    scales
+        float8_e8m0fnu scales: the original shape with the block axis replaced by the number of
+        blocks.
+    fmt, block_size, axis, shape
+        The MX format name, the block length, the (non-negative) block axis, the original shape.
+    packed
+        Whether FP4 codes are stored two per byte.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    fmt: str
+    block_size: int
+    axis: int
+    shape: tuple[int, ...]
+    packed: bool = False
+
+    @property
+    def format(self) -> MXFormat:
+        return MX_FORMATS[self.fmt]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of codes and scales."""
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    @property
+    def bits_per_element(self) -> float:
+        """Storage bits per element as stored (codes and scales)."""
+        return 8 * self.nbytes / self.size if self.size else 0.0
+
+    def __repr__(self) -> str:
+        return (f"MXArray(fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}, "
+                f"packed={self.packed}, blocks={self.scales.size}, nbytes={self.nbytes}, "
+                f"bits_per_element={self.bits_per_element:.3g})")
+
+    def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
+        """The values X * P (exact in float32); see :func:`dequantize_mx`."""
+        return dequantize_mx(self, dtype)
+
+    def unpacked_codes(self) -> np.ndarray:
+        """The codes one per byte (unpacking FP4 if stored packed)."""
+        if not self.packed:
+            return self.codes
+        from .kernels import mx_kernels
+
+        return mx_kernels.unpack_fp4_axis(self.codes, self.shape, self.axis)
+
+    def element_codes(self) -> np.ndarray:
+        """The codes as an array of the element's ml_dtypes dtype (int8 for mxint8), unpacked."""
+        codes = self.unpacked_codes()
+        if self.format.is_int:
+            return codes.view(np.int8)
+        return codes.view(self.format.element_format.result_dtype)  # type: ignore[union-attr]
+
+    def to_x4(self) -> np.ndarray:
+        """The element codes in Neuron's packed container of the format, along the last axis.
+
+        mxfp8_e4m3 -> float8_e4m3fn_x4, mxfp8_e5m2 -> float8_e5m2_x4, mxfp4_e2m1 -> float4_e2m1fn_x4.
+        The last axis must be a multiple of 4. Other formats raise ``TypeError``.
+        """
+        x4 = self.format.x4
+        if x4 is None:
+            raise TypeError(f"{self.fmt} has no Neuron packed container; mxfp8_e4m3, mxfp8_e5m2 and mxfp4_e2m1 do")
+        from .casting import pack_x4
+
+        return pack_x4(self.element_codes(), x4)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write one ``.npz`` file (codes, scale bytes and the metadata), atomically."""
+        meta = {"version": _FILE_VERSION, "fmt": self.fmt, "block_size": self.block_size, "axis": self.axis,
+                "shape": list(self.shape), "packed": self.packed}
+        path = os.fspath(path)
+        if not path.endswith(".npz"):
+            path += ".npz"
+        tmp = path + ".tmp.npz"
+        try:
+            np.savez(tmp, codes=self.codes, scales=self.scales.view(np.uint8),
+                     meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MXArray:
+        """Read a file written by :meth:`save`; a corrupt or inconsistent file raises ``ValueError``."""
+        path = os.fspath(path)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                names = set(data.files)
+                if not {"codes", "scales", "meta"} <= names:
+                    raise ValueError(f"{path}: not an MX file (it has {sorted(names)}; expected codes, scales, meta)")
+                codes, scales, raw = data["codes"], data["scales"], data["meta"]
+        except FileNotFoundError:
+            raise
+        except (OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+            raise ValueError(f"{path}: cannot read an MX file ({exc})") from None
+        try:
+            meta = json.loads(raw.tobytes().decode())
+            fmt, block_size, axis = meta["fmt"], meta["block_size"], meta["axis"]
+            shape, packed, version = tuple(meta["shape"]), meta["packed"], meta["version"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: corrupt MX metadata ({exc})") from None
+        if version != _FILE_VERSION:
+            raise ValueError(f"{path}: MX file version {version} is not supported (this package reads {_FILE_VERSION})")
+        return cls._validated(codes, scales, fmt, block_size, axis, shape, packed, path)
+
+    @classmethod
+    def _validated(cls, codes: Any, scales: Any, fmt: Any, block_size: Any, axis: Any, shape: Any,
+                   packed: Any, where: str) -> MXArray:
+        def bad(msg: str) -> ValueError:
+            return ValueError(f"{where}: {msg}")
+
+        if fmt not in MX_FORMATS:
+            raise bad(f"unknown MX format {fmt!r}")
+        if not (isinstance(block_size, int) and block_size >= 1):
+            raise bad(f"invalid block_size {block_size!r}")
+        if not (isinstance(shape, tuple) and shape and all(isinstance(n, int) and n >= 0 for n in shape)):
+            raise bad(f"invalid shape {shape!r}")
+        if not (isinstance(axis, int) and 0 <= axis < len(shape)):
+            raise bad(f"invalid axis {axis!r} for shape {shape}")
+        if not isinstance(packed, bool) or (packed and not MX_FORMATS[fmt].packable):
+            raise bad(f"invalid packed flag {packed!r} for {fmt}")
+        expected_codes = list(shape)
+        if packed:
+            expected_codes[axis] = (shape[axis] + 1) // 2
+        expected_scales = list(shape)
+        expected_scales[axis] = -(-shape[axis] // block_size)
+        if not isinstance(codes, np.ndarray) or codes.dtype != np.uint8 or list(codes.shape) != expected_codes:
+            raise bad(f"codes must be uint8 of shape {tuple(expected_codes)}")
+        if not isinstance(scales, np.ndarray) or scales.dtype not in (np.uint8, _E8M0) \
+                or list(scales.shape) != expected_scales:
+            raise bad(f"scales must be e8m0 bytes of shape {tuple(expected_scales)}")
+        return cls(np.ascontiguousarray(codes), np.ascontiguousarray(scales).view(_E8M0), fmt, block_size, axis,
+                   shape, packed)
+
+
+def quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: int = -1,
+                scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
+                pack: bool = True) -> MXArray:
+    """Quantise an array to an MX format.
+
+    Parameters
+    ----------
+    x
+        float32, float16, bfloat16 or float64 array of any shape (float64 is rounded to float32
+        first; float16 and bfloat16 are exact in float32).
+    fmt
+        ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``, ``mxint8``.
+    block_size
+        Elements per block along ``axis``; the last block may be partial.
+    axis
+        The block axis (any; the last is the fastest).
+    scale_mode
+        ``floor`` (OCP), ``ceil``, ``even``, ``rceil`` (NVIDIA), ``neuron`` (Neuron's quantize_mx).
+    rounding
+        ``nearest_even``, ``nearest_away``, ``toward_zero``, ``stochastic`` (with ``seed``; the
+        random bits of an element depend on its C-order index only). Elements always saturate.
+    pack
+        Store mxfp4 codes two per byte along the block axis.
+    """
+    mxf = _mx_format(fmt)
+    size = _block_size(block_size)
+    arr, src = _input_array(x)
+    ax = _axis(axis, arr.ndim)
+    mode = _choice(scale_mode, SCALE_MODES, "scale mode")
+    rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
+    key = _seed(rnd, seed)
+    pack = bool(pack) and mxf.packable
+    from .kernels import mx_kernels
+
+    outer, length, inner = _geometry(arr.shape, ax)
+    nblocks = -(-length // size)
+    code_len = (length + 1) // 2 if pack else length
+    codes = np.empty(arr.shape[:ax] + (code_len,) + arr.shape[ax + 1:], np.uint8)
+    scales = np.empty(arr.shape[:ax] + (nblocks,) + arr.shape[ax + 1:], np.uint8)
+    if arr.size:
+        last = inner == 1
+        kernel = mx_kernels.quantize_kernel(src.name, mxf.name, mode, rnd, pack, last)
+        arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (codes, code_len),
+                          (scales, nblocks))
+        align = 2 if pack and size % 2 else 1  # two odd blocks share a byte: keep them on one thread
+        run_tasks(kernel, outer * nblocks, arr.size, (*arrays, size, key), align)
+    return MXArray(codes, scales.view(_E8M0), mxf.name, size, ax, arr.shape, pack)
+
+
+def dequantize_mx(mx: MXArray, dtype: Any = np.float32) -> np.ndarray:
+    """The values X * P of an MX array, in ``dtype`` (float32 by default; float64, float16 and
+    bfloat16 are rounded from the exact float32 values). A block with scale byte 0xff is NaN."""
+    if not isinstance(mx, MXArray):
+        raise TypeError(f"dequantize_mx takes an MXArray, got {type(mx).__name__}")
+    out_fmt = get_format(dtype)
+    if out_fmt.name not in _INPUT_DTYPES:
+        raise TypeError(f"dequantize_mx writes float32, float64, float16 or bfloat16; got {out_fmt.name}")
+    from .kernels import mx_kernels
+
+    outer, length, inner = _geometry(mx.shape, mx.axis)
+    code_len = mx.codes.shape[mx.axis]
+    nblocks = mx.scales.shape[mx.axis]
+    wide = "float64" if out_fmt.name == "float64" else "float32"
+    out = np.empty(mx.shape, wide)
+    if out.size:
+        last = inner == 1
+        kernel = mx_kernels.dequantize_kernel(mx.fmt, mx.packed, last)
+        arrays = _blocked(last, outer, inner, (mx.codes, code_len), (mx.scales.view(np.uint8), nblocks),
+                          (out, length))
+        run_tasks(kernel, outer * nblocks, out.size, (*arrays, mx.block_size))
+    if out_fmt.name in ("float16", "bfloat16"):
+        from .casting import cast
+
+        return cast(out, out_fmt.name)
+    return out
+
+
+def fake_quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: int = -1,
+                     scale_mode: str = "floor", rounding: str = "nearest_even",
+                     seed: int | None = None) -> np.ndarray:
+    """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array."""
+    mxf = _mx_format(fmt)
+    size = _block_size(block_size)
+    arr, src = _input_array(x)
+    ax = _axis(axis, arr.ndim)
+    mode = _choice(scale_mode, SCALE_MODES, "scale mode")
+    rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
+    key = _seed(rnd, seed)
+    from .kernels import mx_kernels
+
+    outer, length, inner = _geometry(arr.shape, ax)
+    out = np.empty(arr.shape, np.float32)
+    if arr.size:
+        last = inner == 1
+        kernel = mx_kernels.fake_quantize_kernel(src.name, mxf.name, mode, rnd, last)
+        arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (out, length))
+        run_tasks(kernel, outer * -(-length // size), arr.size, (*arrays, size, key))
+    return out
+
+
+def mx_matmul(a: MXArray, b: MXArray) -> np.ndarray:
+    """The float32 product of two dequantised MX operands.
+
+    ``a`` (M x K) must be blocked along its last axis and ``b`` (K x N) along its first, with the
+    same block size, as an MX matmul unit consumes them. The product is ``numpy.matmul`` of the
+    exact float32 values, accumulated in float32 (the summation order is numpy's/BLAS's).
+    """
+    for name, m in (("a", a), ("b", b)):
+        if not isinstance(m, MXArray):
+            raise TypeError(f"mx_matmul: {name} must be an MXArray, got {type(m).__name__}")
+        if len(m.shape) != 2:
+            raise ValueError(f"mx_matmul: {name} must be 2-D, got shape {m.shape}")
+    if a.axis != 1:
+        raise ValueError(f"mx_matmul: a must be blocked along its last axis (K), got axis {a.axis}")
+    if b.axis != 0:
+        raise ValueError(f"mx_matmul: b must be blocked along its first axis (K), got axis {b.axis}")
+    if a.block_size != b.block_size:
+        raise ValueError(f"mx_matmul: block sizes differ ({a.block_size} vs {b.block_size})")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"mx_matmul: inner dimensions differ ({a.shape} @ {b.shape})")
+    return np.matmul(a.dequantize(np.float32), b.dequantize(np.float32))
+
+
+@dataclass(frozen=True)
+class QuantizationError:
+    """What a quantisation did to an array (all computed in float64 over finite inputs).
+
+    ``sqnr_db``: 10 log10(sum x^2 / sum (x - dq)^2) (inf when exact); ``mse``; ``max_abs_error``;
+    ``max_rel_error`` (over non-zero inputs); ``saturated``: fraction of elements whose magnitude
+    exceeded the largest element times their block's scale; ``flushed``: fraction of non-zero
+    inputs that dequantise to zero.
+    """
+
+    sqnr_db: float
+    mse: float
+    max_abs_error: float
+    max_rel_error: float
+    saturated: float
+    flushed: float
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+def quantization_error(x: Any, mx: MXArray) -> QuantizationError:
+    """Error statistics of ``mx`` as a quantisation of ``x`` (see :class:`QuantizationError`)."""
+    if not isinstance(mx, MXArray):
+        raise TypeError(f"quantization_error takes an MXArray, got {type(mx).__name__}")
+    arr, _ = _input_array(x)
+    if arr.shape != mx.shape:
+        raise ValueError(f"x has shape {arr.shape} but the MX array has shape {mx.shape}")
+    xv = arr.astype(np.float64) if arr.dtype != np.float64 else arr
+    if arr.dtype.name == "bfloat16":
+        xv = arr.astype(np.float32).astype(np.float64)
+    dq = mx.dequantize(np.float32).astype(np.float64)
+    finite = np.isfinite(xv)
+    xf, df = xv[finite], dq[finite]
+    err = xf - df
+    n = max(xf.size, 1)
+    signal = float(np.sum(xf * xf))
+    noise = float(np.sum(err * err))
+    sqnr = float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+    nonzero = xf != 0
+    rel = np.abs(err[nonzero]) / np.abs(xf[nonzero])
+    scale = np.repeat(mx.scales.astype(np.float64), mx.block_size, axis=mx.axis)
+    scale = np.take(scale, np.arange(mx.shape[mx.axis]), axis=mx.axis)[finite]
+    saturated = np.abs(xf) > mx.format.max_element * scale
+    return QuantizationError(
+        sqnr_db=sqnr,
+        mse=noise / n,
+        max_abs_error=float(np.max(np.abs(err))) if err.size else 0.0,
+        max_rel_error=float(np.max(rel)) if rel.size else 0.0,
+        saturated=float(np.count_nonzero(saturated)) / n,
+        flushed=float(np.count_nonzero(nonzero & (df == 0))) / n,
+    )
