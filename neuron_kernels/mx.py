@@ -147,7 +147,7 @@ def _input_array(x: Any) -> tuple[np.ndarray, Format]:
         raise TypeError(f"MX quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {arr.dtype}")
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return np.ascontiguousarray(arr), fmt
+    return np.asarray(arr, order="C"), fmt
 
 
 def _seed(rounding: str, seed: Any) -> int:
@@ -168,6 +168,10 @@ def _geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
 def _blocked(last: bool, outer: int, inner: int, *arrays: tuple[np.ndarray, int]) -> list[np.ndarray]:
     """Views of C-contiguous arrays as (A, n) when the block axis is last, else (A, n, B)."""
     return [a.reshape((outer, n) if last else (outer, n, inner)) for a, n in arrays]
+
+
+class _NotMX(ValueError):
+    pass
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,16 +276,20 @@ class MXArray:
     def load(cls, path: str | os.PathLike[str]) -> MXArray:
         """Read a file written by :meth:`save`; a corrupt or inconsistent file raises ``ValueError``."""
         path = os.fspath(path)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                names = set(data.files)
-                if not {"codes", "scales", "meta"} <= names:
-                    raise ValueError(f"{path}: not an MX file (it has {sorted(names)}; expected codes, scales, meta)")
-                codes, scales, raw = data["codes"], data["scales"], data["meta"]
-        except FileNotFoundError:
-            raise
-        except (OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
-            raise ValueError(f"{path}: cannot read an MX file ({exc})") from None
+        with open(path, "rb") as fh:
+            try:
+                if fh.read(4) != b"PK\x03\x04":
+                    raise ValueError("not a zip (.npz) file")
+                fh.seek(0)
+                with np.load(fh, allow_pickle=False) as data:
+                    names = set(data.files)
+                    if not {"codes", "scales", "meta"} <= names:
+                        raise _NotMX(f"{path}: not an MX file (it has {sorted(names)}; expected codes, scales, meta)")
+                    codes, scales, raw = data["codes"], data["scales"], data["meta"]
+            except _NotMX:
+                raise
+            except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+                raise ValueError(f"{path}: cannot read an MX file ({exc})") from None
         try:
             meta = json.loads(raw.tobytes().decode())
             fmt, block_size, axis = meta["fmt"], meta["block_size"], meta["axis"]
