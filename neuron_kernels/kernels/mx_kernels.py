@@ -359,7 +359,12 @@ def dequantize_kernel(fmt: str, packed: bool, last: bool) -> Any:
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
                 byte = np.uint32(sr[j])
-                if packed:
+                if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                        pair = np.uint32(cr[k])
+                        orow[k + k] = _value(u32_and(pair, 0xF), byte, el)
+                        orow[k + k + np.uint64(1)] = _value(u32_shr(pair, 4), byte, el)
+                elif packed:
                     for pos in range(l0, l1):
                         code = u32_and(u32_shr(cr[pos >> np.uint64(1)], 4 * (pos & 1)), 0xF)
                         orow[pos] = _value(code, byte, el)
