@@ -77,9 +77,20 @@ def _scale_byte(amax, mode, emax, mbits, rcp):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _element(u, rnd, e, el):  # pragma: no cover - compiled
-    """The code of x / 2^e (``u`` the float32 pattern of x) in the element format ``el``."""
+def _block_bias(e, el):  # pragma: no cover - compiled
+    """Per block: the encoder's bias terms for x / 2^e, for normal and for float32-subnormal x."""
+    bias = el[1]
+    b0 = bias - e
+    b1 = b0 - 24  # subnormal inputs are scaled by 2^24 first
+    return (np.uint32(max(128 - b0, 0)), np.uint32((b0 - 128) & 0xFFFFFFFF),
+            np.uint32(max(128 - b1, 0)), np.uint32((b1 - 128) & 0xFFFFFFFF), e)
+
+
+@jit(inline="always")
+def _element(u, rnd, bb, el):  # pragma: no cover - compiled
+    """The code of x / 2^e (``u`` the float32 pattern of x, ``bb`` from :func:`_block_bias`)."""
     mbits, bias, bits, specials, max_code, nan_code, inf_code, mode = el
+    kc0, off0, kc1, off1, e = bb
     if specials == _INT8:
         # c = round(x / 2^e * 64), clamped to [-127, 127], int8 two's complement
         a = u32_and(u, 0x7FFFFFFF)
@@ -96,10 +107,8 @@ def _element(u, rnd, e, el):  # pragma: no cover - compiled
     a = u32_and(u, 0x7FFFFFFF)
     tiny = a < 0x800000
     u = f32_bits(f32_from_bits(u) * np.float32(16777216.0)) if tiny else u
-    b = bias - e - (24 if tiny else 0)
-    kc = np.uint32(max(128 - b, 0))
-    off = np.uint32((b - 128) & 0xFFFFFFFF)
-    code = C._encode(u, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, False, mode, True)
+    code = C._encode(u, rnd, mbits, kc1 if tiny else kc0, off1 if tiny else off0, bits, specials, max_code,
+                     nan_code, inf_code, False, mode, True)
     zero = u32_and(u32_shl(u32_shr(u, 31), bits - 1), 0 if specials == C.FNUZ else 0xFF)
     return zero if a == 0 else code
 
@@ -181,13 +190,13 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                         amax = a if a > amax else amax
                     byte = _scale_byte(amax, sc[0], sc[1], sc[2], sc[3])
                     sr[j] = byte
-                    e = np.int64(byte) - 127
+                    bb = _block_bias(np.int64(byte) - 127, el)
                     base = r * length
                     if not pack:
                         for i in range(l0, l1):
                             if stochastic:
                                 rnd = C._random_bits(key_lo, key_hi, base + np.int64(i))
-                            code = _element(C._load(xr[i], inp), rnd, e, el)
+                            code = _element(C._load(xr[i], inp), rnd, bb, el)
                             cr[i] = nan_code if byte == 0xFF else code
                     elif (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                         for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
@@ -195,15 +204,15 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                             if stochastic:
                                 rnd = C._random_bits(key_lo, key_hi, base + np.int64(lo_i))
                                 rnd_hi = C._random_bits(key_lo, key_hi, base + np.int64(lo_i) + 1)
-                            lo = _element(C._load(xr[lo_i], inp), rnd, e, el)
-                            hi = _element(C._load(xr[lo_i + np.uint64(1)], inp), rnd_hi, e, el)
+                            lo = _element(C._load(xr[lo_i], inp), rnd, bb, el)
+                            hi = _element(C._load(xr[lo_i + np.uint64(1)], inp), rnd_hi, bb, el)
                             pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
                             cr[k] = nan_code if byte == 0xFF else pair
                     else:
                         for i in range(l0, l1):
                             if stochastic:
                                 rnd = C._random_bits(key_lo, key_hi, base + np.int64(i))
-                            code = _element(C._load(xr[i], inp), rnd, e, el)
+                            code = _element(C._load(xr[i], inp), rnd, bb, el)
                             code = u32_and(nan_code if byte == 0xFF else code, 0xF)
                             pos = i >> np.uint64(1)
                             if i & 1:
@@ -240,7 +249,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                     byte = scales[a_, j, b]
                     if stochastic:
                         rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
-                    code = _element(C._load(x[a_, ll, b], inp), rnd, np.int64(byte) - 127, el)
+                    code = _element(C._load(x[a_, ll, b], inp), rnd, _block_bias(np.int64(byte) - 127, el), el)
                     code = nan_code if byte == 0xFF else code
                     if not pack:
                         codes[a_, cl, b] = code
@@ -287,7 +296,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
                     byte = bytes_[b]
                     if stochastic:
                         rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
-                    code = _element(C._load(x[a_, ll, b], inp), rnd, np.int64(byte) - 127, el)
+                    code = _element(C._load(x[a_, ll, b], inp), rnd, _block_bias(np.int64(byte) - 127, el), el)
                     out[a_, ll, b] = _value(code, byte, el)
 
     if not last:
@@ -311,11 +320,11 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
                     a = u32_and(C._load(xr[i], inp), 0x7FFFFFFF)
                     amax = a if a > amax else amax
                 byte = np.uint32(_scale_byte(amax, sc[0], sc[1], sc[2], sc[3]))
-                e = np.int64(byte) - 127
+                bb = _block_bias(np.int64(byte) - 127, el)
                 for i in range(l0, l1):
                     if stochastic:
                         rnd = C._random_bits(key_lo, key_hi, r * length + np.int64(i))
-                    code = _element(C._load(xr[i], inp), rnd, e, el)
+                    code = _element(C._load(xr[i], inp), rnd, bb, el)
                     orow[i] = _value(code, byte, el)
             t = (r + 1) * nb
 
