@@ -158,6 +158,18 @@ def _seed(rounding: str, seed: Any) -> int:
     return 0 if seed is None else int(seed) & 0x7FFFFFFFFFFFFFFF
 
 
+def _quantize_options(x: Any, fmt: Any, block_size: Any, axis: Any, scale_mode: Any, rounding: Any,
+                      seed: Any) -> tuple[MXFormat, int, np.ndarray, Format, int, str, str, int]:
+    """Validate the options shared by quantize_mx and fake_quantize_mx."""
+    mxf = _mx_format(fmt)
+    size = _block_size(block_size)
+    arr, src = _input_array(x)
+    ax = _axis(axis, arr.ndim)
+    mode = _choice(scale_mode, SCALE_MODES, "scale mode")
+    rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
+    return mxf, size, arr, src, ax, mode, rnd, _seed(rnd, seed)
+
+
 def _geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     """(outer, length, inner): the array seen as (A, L, B) with blocks along L."""
     outer = int(np.prod(shape[:axis], dtype=np.int64))
@@ -354,13 +366,7 @@ def quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: 
     pack
         Store mxfp4 codes two per byte along the block axis.
     """
-    mxf = _mx_format(fmt)
-    size = _block_size(block_size)
-    arr, src = _input_array(x)
-    ax = _axis(axis, arr.ndim)
-    mode = _choice(scale_mode, SCALE_MODES, "scale mode")
-    rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
-    key = _seed(rnd, seed)
+    mxf, size, arr, src, ax, mode, rnd, key = _quantize_options(x, fmt, block_size, axis, scale_mode, rounding, seed)
     pack = bool(pack) and mxf.packable
     from .kernels import mx_kernels
 
@@ -411,13 +417,7 @@ def fake_quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, a
                      scale_mode: str = "floor", rounding: str = "nearest_even",
                      seed: int | None = None) -> np.ndarray:
     """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array."""
-    mxf = _mx_format(fmt)
-    size = _block_size(block_size)
-    arr, src = _input_array(x)
-    ax = _axis(axis, arr.ndim)
-    mode = _choice(scale_mode, SCALE_MODES, "scale mode")
-    rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
-    key = _seed(rnd, seed)
+    mxf, size, arr, src, ax, mode, rnd, key = _quantize_options(x, fmt, block_size, axis, scale_mode, rounding, seed)
     from .kernels import mx_kernels
 
     outer, length, inner = _geometry(arr.shape, ax)

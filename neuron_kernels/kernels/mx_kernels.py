@@ -76,6 +76,16 @@ def _scale_byte(amax, mode, emax, mbits, rcp):  # pragma: no cover - compiled
     return e + 127
 
 
+@jit
+def _column_amax(x, a_, l0, l1, amax, inp):  # pragma: no cover - compiled
+    """amax[b] = the largest |x[a_, l, b]| pattern over l in [l0, l1) (NaN patterns are largest)."""
+    amax[:] = 0
+    for ll in range(l0, l1):
+        for b in range(amax.size):
+            v = u32_and(C._load(x[a_, ll, b], inp), 0x7FFFFFFF)
+            amax[b] = v if v > amax[b] else amax[b]
+
+
 @jit(inline="always")
 def _block_bias(e, el):  # pragma: no cover - compiled
     """Per block: the encoder's bias terms for x / 2^e, for normal and for float32-subnormal x."""
@@ -236,11 +246,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
             j = t - a_ * nb
             l0 = j * size
             l1 = min(l0 + size, length)
-            amax[:] = 0
-            for ll in range(l0, l1):
-                for b in range(inner):
-                    v = u32_and(C._load(x[a_, ll, b], inp), 0x7FFFFFFF)
-                    amax[b] = v if v > amax[b] else amax[b]
+            _column_amax(x, a_, l0, l1, amax, inp)
             for b in range(inner):
                 scales[a_, j, b] = _scale_byte(amax[b], sc[0], sc[1], sc[2], sc[3])
             for ll in range(l0, l1):
@@ -284,11 +290,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
             j = t - a_ * nb
             l0 = j * size
             l1 = min(l0 + size, length)
-            amax[:] = 0
-            for ll in range(l0, l1):
-                for b in range(inner):
-                    v = u32_and(C._load(x[a_, ll, b], inp), 0x7FFFFFFF)
-                    amax[b] = v if v > amax[b] else amax[b]
+            _column_amax(x, a_, l0, l1, amax, inp)
             for b in range(inner):
                 bytes_[b] = _scale_byte(amax[b], sc[0], sc[1], sc[2], sc[3])
             for ll in range(l0, l1):
