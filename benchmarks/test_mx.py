@@ -3,7 +3,8 @@
 The peer is a straightforward numpy + ml_dtypes implementation of OCP floor scaling (what one
 writes without this package): amax per block, exponent via frexp, divide, ml_dtypes astype.
 GB/s = (bytes read + bytes written) / time; entries carry ``extra_info["kind"]`` for
-``scripts/bench_ratios.py``.
+``scripts/bench_ratios.py``. The ``*_out`` kinds write into a reused array, as the copy baseline
+does; the others allocate their result (fresh pages, which the operating system zeroes first).
 """
 
 import ml_dtypes
@@ -37,7 +38,8 @@ def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind", ["quantize", "dequantize", "fake_quantize", "peer"])
+@pytest.mark.parametrize("kind", ["quantize", "dequantize", "dequantize_out", "fake_quantize", "fake_quantize_out",
+                                  "peer"])
 def test_mx(benchmark, kind, fmt, n):
     x = float32_input(n).reshape(-1, 1024)
     mx = nk.quantize_mx(x, fmt)
@@ -48,8 +50,14 @@ def test_mx(benchmark, kind, fmt, n):
     elif kind == "dequantize":
         benchmark(nk.dequantize_mx, mx)
         moved = x.nbytes + mx.nbytes
+    elif kind == "dequantize_out":  # into a reused array, as the copy baseline is
+        benchmark(nk.dequantize_mx, mx, out=np.empty_like(x))
+        moved = x.nbytes + mx.nbytes
     elif kind == "fake_quantize":
         benchmark(nk.fake_quantize_mx, x, fmt)
+        moved = 2 * x.nbytes
+    elif kind == "fake_quantize_out":
+        benchmark(nk.fake_quantize_mx, x, fmt, out=np.empty_like(x))
         moved = 2 * x.nbytes
     else:
         with np.errstate(all="ignore"):

@@ -57,17 +57,19 @@ def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[
     return shape
 
 
-def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, x: np.ndarray) -> np.ndarray:
+def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.ndarray) -> np.ndarray:
+    """``out`` if it can receive a result of ``shape`` and ``dtype`` computed from ``inputs``."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
     if out.shape != shape:
-        raise ValueError(f"out has shape {out.shape}; this cast needs shape {shape}")
+        raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
     if out.dtype != dtype:
-        raise ValueError(f"out has dtype {out.dtype}; this cast needs dtype {dtype}")
+        raise ValueError(f"out has dtype {out.dtype}; the result has dtype {dtype}")
     if not out.flags.writeable:
         raise ValueError("out is read-only; pass a writeable array")
-    if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):
-        raise ValueError("out overlaps the input; pass a separate array")
+    for x in inputs:
+        if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):
+            raise ValueError("out overlaps the input; pass a separate array")
     return out
 
 
@@ -112,7 +114,7 @@ def _run_cast(x: np.ndarray, source: Format, target: Format, options: CastOption
     if out is None:
         out = np.empty(shape, target.result_dtype)
     else:
-        out = _check_out(out, shape, target.result_dtype, x)
+        out = check_out(out, shape, target.result_dtype, x)
     _execute(x, source, target, kernel, options, out)
     return out
 

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ._parallel import run_tasks
+from .casting import check_out
 from .formats import FORMATS, Format, get_format
 
 __all__ = [
@@ -236,9 +237,9 @@ class MXArray:
                 f"packed={self.packed}, blocks={self.scales.size}, nbytes={self.nbytes}, "
                 f"bits_per_element={self.bits_per_element:.3g})")
 
-    def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
+    def dequantize(self, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
         """The values X * P (exact in float32); see :func:`dequantize_mx`."""
-        return dequantize_mx(self, dtype)
+        return dequantize_mx(self, dtype, out=out)
 
     def unpacked_codes(self) -> np.ndarray:
         """The codes one per byte (unpacking FP4 if stored packed)."""
@@ -385,9 +386,22 @@ def quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: 
     return MXArray(codes, scales.view(_E8M0), mxf.name, size, ax, arr.shape, pack)
 
 
-def dequantize_mx(mx: MXArray, dtype: Any = np.float32) -> np.ndarray:
+def _result_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: Any,
+                   *inputs: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(validated ``out`` or None, the C-contiguous array the kernel writes)."""
+    if out is None:
+        return None, np.empty(shape, dtype)
+    out = check_out(out, shape, np.dtype(dtype), *inputs)
+    return out, out if out.flags.c_contiguous else np.empty(shape, dtype)
+
+
+def dequantize_mx(mx: MXArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
     """The values X * P of an MX array, in ``dtype`` (float32 by default; float64, float16 and
-    bfloat16 are rounded from the exact float32 values). A block with scale byte 0xff is NaN."""
+    bfloat16 are rounded from the exact float32 values). A block with scale byte 0xff is NaN.
+
+    ``out``: an array of the MX array's shape and ``dtype`` to write the values into (reusing
+    one saves the operating system's zeroing of fresh pages, most of the time of a large call).
+    """
     if not isinstance(mx, MXArray):
         raise TypeError(f"dequantize_mx takes an MXArray, got {type(mx).__name__}")
     out_fmt = get_format(dtype)
@@ -398,36 +412,46 @@ def dequantize_mx(mx: MXArray, dtype: Any = np.float32) -> np.ndarray:
     outer, length, inner = _geometry(mx.shape, mx.axis)
     code_len = mx.codes.shape[mx.axis]
     nblocks = mx.scales.shape[mx.axis]
-    wide = "float64" if out_fmt.name == "float64" else "float32"
-    out = np.empty(mx.shape, wide)
-    if out.size:
+    narrow = out_fmt.name in ("float16", "bfloat16")  # computed in float32, then cast into out
+    wide = np.dtype("float64" if out_fmt.name == "float64" else "float32")
+    user, values = _result_buffer(None if narrow else out, mx.shape, wide, mx.codes, mx.scales)
+    if values.size:
         last = inner == 1
         kernel = mx_kernels.dequantize_kernel(mx.fmt, mx.packed, last)
         arrays = _blocked(last, outer, inner, (mx.codes, code_len), (mx.scales.view(np.uint8), nblocks),
-                          (out, length))
-        run_tasks(kernel, outer * nblocks, out.size, (*arrays, mx.block_size))
-    if out_fmt.name in ("float16", "bfloat16"):
+                          (values, length))
+        run_tasks(kernel, outer * nblocks, values.size, (*arrays, mx.block_size))
+    if narrow:
         from .casting import cast
 
-        return cast(out, out_fmt.name)
-    return out
+        return cast(values, out_fmt.name, out=out)
+    if user is None:
+        return values
+    if values is not user:
+        user[...] = values
+    return user
 
 
 def fake_quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: int = -1,
                      scale_mode: str = "floor", rounding: str = "nearest_even",
-                     seed: int | None = None) -> np.ndarray:
-    """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array."""
+                     seed: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array
+    (written into ``out``, a float32 array of x's shape, if given)."""
     mxf, size, arr, src, ax, mode, rnd, key = _quantize_options(x, fmt, block_size, axis, scale_mode, rounding, seed)
     from .kernels import mx_kernels
 
     outer, length, inner = _geometry(arr.shape, ax)
-    out = np.empty(arr.shape, np.float32)
+    user, values = _result_buffer(out, arr.shape, np.float32, arr)
     if arr.size:
         last = inner == 1
         kernel = mx_kernels.fake_quantize_kernel(src.name, mxf.name, mode, rnd, last)
-        arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (out, length))
+        arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (values, length))
         run_tasks(kernel, outer * -(-length // size), arr.size, (*arrays, size, key))
-    return out
+    if user is None:
+        return values
+    if values is not user:
+        user[...] = values
+    return user
 
 
 def mx_matmul(a: MXArray, b: MXArray) -> np.ndarray:

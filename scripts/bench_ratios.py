@@ -37,14 +37,16 @@ def main(path: str) -> int:
               f"{r.get('ours', 0) / r.get('peer', float('nan')):>10.1f}x")
     mx = {key: r for key, r in rows.items() if key[0].startswith("mx ")}
     if mx:
-        print(f"\n{'MX format':<26}{'n':>10}{'quant':>8}{'dequant':>9}{'fake':>8}{'peer':>8}"
-              f"{'q/copy':>8}{'dq/copy':>9}{'fq/copy':>9}{'q/peer':>9}")
+        print(f"\nMX: GB/s, and ratios to the copy baseline (out = into a reused array)\n"
+              f"{'format':<14}{'n':>10}{'quant':>7}{'dequant':>8}{'fake':>7}{'peer':>7}"
+              f"{'q/copy':>8}{'dq/copy':>8}{'dq out':>8}{'fq/copy':>8}{'fq out':>8}{'q/peer':>8}")
         for (pair, n), r in sorted(mx.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             c = copy.get(n, float("nan"))
-            q, dq, fq, p = (r.get(k, float("nan")) for k in ("ours_quantize", "ours_dequantize",
-                                                              "ours_fake_quantize", "peer"))
-            print(f"{pair[3:]:<26}{n:>10}{q:>8.1f}{dq:>9.1f}{fq:>8.1f}{p:>8.2f}{q / c:>7.2f}x{dq / c:>8.2f}x"
-                  f"{fq / c:>8.2f}x{q / p:>8.1f}x")
+            q, dq, dqo, fq, fqo, p = (r.get(k, float("nan")) for k in (
+                "ours_quantize", "ours_dequantize", "ours_dequantize_out", "ours_fake_quantize",
+                "ours_fake_quantize_out", "peer"))
+            print(f"{pair[3:]:<14}{n:>10}{q:>7.1f}{dq:>8.1f}{fq:>7.1f}{p:>7.2f}{q / c:>7.2f}x{dq / c:>7.2f}x"
+                  f"{dqo / c:>7.2f}x{fq / c:>7.2f}x{fqo / c:>7.2f}x{q / p:>7.1f}x")
     if small is not None:
         print(f"16-element cast, whole call: {small:.1f} us median")
     return 0

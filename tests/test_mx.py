@@ -133,6 +133,39 @@ def test_dequantize_dtypes():
         mx.dequantize(np.int8)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, "float16", "bfloat16"])
+def test_dequantize_into_out(dtype):
+    x = X[:960].reshape(30, 32)
+    mx = nk.quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=7)
+    want = mx.dequantize(dtype)
+    for out in (np.empty(x.shape, want.dtype), np.empty(x.shape[::-1], want.dtype).T):  # C, then strided
+        out[...] = 7
+        assert M.dequantize_mx(mx, dtype, out=out) is out
+        np.testing.assert_array_equal(np.ascontiguousarray(out).view(np.uint8), want.view(np.uint8))
+    with pytest.raises(ValueError, match=r"shape \(30, 31\); the result has shape \(30, 32\)"):
+        mx.dequantize(dtype, out=np.empty((30, 31), want.dtype))
+    with pytest.raises(ValueError, match="dtype"):
+        mx.dequantize(dtype, out=np.empty(x.shape, np.int32))
+    read_only = np.empty(x.shape, want.dtype)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        mx.dequantize(dtype, out=read_only)
+
+
+def test_fake_quantize_into_out():
+    x = X[:960].reshape(30, 32)
+    want = nk.fake_quantize_mx(x, "mxfp6_e3m2", rounding="stochastic", seed=5)
+    for out in (np.empty(x.shape, np.float32), np.empty((32, 30), np.float32).T):
+        assert nk.fake_quantize_mx(x, "mxfp6_e3m2", rounding="stochastic", seed=5, out=out) is out
+        np.testing.assert_array_equal(np.ascontiguousarray(out).view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="overlaps the input"):
+        nk.fake_quantize_mx(x, out=x)
+    with pytest.raises(ValueError, match="dtype float64; the result has dtype float32"):
+        nk.fake_quantize_mx(x, out=np.empty(x.shape, np.float64))
+    with pytest.raises(TypeError, match="numpy array"):
+        nk.fake_quantize_mx(x, out=[0.0] * 960)
+
+
 # ---- MXArray ---------------------------------------------------------------------------------
 
 

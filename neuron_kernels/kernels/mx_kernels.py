@@ -5,10 +5,11 @@ the last) has its own, faster kernels on (A, L) arrays. A *task* is one (row, bl
 kernel runs the tasks ``[t0, t1)``, so that threads can share an array without sharing a block.
 
 Scales come from the block's amax read as a float32 bit pattern (integer max over |x| patterns;
-NaN patterns are the largest), never from a floating-point log2. An element is encoded with the
-cast codec's generic encoder, the division by the scale 2^e folded into the exponent bias
-(x / 2^e in a format of bias B is x in bias B - e): exact, with no float divide that could
-underflow. Elements always saturate.
+NaN patterns are the largest), never from a floating-point log2; a float32 block of 16, 32 or 64
+is reduced as one vector. An element is x * (1 / X), a product by a power of two (exact where it
+matters, see :func:`_element`), encoded with saturation: under ``nearest_even`` by float
+arithmetic of its own (:func:`_nearest_even`, swept exhaustively in tests/test_mx_exhaustive.py),
+in the other modes by the cast codec's generic encoder.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._jit import f32_bits, f32_from_bits, jit, u32_and, u32_or, u32_shl, u32_shr, u32_sub
+from .._jit import f32_bits, f32_from_bits, jit, u32_add, u32_amax_abs, u32_and, u32_or, u32_shl, u32_shr, u32_sub
 from ..formats import FORMATS
 from ..mx import MX_FORMATS
 from . import codec as C
@@ -87,46 +88,85 @@ def _column_amax(x, a_, l0, l1, amax, inp):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _block_bias(e, el):  # pragma: no cover - compiled
-    """Per block: the encoder's bias terms for x / 2^e, for normal and for float32-subnormal x."""
-    bias = el[1]
-    b0 = bias - e
-    b1 = b0 - 24  # subnormal inputs are scaled by 2^24 first
-    return (np.uint32(max(128 - b0, 0)), np.uint32((b0 - 128) & 0xFFFFFFFF),
-            np.uint32(max(128 - b1, 0)), np.uint32((b1 - 128) & 0xFFFFFFFF), e)
+def _row_amax(xr, l0, l1, inp, v16, v32, v64):  # pragma: no cover - compiled
+    """The largest |x| pattern of ``xr[l0:l1]``; one vector reduction for a block of 16, 32 or
+    64 float32 values (``v16, v32, v64`` are these lengths for float32 rows, else 0)."""
+    n = l1 - l0
+    if v32 != 0 and n == v32:
+        return u32_amax_abs(xr, l0, v32)
+    if v16 != 0 and n == v16:
+        return u32_amax_abs(xr, l0, v16)
+    if v64 != 0 and n == v64:
+        return u32_amax_abs(xr, l0, v64)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(C._load(xr[i], inp), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
 
 
 @jit(inline="always")
-def _element(u, rnd, bb, el):  # pragma: no cover - compiled
-    """The code of x / 2^e (``u`` the float32 pattern of x, ``bb`` from :func:`_block_bias`)."""
-    mbits, bias, bits, specials, max_code, nan_code, inf_code, mode = el
-    kc0, off0, kc1, off1, e = bb
+def _inverse_scale(byte):  # pragma: no cover - compiled
+    """1 / X = 2^(127 - byte) as a float32 (2^-127 is the subnormal pattern 2^22)."""
+    return f32_from_bits(u32_shl(u32_sub(254, byte), 23) if byte < np.uint32(254) else np.uint32(0x400000))
+
+
+@jit(inline="always")
+def _nearest_even(v, ne, specials):  # pragma: no cover - compiled
+    """The saturating round-to-nearest-even code of the finite float32 ``v``, in float arithmetic.
+
+    |v| is clamped to the largest element first (the same as saturating after rounding, as the
+    largest element is a representable value). Below the smallest normal, adding a float whose
+    ulp is the element's smallest subnormal rounds |v| to a multiple of it (the hardware adder
+    rounds to nearest even), and the pattern difference is the code; above it, the float32
+    pattern's mantissa is rounded to ``mbits`` bits in integer arithmetic and rebiased. mxint8:
+    round(|v| * 64) by the same adder trick with 2^23.
+    """
+    mbits, top, min_normal, magic, rebias, sign_shift, sign_bit = ne
     if specials == _INT8:
-        # c = round(x / 2^e * 64), clamped to [-127, 127], int8 two's complement
-        a = u32_and(u, 0x7FFFFFFF)
-        e_bits = u32_shr(a, 23)
-        e1 = e_bits if e_bits > 0 else u32_or(e_bits, 1)
-        m = u32_or(u32_and(a, 0x7FFFFF), 0x800000) if e_bits > 0 else u32_and(a, 0x7FFFFF)
-        neg = u32_shr(u, 31)
-        s = 144 + e - np.int64(e1)  # right shift that leaves the integer part of |x| / 2^e * 64
-        q = C._round_significand(m, np.uint32(max(s, 0)), neg, rnd, mode) if s > 0 else np.uint32(127)
-        c = q if q < 127 else np.uint32(127)
-        return u32_and(u32_sub(0, c), 0xFF) if neg == 1 else c
-    # A float32 subnormal may be normal in the element's scaled range: normalise it first
-    # (x * 2^24 / 2^(e + 24), exact). Zero gives the signed zero (none in fnuz formats).
-    a = u32_and(u, 0x7FFFFFFF)
-    tiny = a < 0x800000
-    u = f32_bits(f32_from_bits(u) * np.float32(16777216.0)) if tiny else u
-    code = C._encode(u, rnd, mbits, kc1 if tiny else kc0, off1 if tiny else off0, bits, specials, max_code,
-                     nan_code, inf_code, False, mode, True)
-    zero = u32_and(u32_shl(u32_shr(u, 31), bits - 1), 0 if specials == C.FNUZ else 0xFF)
-    return zero if a == 0 else code
+        w = min(abs(v * np.float32(64.0)), np.float32(127.0))
+        c = u32_sub(f32_bits(w + np.float32(8388608.0)), 0x4B000000)
+        return u32_and(u32_sub(0, c), 0xFF) if f32_bits(v) >= np.uint32(0x80000000) else c
+    a = min(abs(v), top)
+    ab = f32_bits(a)
+    sub = u32_sub(f32_bits(a + magic), f32_bits(magic))
+    rounded = u32_add(u32_add(ab, (1 << (22 - mbits)) - 1), u32_and(u32_shr(ab, 23 - mbits), 1))
+    normal = u32_sub(u32_shr(rounded, 23 - mbits), rebias)
+    code = sub if a < min_normal else normal
+    return u32_or(code, u32_and(u32_shr(f32_bits(v), sign_shift), sign_bit))
 
 
 @jit(inline="always")
-def _value(code, byte, el):  # pragma: no cover - compiled
+def _element(u, inv, rnd, el):  # pragma: no cover - compiled
+    """The code of x / X (``u`` the float32 pattern of finite x, ``inv`` = 1 / X).
+
+    x * (1 / X) is exact whenever it is a normal float32, and otherwise below 2^-126, so far
+    below half the element's smallest subnormal (at least 2^-16 of X) that every rounding mode
+    gives the signed zero from the rounded product too.
+    """
+    mbits, kc, off, bits, specials, max_code, nan_code, inf_code, mode, ne = el
+    v = f32_bits(f32_from_bits(u) * inv)
+    if mode == C.NEAREST_EVEN:
+        return _nearest_even(f32_from_bits(v), ne, specials)
+    if specials == _INT8:
+        # c = round(v * 64), clamped to [-127, 127], int8 two's complement
+        a = u32_and(v, 0x7FFFFFFF)
+        e_bits = u32_shr(a, 23)
+        e1 = e_bits if e_bits > np.uint32(0) else u32_or(e_bits, 1)
+        m = u32_or(u32_and(a, 0x7FFFFF), 0x800000) if e_bits > np.uint32(0) else u32_and(a, 0x7FFFFF)
+        neg = u32_shr(v, 31)
+        big = e1 >= np.uint32(144)  # |v| * 64 >= 2^23: saturates
+        s = u32_sub(144, e1 if e1 < np.uint32(143) else np.uint32(143))  # leaves the integer part of |v| * 64
+        q = C._round_significand(m, s, neg, rnd, mode)
+        c = np.uint32(127) if big or q > np.uint32(127) else q
+        return u32_and(u32_sub(0, c), 0xFF) if neg == np.uint32(1) else c
+    return C._encode(v, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, False, mode, True)
+
+
+@jit(inline="always")
+def _value(code, byte, vl):  # pragma: no cover - compiled
     """X * P as a float32 (NaN for a NaN block)."""
-    mbits, bias, bits, specials, max_code, nan_code, inf_code, mode = el
+    mbits, bias, bits, specials = vl
     if specials == _INT8:
         p = np.float32(np.int8(code)) * np.float32(1.0 / 64.0)
     else:
@@ -136,12 +176,25 @@ def _value(code, byte, el):  # pragma: no cover - compiled
 
 
 def _element_args(fmt: str, rounding: str) -> tuple[Any, ...]:
+    """The constants of :func:`_element`."""
     mxf = MX_FORMATS[fmt]
     mode = C.MODE_IDS[rounding]
     if mxf.is_int:
-        return (0, 0, 8, _INT8, 127, 0, 0, mode)
+        return (0, 0, 0, 8, _INT8, 127, 0, 0, mode, (0, np.float32(0), np.float32(0), np.float32(0), 0, 0, 0))
     c = C.codec_of(FORMATS[mxf.element])
-    return (c.mbits, c.bias, c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, mode)
+    ne = (c.mbits, np.float32(mxf.max_element), np.float32(2.0 ** (1 - c.bias)),
+          np.float32(2.0 ** (1 - c.bias - c.mbits + 23)), ((127 - c.bias) << c.mbits) & 0xFFFFFFFF,
+          32 - c.bits, 1 << (c.bits - 1))
+    return (c.mbits, *C.bias_args(c.bias), c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, mode, ne)
+
+
+def _value_args(fmt: str) -> tuple[Any, ...]:
+    """The constants of :func:`_value`."""
+    mxf = MX_FORMATS[fmt]
+    if mxf.is_int:
+        return (0, 0, 8, _INT8)
+    c = C.codec_of(FORMATS[mxf.element])
+    return (c.mbits, c.bias, c.bits, c.specials)
 
 
 def _nan_block_code(fmt: str) -> int:
@@ -173,6 +226,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
     """Kernel ``(x, codes, scales, block_size, key, t0, t1)``; 2-D arrays if ``last`` else 3-D."""
     mxf = MX_FORMATS[fmt]
     inp = _input_args(source)
+    v16, v32, v64 = (16, 32, 64) if source == "float32" else (0, 0, 0)
     el = _element_args(fmt, rounding)
     sc = (_SCALE_IDS[scale_mode], mxf.emax_elem, mxf.mbits, np.float32(1.0 / mxf.max_element))
     nan_code = _nan_block_code(fmt)
@@ -194,19 +248,16 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                 for j in range(t - r * nb, min(t1 - r * nb, nb)):
                     l0 = np.uint64(j * size)
                     l1 = np.uint64(min(j * size + size, length))
-                    amax = np.uint32(0)
-                    for i in range(l0, l1):
-                        a = u32_and(C._load(xr[i], inp), 0x7FFFFFFF)
-                        amax = a if a > amax else amax
+                    amax = _row_amax(xr, l0, l1, inp, v16, v32, v64)
                     byte = _scale_byte(amax, sc[0], sc[1], sc[2], sc[3])
                     sr[j] = byte
-                    bb = _block_bias(np.int64(byte) - 127, el)
+                    inv = _inverse_scale(np.uint32(byte))
                     base = r * length
                     if not pack:
                         for i in range(l0, l1):
                             if stochastic:
                                 rnd = C._random_bits(key_lo, key_hi, base + np.int64(i))
-                            code = _element(C._load(xr[i], inp), rnd, bb, el)
+                            code = _element(C._load(xr[i], inp), inv, rnd, el)
                             cr[i] = nan_code if byte == 0xFF else code
                     elif (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                         for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
@@ -214,15 +265,15 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                             if stochastic:
                                 rnd = C._random_bits(key_lo, key_hi, base + np.int64(lo_i))
                                 rnd_hi = C._random_bits(key_lo, key_hi, base + np.int64(lo_i) + 1)
-                            lo = _element(C._load(xr[lo_i], inp), rnd, bb, el)
-                            hi = _element(C._load(xr[lo_i + np.uint64(1)], inp), rnd_hi, bb, el)
+                            lo = _element(C._load(xr[lo_i], inp), inv, rnd, el)
+                            hi = _element(C._load(xr[lo_i + np.uint64(1)], inp), inv, rnd_hi, el)
                             pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
                             cr[k] = nan_code if byte == 0xFF else pair
                     else:
                         for i in range(l0, l1):
                             if stochastic:
                                 rnd = C._random_bits(key_lo, key_hi, base + np.int64(i))
-                            code = _element(C._load(xr[i], inp), rnd, bb, el)
+                            code = _element(C._load(xr[i], inp), inv, rnd, el)
                             code = u32_and(nan_code if byte == 0xFF else code, 0xF)
                             pos = i >> np.uint64(1)
                             if i & 1:
@@ -255,7 +306,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                     byte = scales[a_, j, b]
                     if stochastic:
                         rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
-                    code = _element(C._load(x[a_, ll, b], inp), rnd, _block_bias(np.int64(byte) - 127, el), el)
+                    code = _element(C._load(x[a_, ll, b], inp), _inverse_scale(np.uint32(byte)), rnd, el)
                     code = nan_code if byte == 0xFF else code
                     if not pack:
                         codes[a_, cl, b] = code
@@ -272,7 +323,9 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
     """Kernel ``(x, out, block_size, key, t0, t1)``: X * P of every element, in one pass."""
     mxf = MX_FORMATS[fmt]
     inp = _input_args(source)
+    v16, v32, v64 = (16, 32, 64) if source == "float32" else (0, 0, 0)
     el = _element_args(fmt, rounding)
+    vl = _value_args(fmt)
     sc = (_SCALE_IDS[scale_mode], mxf.emax_elem, mxf.mbits, np.float32(1.0 / mxf.max_element))
     stochastic = rounding == "stochastic"
 
@@ -298,8 +351,8 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
                     byte = bytes_[b]
                     if stochastic:
                         rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
-                    code = _element(C._load(x[a_, ll, b], inp), rnd, _block_bias(np.int64(byte) - 127, el), el)
-                    out[a_, ll, b] = _value(code, byte, el)
+                    code = _element(C._load(x[a_, ll, b], inp), _inverse_scale(np.uint32(byte)), rnd, el)
+                    out[a_, ll, b] = _value(code, byte, vl)
 
     if not last:
         return kernel
@@ -317,17 +370,14 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
             for j in range(t - r * nb, min(t1 - r * nb, nb)):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                amax = np.uint32(0)
-                for i in range(l0, l1):
-                    a = u32_and(C._load(xr[i], inp), 0x7FFFFFFF)
-                    amax = a if a > amax else amax
+                amax = _row_amax(xr, l0, l1, inp, v16, v32, v64)
                 byte = np.uint32(_scale_byte(amax, sc[0], sc[1], sc[2], sc[3]))
-                bb = _block_bias(np.int64(byte) - 127, el)
+                inv = _inverse_scale(np.uint32(byte))
                 for i in range(l0, l1):
                     if stochastic:
                         rnd = C._random_bits(key_lo, key_hi, r * length + np.int64(i))
-                    code = _element(C._load(xr[i], inp), rnd, bb, el)
-                    orow[i] = _value(code, byte, el)
+                    code = _element(C._load(xr[i], inp), inv, rnd, el)
+                    orow[i] = _value(code, byte, vl)
             t = (r + 1) * nb
 
     return kernel2
@@ -336,7 +386,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
 @cache
 def dequantize_kernel(fmt: str, packed: bool, last: bool) -> Any:
     """Kernel ``(codes, scales, out, block_size, t0, t1)``: X * P into float32 or float64 ``out``."""
-    el = _element_args(fmt, "nearest_even")
+    vl = _value_args(fmt)
 
     @jit
     def kernel(codes, scales, out, size, t0, t1):  # pragma: no cover - compiled
@@ -353,7 +403,7 @@ def dequantize_kernel(fmt: str, packed: bool, last: bool) -> Any:
                 shift = 4 * (ll & 1) if packed else 0
                 for b in range(inner):
                     code = u32_and(u32_shr(codes[a_, cl, b], shift), 0xF if packed else 0xFF)
-                    out[a_, ll, b] = _value(code, np.uint32(scales[a_, j, b]), el)
+                    out[a_, ll, b] = _value(code, np.uint32(scales[a_, j, b]), vl)
 
     if not last:
         return kernel
@@ -373,15 +423,15 @@ def dequantize_kernel(fmt: str, packed: bool, last: bool) -> Any:
                 if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                     for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
                         pair = np.uint32(cr[k])
-                        orow[k + k] = _value(u32_and(pair, 0xF), byte, el)
-                        orow[k + k + np.uint64(1)] = _value(u32_shr(pair, 4), byte, el)
+                        orow[k + k] = _value(u32_and(pair, 0xF), byte, vl)
+                        orow[k + k + np.uint64(1)] = _value(u32_shr(pair, 4), byte, vl)
                 elif packed:
                     for pos in range(l0, l1):
                         code = u32_and(u32_shr(cr[pos >> np.uint64(1)], 4 * (pos & 1)), 0xF)
-                        orow[pos] = _value(code, byte, el)
+                        orow[pos] = _value(code, byte, vl)
                 else:
                     for pos in range(l0, l1):
-                        orow[pos] = _value(np.uint32(cr[pos]), byte, el)
+                        orow[pos] = _value(np.uint32(cr[pos]), byte, vl)
             t = (r + 1) * nb
 
     return kernel2
