@@ -41,6 +41,16 @@ def test_copy_baseline(benchmark, n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_copy_into_fresh_array(benchmark, n):
+    """``x.copy()``: the ceiling of any call that returns a fresh array (its pages are zeroed first)."""
+    x = float32_input(n)
+    benchmark.group = f"copy n={n}"
+    benchmark.extra_info.update(kind="copy_fresh", n=n)
+    benchmark(x.copy)
+    _record(benchmark, 2 * x.nbytes)
+
+
+@pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", ["ours", "ours_out", "peer"])
 @pytest.mark.parametrize("source, target", PAIRS)
 def test_cast(benchmark, source, target, kind, n):

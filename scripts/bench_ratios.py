@@ -19,10 +19,13 @@ def main(path: str) -> int:
     copy: dict[int, float] = {}
     rows: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
     small = None
+    fresh: dict[int, float] = {}
     for b in data["benchmarks"]:
         info = b["extra_info"]
         if info["kind"] == "copy":
             copy[info["n"]] = info["gbs"]
+        elif info["kind"] == "copy_fresh":
+            fresh[info["n"]] = info["gbs"]
         elif info["kind"] == "small":
             small = b["stats"]["median"] * 1e6
         else:
@@ -47,6 +50,8 @@ def main(path: str) -> int:
                 "ours_fake_quantize_out", "peer"))
             print(f"{pair[3:]:<14}{n:>10}{q:>7.1f}{dq:>8.1f}{fq:>7.1f}{p:>7.2f}{q / c:>7.2f}x{dq / c:>7.2f}x"
                   f"{dqo / c:>7.2f}x{fq / c:>7.2f}x{fqo / c:>7.2f}x{q / p:>7.1f}x")
+    for n, gbs in sorted(fresh.items()):
+        print(f"copy into a fresh array (x.copy()), n={n}: {gbs:.1f} GB/s, {gbs / copy[n]:.2f}x the copy baseline")
     if small is not None:
         print(f"16-element cast, whole call: {small:.1f} us median")
     return 0
