@@ -291,3 +291,22 @@ def test_zero_d_and_empty():
     mx = nk.quantize_mx(np.zeros((3, 0), np.float32))
     assert mx.codes.shape == (3, 0) and mx.scales.shape == (3, 0)
     assert mx.dequantize().shape == (3, 0)
+
+
+@pytest.mark.parametrize("call", ["quantize", "fake_quantize", "dequantize"])
+def test_extra_memory_is_the_output(call):
+    """mx.md / the issue: no allocation beyond the result (numpy allocations are traced)."""
+    import tracemalloc
+
+    x = np.ones((256, 1024), np.float32)
+    q = nk.quantize_mx(x, "mxfp4_e2m1")
+    run = {"quantize": lambda: nk.quantize_mx(x, "mxfp4_e2m1"), "fake_quantize": lambda: nk.fake_quantize_mx(x),
+           "dequantize": lambda: nk.dequantize_mx(q)}[call]
+    run()  # compile first
+    tracemalloc.start()
+    try:
+        result = run()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= result.nbytes + 64 * 1024, (peak, result.nbytes)
