@@ -159,16 +159,62 @@ def _seed(rounding: str, seed: Any) -> int:
     return 0 if seed is None else int(seed) & 0x7FFFFFFFFFFFFFFF
 
 
-def _quantize_options(x: Any, fmt: Any, block_size: Any, axis: Any, scale_mode: Any, rounding: Any,
-                      seed: Any) -> tuple[MXFormat, int, np.ndarray, Format, int, str, str, int]:
-    """Validate the options shared by quantize_mx and fake_quantize_mx."""
+@dataclass(frozen=True)
+class MXJob:
+    """Validated quantisation options, applied to an array or to pieces of one.
+
+    ``quantize(arr, idx0)`` and ``fake_quantize(arr, out, idx0)`` take a C-contiguous array from
+    :func:`_input_array` whose ``axis`` is the block axis; ``idx0`` is the C-order index of its
+    first element in the whole array (stochastic rounding depends on it), so that a large array
+    processed in pieces along its first axis gives the result of processing it whole.
+    """
+
+    fmt: MXFormat
+    block_size: int
+    axis: int
+    scale_mode: str
+    rounding: str
+    key: int
+    pack: bool
+
+    def quantize(self, arr: np.ndarray, src: Format, idx0: int = 0) -> MXArray:
+        from .kernels import mx_kernels
+
+        size, ax, pack = self.block_size, self.axis, self.pack
+        outer, length, inner = _geometry(arr.shape, ax)
+        nblocks = -(-length // size)
+        code_len = (length + 1) // 2 if pack else length
+        codes = np.empty(arr.shape[:ax] + (code_len,) + arr.shape[ax + 1:], np.uint8)
+        scales = np.empty(arr.shape[:ax] + (nblocks,) + arr.shape[ax + 1:], np.uint8)
+        if arr.size:
+            last = inner == 1
+            kernel = mx_kernels.quantize_kernel(src.name, self.fmt.name, self.scale_mode, self.rounding, pack, last)
+            arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (codes, code_len),
+                              (scales, nblocks))
+            align = 2 if pack and size % 2 else 1  # two odd blocks share a byte: keep them on one thread
+            run_tasks(kernel, outer * nblocks, arr.size, (*arrays, size, self.key, idx0), align)
+        return MXArray(codes, scales.view(_E8M0), self.fmt.name, size, ax, arr.shape, pack)
+
+    def fake_quantize(self, arr: np.ndarray, src: Format, out: np.ndarray, idx0: int = 0) -> None:
+        """X * P of every element of ``arr`` into the C-contiguous float32 ``out``."""
+        from .kernels import mx_kernels
+
+        outer, length, inner = _geometry(arr.shape, self.axis)
+        if arr.size:
+            last = inner == 1
+            kernel = mx_kernels.fake_quantize_kernel(src.name, self.fmt.name, self.scale_mode, self.rounding, last)
+            arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (out, length))
+            run_tasks(kernel, outer * -(-length // self.block_size), arr.size,
+                      (*arrays, self.block_size, self.key, idx0))
+
+
+def mx_job(fmt: Any, ndim: int, *, block_size: Any = 32, axis: Any = -1, scale_mode: Any = "floor",
+           rounding: Any = "nearest_even", seed: Any = None, pack: Any = True) -> MXJob:
+    """Validate the options of :func:`quantize_mx` for arrays of ``ndim`` dimensions."""
     mxf = _mx_format(fmt)
-    size = _block_size(block_size)
-    arr, src = _input_array(x)
-    ax = _axis(axis, arr.ndim)
-    mode = _choice(scale_mode, SCALE_MODES, "scale mode")
     rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
-    return mxf, size, arr, src, ax, mode, rnd, _seed(rnd, seed)
+    return MXJob(mxf, _block_size(block_size), _axis(axis, ndim), _choice(scale_mode, SCALE_MODES, "scale mode"),
+                 rnd, _seed(rnd, seed), bool(pack) and mxf.packable)
 
 
 def _geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
@@ -367,23 +413,11 @@ def quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: 
     pack
         Store mxfp4 codes two per byte along the block axis.
     """
-    mxf, size, arr, src, ax, mode, rnd, key = _quantize_options(x, fmt, block_size, axis, scale_mode, rounding, seed)
-    pack = bool(pack) and mxf.packable
-    from .kernels import mx_kernels
-
-    outer, length, inner = _geometry(arr.shape, ax)
-    nblocks = -(-length // size)
-    code_len = (length + 1) // 2 if pack else length
-    codes = np.empty(arr.shape[:ax] + (code_len,) + arr.shape[ax + 1:], np.uint8)
-    scales = np.empty(arr.shape[:ax] + (nblocks,) + arr.shape[ax + 1:], np.uint8)
-    if arr.size:
-        last = inner == 1
-        kernel = mx_kernels.quantize_kernel(src.name, mxf.name, mode, rnd, pack, last)
-        arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (codes, code_len),
-                          (scales, nblocks))
-        align = 2 if pack and size % 2 else 1  # two odd blocks share a byte: keep them on one thread
-        run_tasks(kernel, outer * nblocks, arr.size, (*arrays, size, key), align)
-    return MXArray(codes, scales.view(_E8M0), mxf.name, size, ax, arr.shape, pack)
+    mxf = _mx_format(fmt)
+    arr, src = _input_array(x)
+    job = mx_job(mxf.name, arr.ndim, block_size=block_size, axis=axis, scale_mode=scale_mode, rounding=rounding,
+                 seed=seed, pack=pack)
+    return job.quantize(arr, src)
 
 
 def _result_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: Any,
@@ -437,16 +471,12 @@ def fake_quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, a
                      seed: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array
     (written into ``out``, a float32 array of x's shape, if given)."""
-    mxf, size, arr, src, ax, mode, rnd, key = _quantize_options(x, fmt, block_size, axis, scale_mode, rounding, seed)
-    from .kernels import mx_kernels
-
-    outer, length, inner = _geometry(arr.shape, ax)
+    mxf = _mx_format(fmt)
+    arr, src = _input_array(x)
+    job = mx_job(mxf.name, arr.ndim, block_size=block_size, axis=axis, scale_mode=scale_mode, rounding=rounding,
+                 seed=seed)
     user, values = _result_buffer(out, arr.shape, np.float32, arr)
-    if arr.size:
-        last = inner == 1
-        kernel = mx_kernels.fake_quantize_kernel(src.name, mxf.name, mode, rnd, last)
-        arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (values, length))
-        run_tasks(kernel, outer * -(-length // size), arr.size, (*arrays, size, key))
+    job.fake_quantize(arr, src, values)
     if user is None:
         return values
     if values is not user:

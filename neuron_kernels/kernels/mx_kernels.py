@@ -223,7 +223,10 @@ def input_view(x: np.ndarray) -> np.ndarray:
 
 @cache
 def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack: bool, last: bool) -> Any:
-    """Kernel ``(x, codes, scales, block_size, key, t0, t1)``; 2-D arrays if ``last`` else 3-D."""
+    """Kernel ``(x, codes, scales, block_size, key, idx0, t0, t1)``; 2-D arrays if ``last`` else 3-D.
+
+    ``idx0`` is the C-order index of x's first element in the whole array (the stochastic bits
+    depend on it), so that an array quantised in pieces gets the bits of the whole."""
     mxf = MX_FORMATS[fmt]
     inp = _input_args(source)
     v16, v32, v64 = (16, 32, 64) if source == "float32" else (0, 0, 0)
@@ -235,7 +238,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
     if last:
 
         @jit
-        def kernel(x, codes, scales, size, key, t0, t1):  # pragma: no cover - compiled
+        def kernel(x, codes, scales, size, key, idx0, t0, t1):  # pragma: no cover - compiled
             key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
             length = x.shape[1]
             nb = scales.shape[1]
@@ -252,7 +255,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                     byte = _scale_byte(amax, sc[0], sc[1], sc[2], sc[3])
                     sr[j] = byte
                     inv = _inverse_scale(np.uint32(byte))
-                    base = r * length
+                    base = idx0 + r * length
                     if not pack:
                         for i in range(l0, l1):
                             if stochastic:
@@ -285,7 +288,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
         return kernel
 
     @jit
-    def kernel3(x, codes, scales, size, key, t0, t1):  # pragma: no cover - compiled
+    def kernel3(x, codes, scales, size, key, idx0, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
         length = x.shape[1]
         inner = x.shape[2]
@@ -305,7 +308,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
                 for b in range(inner):
                     byte = scales[a_, j, b]
                     if stochastic:
-                        rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
+                        rnd = C._random_bits(key_lo, key_hi, idx0 + (a_ * length + ll) * inner + b)
                     code = _element(C._load(x[a_, ll, b], inp), _inverse_scale(np.uint32(byte)), rnd, el)
                     code = nan_code if byte == 0xFF else code
                     if not pack:
@@ -320,7 +323,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
 
 @cache
 def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, last: bool) -> Any:
-    """Kernel ``(x, out, block_size, key, t0, t1)``: X * P of every element, in one pass."""
+    """Kernel ``(x, out, block_size, key, idx0, t0, t1)``: X * P of every element, in one pass."""
     mxf = MX_FORMATS[fmt]
     inp = _input_args(source)
     v16, v32, v64 = (16, 32, 64) if source == "float32" else (0, 0, 0)
@@ -330,7 +333,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
     stochastic = rounding == "stochastic"
 
     @jit
-    def kernel(x, out, size, key, t0, t1):  # pragma: no cover - compiled
+    def kernel(x, out, size, key, idx0, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
         length = x.shape[1]
         inner = x.shape[2]
@@ -350,7 +353,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
                 for b in range(inner):
                     byte = bytes_[b]
                     if stochastic:
-                        rnd = C._random_bits(key_lo, key_hi, (a_ * length + ll) * inner + b)
+                        rnd = C._random_bits(key_lo, key_hi, idx0 + (a_ * length + ll) * inner + b)
                     code = _element(C._load(x[a_, ll, b], inp), _inverse_scale(np.uint32(byte)), rnd, el)
                     out[a_, ll, b] = _value(code, byte, vl)
 
@@ -358,7 +361,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
         return kernel
 
     @jit
-    def kernel2(x, out, size, key, t0, t1):  # pragma: no cover - compiled
+    def kernel2(x, out, size, key, idx0, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
         length = x.shape[1]
         nb = (length + size - 1) // size
@@ -375,7 +378,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
                 inv = _inverse_scale(np.uint32(byte))
                 for i in range(l0, l1):
                     if stochastic:
-                        rnd = C._random_bits(key_lo, key_hi, r * length + np.int64(i))
+                        rnd = C._random_bits(key_lo, key_hi, idx0 + r * length + np.int64(i))
                     code = _element(C._load(xr[i], inp), inv, rnd, el)
                     orow[i] = _value(code, byte, vl)
             t = (r + 1) * nb
