@@ -81,23 +81,23 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 
 def run_chunked(kernel: Callable[[Any, Any, Any, int], None], src: Any, dst: Any, options: Any,
-                src_group: int = 1, dst_group: int = 1, elements_per_item: int = 1) -> None:
+                src_group: int = 1, dst_group: int = 1, elements_per_item: int = 1, base: int = 0) -> None:
     """Run ``kernel(src_chunk, dst_chunk, options, start)`` over 1-D ``src``/``dst``.
 
     ``src_group`` source items correspond to ``dst_group`` destination items (4:1 when packing
     into ``*_x4`` containers, 1:4 when unpacking); chunks never split a group. ``start`` is the
     index of the chunk's first element in the whole array, counting ``elements_per_item``
-    elements per source item (4 for packed sources).
+    elements per source item (4 for packed sources), plus ``base``.
     """
     threads = 1 if src.size < PARALLEL_MIN_ELEMENTS else min(
         get_num_threads(), max(1, src.size // (PARALLEL_MIN_ELEMENTS // 2)))
     if threads <= 1:
-        kernel(src, dst, options, 0)
+        kernel(src, dst, options, base)
         return
     units = src.size // src_group
     bounds = [units * k // threads for k in range(threads + 1)]
     pieces = [(src[a * src_group:b * src_group], dst[a * dst_group:b * dst_group],
-               a * src_group * elements_per_item)
+               base + a * src_group * elements_per_item)
               for a, b in zip(bounds[:-1], bounds[1:])]
     pool = _executor(threads - 1)
     futures = [pool.submit(kernel, s, d, options, off) for s, d, off in pieces[1:]]

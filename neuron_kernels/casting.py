@@ -74,8 +74,9 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.nda
 
 
 def _execute(x: np.ndarray, source: Format, target: Format, kernel: CastKernel,
-             options: CastOptions, out: np.ndarray) -> None:
-    """Run ``kernel`` over ``x`` into ``out`` (both already validated)."""
+             options: CastOptions, out: np.ndarray, index0: int = 0) -> None:
+    """Run ``kernel`` over ``x`` into ``out`` (both already validated); ``index0`` is the index of
+    x's first element in a larger array that is cast in pieces (stochastic bits depend on it)."""
     group = (4, 1) if target.kind == "packed" and source.kind != "packed" else (
         (1, 4) if source.kind == "packed" and target.kind != "packed" else (1, 1))
     native = x.dtype.isnative
@@ -84,15 +85,15 @@ def _execute(x: np.ndarray, source: Format, target: Format, kernel: CastKernel,
             fn = kernel.function
             if kernel.parallel:
                 run_chunked(fn, x.reshape(-1), out.reshape(-1), options, *group,
-                            elements_per_item=source.lanes)
+                            elements_per_item=source.lanes, base=index0)
             else:
-                fn(x.reshape(-1), out.reshape(-1), options, 0)
+                fn(x.reshape(-1), out.reshape(-1), options, index0)
         return
     if group != (1, 1):
         # Packing needs whole groups of the last axis: work on contiguous copies.
         src = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
         tmp = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-        _execute(src, source, target, kernel, options, tmp)
+        _execute(src, source, target, kernel, options, tmp, index0)
         if tmp is not out:
             out[...] = tmp
         return
@@ -103,11 +104,11 @@ def _execute(x: np.ndarray, source: Format, target: Format, kernel: CastKernel,
     with it:
         for a, b in it:
             if a.size:
-                kernel.function(a, b, options, it.iterindex)
+                kernel.function(a, b, options, index0 + it.iterindex)
 
 
 def _run_cast(x: np.ndarray, source: Format, target: Format, options: CastOptions,
-              out: np.ndarray | None) -> np.ndarray:
+              out: np.ndarray | None, index0: int = 0) -> np.ndarray:
     kernel = lookup_cast(source.name, target.name)
     kernel.check_options(options)
     shape = _out_shape(x.shape, source, target)
@@ -115,7 +116,7 @@ def _run_cast(x: np.ndarray, source: Format, target: Format, options: CastOption
         out = np.empty(shape, target.result_dtype)
     else:
         out = check_out(out, shape, target.result_dtype, x)
-    _execute(x, source, target, kernel, options, out)
+    _execute(x, source, target, kernel, options, out, index0)
     return out
 
 

@@ -8,11 +8,9 @@ validate and allocate, the kernels in ``kernels/mx_kernels.py`` compute.
 
 from __future__ import annotations
 
-import json
 import numbers
 import os
 import secrets
-import zipfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +40,6 @@ SCALE_MODES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "neuron")
 #: How elements are rounded (the cast vocabulary; MX elements always saturate).
 MX_ROUNDING_MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
-_FILE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -229,10 +226,6 @@ def _blocked(last: bool, outer: int, inner: int, *arrays: tuple[np.ndarray, int]
     return [a.reshape((outer, n) if last else (outer, n, inner)) for a, n in arrays]
 
 
-class _NotMX(ValueError):
-    pass
-
-
 @dataclass(frozen=True, eq=False)
 class MXArray:
     """An MX-quantised array.
@@ -316,75 +309,47 @@ class MXArray:
         return pack_x4(self.element_codes(), x4)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write one ``.npz`` file (codes, scale bytes and the metadata), atomically."""
-        meta = {"version": _FILE_VERSION, "fmt": self.fmt, "block_size": self.block_size, "axis": self.axis,
-                "shape": list(self.shape), "packed": self.packed}
+        """Write one ``.npz`` file (codes, scale bytes and the metadata; see :mod:`neuron_kernels.mxfile`),
+        atomically. ``.npz`` is appended to a path without it."""
+        from .files import atomic_output
+        from .mxfile import MXFileWriter
+
         path = os.fspath(path)
         if not path.endswith(".npz"):
             path += ".npz"
-        tmp = path + ".tmp.npz"
-        try:
-            np.savez(tmp, codes=self.codes, scales=self.scales.view(np.uint8),
-                     meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with atomic_output(path, force=True) as tmp, MXFileWriter(tmp) as writer:
+            writer.add(None, self)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> MXArray:
-        """Read a file written by :meth:`save`; a corrupt or inconsistent file raises ``ValueError``."""
+    def load(cls, path: str | os.PathLike[str], name: str | None = None) -> MXArray:
+        """Read an MX file (written by :meth:`save` or ``neuron-kernels quantize``); ``name`` picks
+        one array of a file that holds several. A corrupt or inconsistent file raises ``ValueError``."""
+        from .mxfile import read_mx_file
+
         path = os.fspath(path)
-        with open(path, "rb") as fh:
-            try:
-                if fh.read(4) != b"PK\x03\x04":
-                    raise ValueError("not a zip (.npz) file")
-                fh.seek(0)
-                with np.load(fh, allow_pickle=False) as data:
-                    names = set(data.files)
-                    if not {"codes", "scales", "meta"} <= names:
-                        raise _NotMX(f"{path}: not an MX file (it has {sorted(names)}; expected codes, scales, meta)")
-                    codes, scales, raw = data["codes"], data["scales"], data["meta"]
-            except _NotMX:
-                raise
-            except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
-                raise ValueError(f"{path}: cannot read an MX file ({exc})") from None
-        try:
-            meta = json.loads(raw.tobytes().decode())
-            fmt, block_size, axis = meta["fmt"], meta["block_size"], meta["axis"]
-            shape, packed, version = tuple(meta["shape"]), meta["packed"], meta["version"]
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: corrupt MX metadata ({exc})") from None
-        if version != _FILE_VERSION:
-            raise ValueError(f"{path}: MX file version {version} is not supported (this package reads {_FILE_VERSION})")
-        return cls._validated(codes, scales, fmt, block_size, axis, shape, packed, path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        arrays = read_mx_file(path)
+        if name is None and len(arrays) > 1:
+            raise ValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= "
+                             f"({', '.join(sorted(map(str, arrays)))})")
+        key = next(iter(arrays)) if name is None else name
+        if key not in arrays:
+            raise ValueError(f"{path} has no MX array named {name!r}; it has {', '.join(sorted(map(str, arrays)))}")
+        return arrays[key].load()
 
     @classmethod
-    def _validated(cls, codes: Any, scales: Any, fmt: Any, block_size: Any, axis: Any, shape: Any,
-                   packed: Any, where: str) -> MXArray:
-        def bad(msg: str) -> ValueError:
-            return ValueError(f"{where}: {msg}")
+    def from_parts(cls, codes: Any, scales: Any, fmt: Any, block_size: Any, axis: Any, shape: Any,
+                   packed: Any, where: str = "MXArray") -> MXArray:
+        """An MXArray from its fields, checked for consistency (``ValueError`` naming ``where``)."""
+        from .mxfile import layout_error
 
-        if fmt not in MX_FORMATS:
-            raise bad(f"unknown MX format {fmt!r}")
-        if not (isinstance(block_size, int) and block_size >= 1):
-            raise bad(f"invalid block_size {block_size!r}")
-        if not (isinstance(shape, tuple) and shape and all(isinstance(n, int) and n >= 0 for n in shape)):
-            raise bad(f"invalid shape {shape!r}")
-        if not (isinstance(axis, int) and 0 <= axis < len(shape)):
-            raise bad(f"invalid axis {axis!r} for shape {shape}")
-        if not isinstance(packed, bool) or (packed and not MX_FORMATS[fmt].packable):
-            raise bad(f"invalid packed flag {packed!r} for {fmt}")
-        expected_codes = list(shape)
-        if packed:
-            expected_codes[axis] = (shape[axis] + 1) // 2
-        expected_scales = list(shape)
-        expected_scales[axis] = -(-shape[axis] // block_size)
-        if not isinstance(codes, np.ndarray) or codes.dtype != np.uint8 or list(codes.shape) != expected_codes:
-            raise bad(f"codes must be uint8 of shape {tuple(expected_codes)}")
-        if not isinstance(scales, np.ndarray) or scales.dtype not in (np.uint8, _E8M0) \
-                or list(scales.shape) != expected_scales:
-            raise bad(f"scales must be e8m0 bytes of shape {tuple(expected_scales)}")
+        if not isinstance(codes, np.ndarray) or not isinstance(scales, np.ndarray):
+            raise ValueError(f"{where}: codes and scales must be numpy arrays")
+        problem = layout_error(fmt, block_size, axis, shape, packed, (codes.shape, codes.dtype),
+                               (scales.shape, scales.dtype))
+        if problem:
+            raise ValueError(f"{where}: {problem}")
         return cls(np.ascontiguousarray(codes), np.ascontiguousarray(scales).view(_E8M0), fmt, block_size, axis,
                    shape, packed)
 
@@ -528,34 +493,88 @@ class QuantizationError:
         return dict(self.__dict__)
 
 
+class ErrorStats:
+    """Running sums of :class:`QuantizationError`, fed piece by piece (:meth:`add`), so that the
+    statistics of an array of any size take memory for one piece only."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signal = 0.0
+        self.noise = 0.0
+        self.max_abs = 0.0
+        self.max_rel = 0.0
+        self.saturated = 0
+        self.flushed = 0
+
+    def add(self, x: np.ndarray, mx: MXArray) -> None:
+        """Fold in ``x`` (float32/16/bfloat16/64, C-contiguous) and its quantisation ``mx``."""
+        xv = x.astype(np.float32).astype(np.float64) if x.dtype.name == "bfloat16" else x.astype(np.float64)
+        dq = mx.dequantize(np.float32).astype(np.float64)
+        scale = np.repeat(mx.scales.astype(np.float64), mx.block_size, axis=mx.axis)
+        scale = np.take(scale, np.arange(mx.shape[mx.axis]), axis=mx.axis)
+        finite = np.isfinite(xv)
+        xf, df, sf = xv[finite], dq[finite], scale[finite]
+        err = xf - df
+        nonzero = xf != 0
+        self.count += xf.size
+        self.signal += float(np.sum(xf * xf))
+        self.noise += float(np.sum(err * err))
+        if err.size:
+            self.max_abs = max(self.max_abs, float(np.max(np.abs(err))))
+        if np.any(nonzero):
+            self.max_rel = max(self.max_rel, float(np.max(np.abs(err[nonzero]) / np.abs(xf[nonzero]))))
+        self.saturated += int(np.count_nonzero(np.abs(xf) > mx.format.max_element * sf))
+        self.flushed += int(np.count_nonzero(nonzero & (df == 0)))
+
+    def result(self) -> QuantizationError:
+        n = max(self.count, 1)
+        if self.noise == 0:
+            sqnr = float("inf")
+        else:
+            sqnr = float(10 * np.log10(self.signal / self.noise)) if self.signal > 0 else float("-inf")
+        return QuantizationError(sqnr_db=sqnr, mse=self.noise / n, max_abs_error=self.max_abs,
+                                 max_rel_error=self.max_rel, saturated=self.saturated / n, flushed=self.flushed / n)
+
+
+def row_ranges(shape: tuple[int, ...], axis: int, block_size: int, pack: bool, budget: int) -> list[tuple[int, int]]:
+    """Ranges of the first axis of at most ``budget`` elements each (at least one row or one
+    block), on which an array and its MX form can be cut: whole blocks when the first axis is the
+    block axis (and an even number of elements, where FP4 codes pack two per byte)."""
+    if not shape or shape[0] == 0:
+        return [(0, shape[0] if shape else 1)]
+    per_row = int(np.prod(shape[1:], dtype=np.int64))
+    align = 1
+    if axis == 0:
+        align = block_size * (2 if pack and block_size % 2 else 1)
+    rows = max(align, (budget // max(per_row, 1)) // align * align)
+    return [(lo, min(lo + rows, shape[0])) for lo in range(0, shape[0], rows)]
+
+
+def mx_row_slices(axis: int, block_size: int, packed: bool, lo: int, hi: int) -> tuple[slice, slice]:
+    """The rows of the codes and of the scales that hold rows ``[lo, hi)`` (first axis) of an MX
+    array; ``lo`` must be a cut of :func:`row_ranges`."""
+    if axis != 0:
+        return slice(lo, hi), slice(lo, hi)
+    codes = slice(lo // 2, (hi + 1) // 2) if packed else slice(lo, hi)
+    return codes, slice(lo // block_size, -(-hi // block_size))
+
+
+def mx_rows(mx: MXArray, lo: int, hi: int) -> MXArray:
+    """Rows ``[lo, hi)`` (first axis) of ``mx`` as an MXArray of views (see :func:`mx_row_slices`)."""
+    codes, scales = mx_row_slices(mx.axis, mx.block_size, mx.packed, lo, hi)
+    return MXArray(mx.codes[codes], mx.scales[scales], mx.fmt, mx.block_size, mx.axis,
+                   (hi - lo,) + tuple(mx.shape[1:]), mx.packed)
+
+
 def quantization_error(x: Any, mx: MXArray) -> QuantizationError:
-    """Error statistics of ``mx`` as a quantisation of ``x`` (see :class:`QuantizationError`)."""
+    """Error statistics of ``mx`` as a quantisation of ``x`` (see :class:`QuantizationError`),
+    computed in pieces of about a million elements."""
     if not isinstance(mx, MXArray):
         raise TypeError(f"quantization_error takes an MXArray, got {type(mx).__name__}")
     arr, _ = _input_array(x)
     if arr.shape != mx.shape:
         raise ValueError(f"x has shape {arr.shape} but the MX array has shape {mx.shape}")
-    xv = arr.astype(np.float64) if arr.dtype != np.float64 else arr
-    if arr.dtype.name == "bfloat16":
-        xv = arr.astype(np.float32).astype(np.float64)
-    dq = mx.dequantize(np.float32).astype(np.float64)
-    finite = np.isfinite(xv)
-    xf, df = xv[finite], dq[finite]
-    err = xf - df
-    n = max(xf.size, 1)
-    signal = float(np.sum(xf * xf))
-    noise = float(np.sum(err * err))
-    sqnr = float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
-    nonzero = xf != 0
-    rel = np.abs(err[nonzero]) / np.abs(xf[nonzero])
-    scale = np.repeat(mx.scales.astype(np.float64), mx.block_size, axis=mx.axis)
-    scale = np.take(scale, np.arange(mx.shape[mx.axis]), axis=mx.axis)[finite]
-    saturated = np.abs(xf) > mx.format.max_element * scale
-    return QuantizationError(
-        sqnr_db=sqnr,
-        mse=noise / n,
-        max_abs_error=float(np.max(np.abs(err))) if err.size else 0.0,
-        max_rel_error=float(np.max(rel)) if rel.size else 0.0,
-        saturated=float(np.count_nonzero(saturated)) / n,
-        flushed=float(np.count_nonzero(nonzero & (df == 0))) / n,
-    )
+    stats = ErrorStats()
+    for lo, hi in row_ranges(arr.shape, mx.axis, mx.block_size, mx.packed, 1 << 20):
+        stats.add(arr[lo:hi], mx_rows(mx, lo, hi))
+    return stats.result()

@@ -256,6 +256,31 @@ def test_quantization_error():
         nk.quantization_error(y[:8], nk.quantize_mx(y, "mxfp4_e2m1"))
 
 
+@pytest.mark.parametrize("shape, axis, block_size", [((5000, 300), 1, 32), ((4099, 257), 0, 7), ((3, 700, 511), 1, 5)])
+def test_quantization_error_in_pieces_equals_whole(shape, axis, block_size):
+    """The statistics are accumulated over pieces of about 1 Mi elements; compare with one pass."""
+    x = (np.random.default_rng(3).standard_normal(shape) * 3).astype(np.float32)
+    mx = nk.quantize_mx(x, "mxfp4_e2m1", axis=axis, block_size=block_size)
+    got = nk.quantization_error(x, mx)
+    xv, dq = x.astype(np.float64), mx.dequantize().astype(np.float64)
+    err = xv - dq
+    scale = np.take(np.repeat(mx.scales.astype(np.float64), block_size, axis=axis), np.arange(shape[axis]), axis=axis)
+    assert got.mse == pytest.approx(np.mean(err * err), rel=1e-9)
+    assert got.sqnr_db == pytest.approx(10 * np.log10(np.sum(xv * xv) / np.sum(err * err)), rel=1e-9)
+    assert got.max_abs_error == np.max(np.abs(err))
+    assert got.max_rel_error == np.max(np.abs(err) / np.abs(xv))
+    assert got.saturated == np.count_nonzero(np.abs(xv) > 6 * scale) / x.size
+    assert got.flushed == np.count_nonzero(dq == 0) / x.size
+
+
+def test_row_ranges_cut_on_blocks_and_byte_pairs():
+    assert M.row_ranges((100, 10), 1, 32, True, 250) == [(0, 25), (25, 50), (50, 75), (75, 100)]
+    assert M.row_ranges((100, 10), 0, 7, True, 250) == [(0, 14), (14, 28), (28, 42), (42, 56), (56, 70), (70, 84),
+                                                        (84, 98), (98, 100)]
+    assert M.row_ranges((100, 10), 0, 8, False, 10) == [(lo, min(lo + 8, 100)) for lo in range(0, 100, 8)]
+    assert M.row_ranges((0, 4), 1, 32, False, 10) == [(0, 0)]
+
+
 # ---- bad input --------------------------------------------------------------------------------
 
 
