@@ -1,39 +1,22 @@
 """MX quantise / dequantise / fake-quantise throughput, with the copy baseline and a reference peer.
 
-The peer is a straightforward numpy + ml_dtypes implementation of OCP floor scaling (what one
-writes without this package): amax per block, exponent via frexp, divide, ml_dtypes astype.
+The peer, ``neuron_kernels.bench.numpy_reference_quantize``, is a straightforward numpy + ml_dtypes
+implementation of OCP floor scaling (what one writes without this package): amax per block,
+exponent via frexp, divide, ml_dtypes astype.
 GB/s = (bytes read + bytes written) / time; entries carry ``extra_info["kind"]`` for
 ``scripts/bench_ratios.py``. The ``*_out`` kinds write into a reused array, as the copy baseline
 does; the others allocate their result (fresh pages, which the operating system zeroes first).
 """
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import neuron_kernels as nk
+from neuron_kernels.bench import numpy_reference_quantize
 
 from .conftest import SIZES, float32_input
 
 FORMATS = list(nk.MX_FORMATS)
-_ELEMENT = {name: f.element for name, f in nk.MX_FORMATS.items()}
-
-
-def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32):
-    """OCP MX quantisation in numpy + ml_dtypes (floor scale, last axis)."""
-    mxf = nk.MX_FORMATS[fmt]
-    blocks = x.reshape(-1, block)
-    amax = np.max(np.abs(blocks), axis=1, keepdims=True)
-    _, e = np.frexp(amax)
-    shared = np.clip(e - 1 - mxf.emax_elem, -127, 127)
-    scaled = blocks * np.exp2(-shared.astype(np.float32))
-    lim = np.float32(mxf.max_element)
-    scaled = np.clip(scaled, -lim, lim)
-    if mxf.is_int:
-        codes = np.clip(np.rint(scaled * 64), -127, 127).astype(np.int8)
-    else:
-        codes = scaled.astype(getattr(ml_dtypes, _ELEMENT[fmt]))
-    return codes, (shared + 127).astype(np.uint8)
 
 
 @pytest.mark.parametrize("n", SIZES)

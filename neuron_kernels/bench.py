@@ -2,13 +2,27 @@
 
 GB/s = (bytes read + bytes written) / time, median of ``repeat`` runs after one warm-up.
 Every figure of one report is measured in the same process, back to back, so that ratios are
-meaningful on a noisy machine even when absolute GB/s drift:
+meaningful on a noisy machine even when absolute GB/s drift.
+
+Casts (:func:`bench_casts`, one :class:`BenchRow` per (source, target) pair):
 
 - ``copy``: ``np.copyto`` float32 -> float32 into a preallocated array (the bandwidth baseline);
 - ``ours (out=)``: ``cast(x, dtype, out=preallocated)``, compared with the copy baseline;
 - ``ours``: ``cast(x, dtype)`` allocating its result, compared with the peer, which allocates too;
 - the peer: ml_dtypes ``astype`` (where ml_dtypes has the target), else numpy code (tfloat32
   rounding, packing of ml_dtypes codes).
+
+MX block-scale quantisation (:func:`bench_mx`, one :class:`MXBenchRow` per MX format, floor
+scale, blocks of 32 along the last axis):
+
+- ``copy``: as above, measured again for every format;
+- quantise: ``quantize_mx`` allocating its result, compared with the copy baseline and with the
+  peer, :func:`numpy_reference_quantize` (numpy + ml_dtypes), which allocates too; both move
+  ``x.nbytes + mx.nbytes``;
+- dequantise: ``dequantize_mx`` into a reused ``out=`` array (``x.nbytes + mx.nbytes``);
+- fake-quantise: ``fake_quantize_mx`` into a reused ``out=`` array (``2 * x.nbytes``);
+- SQNR: :func:`~neuron_kernels.quantization_error` of the built-in data (whose first block holds
+  a NaN and infinities: it is left out, as it dequantises to NaN throughout).
 """
 
 from __future__ import annotations
@@ -23,8 +37,10 @@ import numpy as np
 
 from .casting import cast
 from .formats import FORMATS, get_format
+from .mx import MX_FORMATS, dequantize_mx, fake_quantize_mx, quantization_error, quantize_mx
 
-__all__ = ["BenchRow", "measure", "synthetic_input", "default_pairs", "bench_casts", "format_table"]
+__all__ = ["BenchRow", "MXBenchRow", "measure", "synthetic_input", "default_pairs", "bench_casts", "format_table",
+           "numpy_reference_quantize", "bench_mx", "format_mx_table"]
 
 
 @dataclass
@@ -157,4 +173,111 @@ def format_table(rows: list[BenchRow]) -> str:
     for r in rows:
         lines.append(f"{r.source + ' -> ' + r.target:<28}{r.ours_gbs:>8.1f}{r.ours_out_gbs:>11.1f}"
                      f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>11}{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x")
+    return "\n".join(lines)
+
+
+@dataclass
+class MXBenchRow:
+    """GB/s of one MX format (see the module docstring) and the SQNR of its quantisation."""
+
+    fmt: str
+    elements: int
+    quantize_gbs: float
+    dequantize_gbs: float
+    fake_gbs: float
+    copy_gbs: float
+    peer_gbs: float
+    sqnr_db: float
+
+    @property
+    def vs_copy(self) -> float:
+        return self.quantize_gbs / self.copy_gbs
+
+    @property
+    def dequantize_vs_copy(self) -> float:
+        return self.dequantize_gbs / self.copy_gbs
+
+    @property
+    def fake_vs_copy(self) -> float:
+        return self.fake_gbs / self.copy_gbs
+
+    @property
+    def vs_peer(self) -> float:
+        return self.quantize_gbs / self.peer_gbs
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "vs_copy": self.vs_copy, "dequantize_vs_copy": self.dequantize_vs_copy,
+                "fake_vs_copy": self.fake_vs_copy, "vs_peer": self.vs_peer}
+
+
+def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """OCP MX quantisation (floor scale, blocks along the last axis) in plain numpy + ml_dtypes.
+
+    Returns ``(codes, scale_bytes)``: codes of x's shape in the element's ml_dtypes dtype (int8
+    for mxint8), uint8 biased exponents of shape ``x.shape[:-1] + (blocks,)``. A partial last
+    block is padded with zeros. On finite data equal to ``quantize_mx(x, fmt, pack=False)``,
+    except blocks holding a NaN or an infinity (quantize_mx: scale byte 0xff) and all-zero blocks
+    (quantize_mx: 0x00). Non-finite inputs raise numpy warnings: call under ``np.errstate``.
+    """
+    mxf = MX_FORMATS[fmt]
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 0:
+        raise ValueError("cannot quantise a 0-d array: MX blocks run along an axis")
+    length = x.shape[-1]
+    tail = -length % block
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, tail)]) if tail else x
+    blocks = padded.reshape(padded.shape[:-1] + (-1, block))
+    amax = np.max(np.abs(blocks), axis=-1, keepdims=True)
+    _, e = np.frexp(amax)
+    shared = np.clip(e - 1 - mxf.emax_elem, -127, 127)
+    scaled = blocks * np.exp2(-shared.astype(np.float32))
+    lim = np.float32(mxf.max_element)
+    scaled = np.clip(scaled, -lim, lim)
+    if mxf.is_int:
+        codes = np.clip(np.rint(scaled * 64), -127, 127).astype(np.int8)
+    else:
+        codes = scaled.astype(mxf.element_format.result_dtype)  # type: ignore[union-attr]
+    codes = codes.reshape(padded.shape)[..., :length]
+    return codes, (shared[..., 0] + 127).astype(np.uint8)
+
+
+def bench_mx(n: int, repeat: int = 5, formats: list[str] | None = None,
+             progress: Callable[[str], None] | None = None) -> list[MXBenchRow]:
+    """Measure MX quantise, dequantise and fake-quantise of ``formats`` (default: every MX format)
+    on ``n`` built-in elements, as rows of 1024 when ``n`` is a multiple of 1024, else 1-D."""
+    if formats is None:
+        formats = list(MX_FORMATS)
+    x = synthetic_input(n)
+    if n % 1024 == 0:
+        x = x.reshape(-1, 1024)
+    copy_dst = np.empty_like(x)
+    dq_out = np.empty_like(x)
+    fake_out = np.empty_like(x)
+    rows = []
+    for fmt in formats:
+        if progress:
+            progress(fmt)
+        mx = quantize_mx(x, fmt)
+        moved = x.nbytes + mx.nbytes
+        copy_gbs = measure(lambda: np.copyto(copy_dst, x), 2 * x.nbytes, repeat)
+        quantize = measure(lambda: quantize_mx(x, fmt), moved, repeat)
+        dequantize = measure(lambda: dequantize_mx(mx, out=dq_out), moved, repeat)
+        fake = measure(lambda: fake_quantize_mx(x, fmt, out=fake_out), 2 * x.nbytes, repeat)
+        with np.errstate(all="ignore"):
+            peer = measure(lambda: numpy_reference_quantize(x, fmt), moved, max(1, min(repeat, 3)))
+        sqnr = quantization_error(x, mx).sqnr_db
+        rows.append(MXBenchRow(fmt, n, quantize, dequantize, fake, copy_gbs, peer, sqnr))
+    return rows
+
+
+def format_mx_table(rows: list[MXBenchRow]) -> str:
+    """The rows of :func:`bench_mx` as a fixed-width table."""
+    head = (f"{'MX format':<12}{'quantise':>10}{'vs copy':>9}{'dequant out=':>14}{'vs copy':>9}"
+            f"{'fake out=':>11}{'vs copy':>9}{'copy':>8}{'peer':>8}{'vs peer':>9}{'SQNR dB':>9}")
+    units = f"{'':<12}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}"
+    lines = [head, units, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.fmt:<12}{r.quantize_gbs:>10.1f}{r.vs_copy:>8.2f}x{r.dequantize_gbs:>14.1f}"
+                     f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.copy_gbs:>8.1f}"
+                     f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{r.sqnr_db:>9.2f}")
     return "\n".join(lines)

@@ -1,18 +1,29 @@
 """The ``neuron-kernels`` command (also ``python -m neuron_kernels``).
 
-Subcommands: ``bench`` (throughput of every compiled cast on built-in data), ``promote``
-(the promotion lattice: one pair, ``--explain``, or ``--table``) and ``formats`` (the format
-table). Bad input prints one line on stderr and exits with status 2.
+Subcommands:
+
+- ``bench``: throughput of every compiled cast and MX format on built-in data;
+- ``quantize``, ``dequantize``, ``cast``: files (``.npy``, ``.npz``, ``.safetensors``) of any size,
+  processed in bounded memory, written atomically;
+- ``error``: which MX format and scale mode suits an array (SQNR table, histogram plot);
+- ``promote``: the promotion lattice (one pair, ``--explain``, or ``--table``);
+- ``formats``: the format table.
+
+Bad input prints one line on stderr and exits with status 2; an interrupted run exits with 130.
+Neither leaves an output behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -30,22 +41,170 @@ def parse_size(text: str) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench_casts, format_table
+    from .bench import bench_casts, bench_mx, format_mx_table, format_table
 
     def progress(msg: str) -> None:
         if not args.quiet and sys.stderr.isatty():
             print(f"  measuring {msg} ...", file=sys.stderr)
 
+    if args.plot:
+        _check_png(args.plot, force=True)
     rows = bench_casts(args.size, repeat=args.repeat, progress=progress)
+    mx_rows = bench_mx(args.size, repeat=args.repeat, progress=progress)
     print(f"{args.size:,} float32 elements, median of {args.repeat} runs, "
           f"{os.environ.get('NEURON_KERNELS_NUM_THREADS') or 'all available'} threads")
     print(format_table(rows))
+    print()
+    print(format_mx_table(mx_rows))
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as fh:
-            json.dump([r.as_dict() for r in rows], fh, indent=2)
+            json.dump({"casts": [r.as_dict() for r in rows], "mx": [r.as_dict() for r in mx_rows]}, fh, indent=2)
         os.replace(tmp, args.json)
+    if args.plot:
+        from .plots import bench_chart
+
+        bench_chart(rows, mx_rows, args.plot)
+        print(f"chart written to {args.plot}")
     return 0
+
+
+def _check_png(path: str, force: bool) -> None:
+    from .files import check_output_path
+
+    if not path.lower().endswith(".png"):
+        raise _UsageError(f"--plot writes a PNG image; give a file name ending in .png, not {path!r}")
+    check_output_path(path, force)
+    from .plots import require_matplotlib
+
+    require_matplotlib()
+
+
+@contextlib.contextmanager
+def _progress_bar(args: argparse.Namespace, total: int, desc: str) -> Iterator[Callable[[int], None]]:
+    """A tqdm bar in bytes on stderr when it is a terminal and --quiet is not given."""
+    if args.quiet or not sys.stderr.isatty():
+        yield lambda _: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        yield bar.update
+
+
+def _entries(args: argparse.Namespace) -> list[Any]:
+    from .files import open_arrays
+    from .stream import select_arrays
+
+    return select_arrays(open_arrays(args.input), args.name)
+
+
+def _percent(v: float) -> str:
+    return f"{100 * v:.3g}%"
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from .files import atomic_output
+    from .stream import quantize_file
+
+    if not args.output.lower().endswith(".npz"):
+        raise _UsageError(f"OUTPUT must be a .npz file (the package's MX file), not {args.output!r}")
+    entries = _entries(args)
+    with _progress_bar(args, sum(e.nbytes for e in entries), f"quantize {args.format}") as progress, \
+            atomic_output(args.output, args.force, (args.input,)) as tmp:
+        stats = quantize_file(args.input, tmp, args.format, name=args.name, chunk_bytes=args.chunk_mb << 20,
+                              progress=progress, block_size=args.block_size, axis=args.axis,
+                              scale_mode=args.scale_mode, rounding=args.rounding, seed=args.seed,
+                              pack=not args.no_pack)
+    print(f"{args.output}: {args.format}, block {args.block_size}, scale {args.scale_mode}, {args.rounding}")
+    print(f"{'array':<32}{'shape':>20}{'SQNR dB':>9}{'MSE':>11}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
+          f"{'flushed':>9}")
+    shapes = {e.label: e.shape for e in entries}
+    for label, st in stats.items():
+        print(f"{label:<32}{str(shapes[label]):>20}{st.sqnr_db:>9.2f}{st.mse:>11.3g}{st.max_abs_error:>11.3g}"
+              f"{st.max_rel_error:>11.3g}{_percent(st.saturated):>11}{_percent(st.flushed):>9}")
+    return 0
+
+
+def _cmd_dequantize(args: argparse.Namespace) -> int:
+    from .files import atomic_output
+    from .mxfile import read_mx_file
+    from .stream import dequantize_file
+
+    stored = read_mx_file(args.input)
+    total = sum(s.codes.nbytes + s.scales.nbytes for k, s in stored.items() if args.name in (None, k))
+    with _progress_bar(args, total, "dequantize") as progress, \
+            atomic_output(args.output, args.force, (args.input,)) as tmp:
+        names = dequantize_file(args.input, tmp, dtype=args.dtype, name=args.name,
+                                chunk_bytes=args.chunk_mb << 20, progress=progress, shown=args.output)
+    print(f"{args.output}: {len(names)} array(s) of {args.dtype}")
+    return 0
+
+
+def _cmd_cast(args: argparse.Namespace) -> int:
+    from .files import atomic_output
+    from .stream import cast_file
+
+    entries = _entries(args)
+    with _progress_bar(args, sum(e.nbytes for e in entries), f"cast to {args.to}") as progress, \
+            atomic_output(args.output, args.force, (args.input,)) as tmp:
+        names = cast_file(args.input, tmp, args.to, name=args.name,
+                          rounding=args.rounding, saturate=args.saturate, seed=args.seed,
+                          chunk_bytes=args.chunk_mb << 20, progress=progress, shown=args.output)
+    note = ""
+    from .formats import get_format
+
+    if get_format(args.to).numpy_name is None or args.output.lower().endswith((".npy", ".npz")):
+        dtype = get_format(args.to).result_dtype
+        if dtype.kind == "V" or get_format(args.to).kind == "packed":
+            note = f" (stored as {dtype.itemsize * 8}-bit unsigned codes: .npy/.npz have no {args.to} dtype)"
+    print(f"{args.output}: {len(names)} array(s) cast to {args.to}{note}")
+    return 0
+
+
+def _cmd_error(args: argparse.Namespace) -> int:
+    from .stream import error_table
+
+    if args.plot:
+        _check_png(args.plot, args.force)
+    formats = args.formats.split(",") if args.formats else None
+    modes = args.scale_modes.split(",") if args.scale_modes else None
+    entries = _entries(args)
+    total = sum(e.nbytes for e in entries)
+    with _progress_bar(args, total, "error") as progress:
+        rows = error_table(args.input, name=args.name, formats=formats, scale_modes=modes,
+                           block_size=args.block_size, axis=args.axis, chunk_bytes=args.chunk_mb << 20,
+                           progress=progress)
+    print(f"{'array':<28}{'format':<13}{'scale':<8}{'SQNR dB':>9}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
+          f"{'flushed':>9}")
+    for label, fmt, mode, st in rows:
+        print(f"{label:<28}{fmt:<13}{mode:<8}{st.sqnr_db:>9.2f}{st.max_abs_error:>11.3g}{st.max_rel_error:>11.3g}"
+              f"{_percent(st.saturated):>11}{_percent(st.flushed):>9}")
+    if args.plot:
+        _error_plot(args, entries[0], rows)
+        print(f"histogram written to {args.plot}")
+    return 0
+
+
+def _error_plot(args: argparse.Namespace, entry: Any, rows: list[Any]) -> None:
+    """Relative-error histograms of the first array (its first million elements), one curve per
+    format at its best scale mode."""
+    import numpy as np
+
+    from .mx import fake_quantize_mx
+    from .plots import error_histogram, relative_errors
+
+    best: dict[str, str] = {}
+    for label, fmt, mode, _ in rows:  # rows are best first within an array
+        if label == entry.label and fmt not in best:
+            best[fmt] = mode
+    per_row = int(np.prod(entry.shape[1:], dtype=np.int64))
+    x = entry.read(0, max(1, min(entry.shape[0], (1 << 20) // max(per_row, 1))))
+    samples = {f"{fmt} {mode}": relative_errors(x, fake_quantize_mx(x, fmt, block_size=args.block_size,
+                                                                    axis=args.axis, scale_mode=mode))
+               for fmt, mode in best.items()}
+    error_histogram(samples, args.plot, f"{entry.label}: relative error of each MX format (best scale mode)")
 
 
 def _cmd_promote(args: argparse.Namespace) -> int:
@@ -87,15 +246,86 @@ class _UsageError(Exception):
     pass
 
 
+def _file_command(sub: Any, name: str, help_: str, func: Callable[[argparse.Namespace], int], source: str,
+                  output: str | None) -> argparse.ArgumentParser:
+    """A subcommand on files: INPUT [OUTPUT] and the options every file command has."""
+    p = sub.add_parser(name, help=help_)
+    p.add_argument("input", help=source)
+    if output:
+        p.add_argument("output", help=output)
+    p.add_argument("--name", help="only the array of this name (.npz/.safetensors/MX files of several)")
+    p.add_argument("--chunk-mb", type=_positive_int, default=256, metavar="MB",
+                   help="memory for one piece of the input (default 256)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=func)
+    return p
+
+
+def _block_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block-size", type=_positive_int, default=32, help="elements per MX block (default 32)")
+    p.add_argument("--axis", type=int, default=-1, help="the block axis (default -1, the last)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a positive integer")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (``--help`` still shows the usage)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="neuron-kernels", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="throughput of every compiled cast on a built-in array")
+    from .mx import MX_FORMATS, MX_ROUNDING_MODES, SCALE_MODES
+    from .registry import ROUNDING_MODES
+
+    p = _Parser(prog="neuron-kernels", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    b = sub.add_parser("bench", help="throughput of every compiled cast and MX format on a built-in array")
     b.add_argument("--size", type=parse_size, default=64 << 20, help="elements (default 64Mi)")
-    b.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (default 5)")
+    b.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per measurement (default 5)")
     b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    b.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs neuron_kernels[plot])")
     b.add_argument("--quiet", action="store_true", help="no progress messages")
     b.set_defaults(func=_cmd_bench)
+
+    arrays = ".npy, .npz or .safetensors file"
+    q = _file_command(sub, "quantize", "quantise the arrays of a file to an MX format (an MX .npz file)",
+                      _cmd_quantize, arrays, "the MX file to write (.npz)")
+    q.add_argument("--format", required=True, choices=list(MX_FORMATS))
+    _block_options(q)
+    q.add_argument("--scale-mode", default="floor", choices=list(SCALE_MODES))
+    q.add_argument("--rounding", default="nearest_even", choices=list(MX_ROUNDING_MODES))
+    q.add_argument("--seed", type=int, help="seed of stochastic rounding")
+    q.add_argument("--no-pack", action="store_true", help="store mxfp4 codes one per byte")
+
+    d = _file_command(sub, "dequantize", "an MX file back to float arrays (.npy, .npz or .safetensors)",
+                      _cmd_dequantize, "an MX .npz file", ".npy (one array), .npz or .safetensors")
+    d.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+
+    c = _file_command(sub, "cast", "cast the arrays of a file to another dtype", _cmd_cast, arrays,
+                      ".npy (one array), .npz or .safetensors")
+    c.add_argument("--to", required=True, metavar="DTYPE", help="target dtype (see `neuron-kernels formats`)")
+    c.add_argument("--rounding", default="nearest_even", choices=list(ROUNDING_MODES))
+    c.add_argument("--saturate", action="store_true", help="clamp overflow to the largest finite value")
+    c.add_argument("--seed", type=int, help="seed of stochastic rounding")
+
+    e = _file_command(sub, "error", "every MX format x scale mode on the arrays of a file, best first", _cmd_error,
+                      arrays, None)
+    e.add_argument("--formats", help=f"comma-separated subset of {','.join(MX_FORMATS)}")
+    e.add_argument("--scale-modes", help=f"comma-separated subset of {','.join(SCALE_MODES)}")
+    _block_options(e)
+    e.add_argument("--plot", metavar="FILE.png", help="histogram of relative errors (needs neuron_kernels[plot])")
+
     pr = sub.add_parser("promote", help="promote_type of two dtypes, or the whole grid")
     pr.add_argument("a", nargs="?")
     pr.add_argument("b", nargs="?")
@@ -107,16 +337,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if getattr(args, "repeat", 1) < 1:
-        parser.error("--repeat must be a positive integer")
+    from .files import FileFormatError
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
+        signal.signal(signal.SIGTERM, _terminate)  # clean up partial outputs as on Ctrl-C
     try:
         return int(args.func(args))
-    except (_UsageError, TypeError, ValueError) as exc:
-        print(f"neuron-kernels {args.command}: error: {exc}", file=sys.stderr)
+    except (_UsageError, FileFormatError, TypeError, ValueError, OSError, RuntimeError) as exc:
+        message = str(exc) if not isinstance(exc, OSError) or not exc.filename else \
+            f"{exc.filename}: {exc.strerror or exc}"
+        print(f"neuron-kernels {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"neuron-kernels {args.command}: interrupted; no output written", file=sys.stderr)
+        return 130
+    finally:
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

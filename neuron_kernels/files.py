@@ -60,6 +60,11 @@ class ArrayEntry:
         return self.name if self.name is not None else os.path.basename(self.path)
 
     @property
+    def where(self) -> str:
+        """The array in messages: ``file`` or ``file[name]``."""
+        return self.path if self.name is None else f"{self.path}[{self.name}]"
+
+    @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
@@ -241,7 +246,7 @@ def atomic_output(path: str | os.PathLike[str], force: bool = False, inputs: tup
     path = os.fspath(path)
     check_output_path(path, force, inputs)
     folder, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{base}.partial-{os.getpid()}")
+    tmp = os.path.join(folder, f".partial-{os.getpid()}-{base}")  # same suffix: writers go by it
     try:
         yield tmp
         os.replace(tmp, path)

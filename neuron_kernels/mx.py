@@ -474,7 +474,9 @@ def mx_matmul(a: MXArray, b: MXArray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class QuantizationError:
-    """What a quantisation did to an array (all computed in float64 over finite inputs).
+    """What a quantisation did to an array, computed in float64 over the finite inputs of the
+    blocks with a finite scale (a block holding a NaN or an infinity dequantises to NaN as a
+    whole: its elements are left out).
 
     ``sqnr_db``: 10 log10(sum x^2 / sum (x - dq)^2) (inf when exact); ``mse``; ``max_abs_error``;
     ``max_rel_error`` (over non-zero inputs); ``saturated``: fraction of elements whose magnitude
@@ -507,12 +509,17 @@ class ErrorStats:
         self.flushed = 0
 
     def add(self, x: np.ndarray, mx: MXArray) -> None:
-        """Fold in ``x`` (float32/16/bfloat16/64, C-contiguous) and its quantisation ``mx``."""
+        """Fold in ``x`` (float32/16/bfloat16/64, C-contiguous) and its quantisation ``mx``, in
+        pieces of about a million elements (the float64 temporaries are ~60 bytes an element)."""
+        for lo, hi in row_ranges(x.shape, mx.axis, mx.block_size, mx.packed, 1 << 20):
+            self._add(x[lo:hi], mx_rows(mx, lo, hi))
+
+    def _add(self, x: np.ndarray, mx: MXArray) -> None:
         xv = x.astype(np.float32).astype(np.float64) if x.dtype.name == "bfloat16" else x.astype(np.float64)
         dq = mx.dequantize(np.float32).astype(np.float64)
         scale = np.repeat(mx.scales.astype(np.float64), mx.block_size, axis=mx.axis)
         scale = np.take(scale, np.arange(mx.shape[mx.axis]), axis=mx.axis)
-        finite = np.isfinite(xv)
+        finite = np.isfinite(xv) & np.isfinite(scale)  # a NaN block's scale (0xff) is NaN
         xf, df, sf = xv[finite], dq[finite], scale[finite]
         err = xf - df
         nonzero = xf != 0
@@ -567,14 +574,12 @@ def mx_rows(mx: MXArray, lo: int, hi: int) -> MXArray:
 
 
 def quantization_error(x: Any, mx: MXArray) -> QuantizationError:
-    """Error statistics of ``mx`` as a quantisation of ``x`` (see :class:`QuantizationError`),
-    computed in pieces of about a million elements."""
+    """Error statistics of ``mx`` as a quantisation of ``x`` (see :class:`QuantizationError`)."""
     if not isinstance(mx, MXArray):
         raise TypeError(f"quantization_error takes an MXArray, got {type(mx).__name__}")
     arr, _ = _input_array(x)
     if arr.shape != mx.shape:
         raise ValueError(f"x has shape {arr.shape} but the MX array has shape {mx.shape}")
     stats = ErrorStats()
-    for lo, hi in row_ranges(arr.shape, mx.axis, mx.block_size, mx.packed, 1 << 20):
-        stats.add(arr[lo:hi], mx_rows(mx, lo, hi))
+    stats.add(arr, mx)
     return stats.result()

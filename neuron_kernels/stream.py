@@ -50,7 +50,7 @@ def _float_input(entry: ArrayEntry, rows: np.ndarray) -> np.ndarray:
     try:
         arr, _ = _input_array(rows)
     except TypeError:
-        raise FileFormatError(f"{entry.path}[{entry.label}]: dtype {entry.dtype} is not a float array; "
+        raise FileFormatError(f"{entry.where}: dtype {entry.dtype} is not a float array; "
                               f"float32, float16, bfloat16 and float64 arrays can be quantised") from None
     return arr
 
@@ -69,7 +69,7 @@ def quantize_file(src: str, dst: str, fmt: str, *, name: str | None = None, chun
         if entry.dtype.name not in ("float32", "float16", "bfloat16", "float64"):
             _float_input(entry, np.empty(0, entry.dtype))
         if not entry.shape:
-            raise FileFormatError(f"{src}[{entry.label}]: a 0-d array cannot be MX-quantised (blocks run along "
+            raise FileFormatError(f"{entry.where}: a 0-d array cannot be MX-quantised (blocks run along "
                                   f"an axis)")
     jobs = [mx_job(fmt, len(e.shape), **options) for e in entries]
     named = not src.lower().endswith(".npy")
@@ -137,21 +137,22 @@ def _storable(dtype: np.dtype, kind: str) -> np.dtype:
 def _one_output(kind: str, dst: str, count: int) -> None:
     if kind == ".npy" and count != 1:
         raise FileFormatError(f"{dst}: a .npy file holds one array and there are {count}; write .npz or "
-                              f".safetensors, or pick one with --name")
+                              f".safetensors, or pick one array by name")
 
 
 def dequantize_file(src: str, dst: str, *, dtype: Any = "float32", name: str | None = None,
-                    chunk_bytes: int = 256 << 20, progress: Progress = _no_progress) -> list[str]:
+                    chunk_bytes: int = 256 << 20, progress: Progress = _no_progress, shown: str | None = None
+                    ) -> list[str]:
     """Dequantise the MX file ``src`` (every array, or ``name``) into ``dst`` (.npy/.npz/.safetensors;
-    a temporary path). Returns the names written."""
-    kind = _output_kind(dst)
+    a temporary path, called ``shown`` in messages). Returns the names written."""
+    kind = _output_kind(shown or dst)
     stored = read_mx_file(src)
     if name is not None:
         if name not in stored:
             raise FileFormatError(f"{src} has no MX array named {name!r}; it has "
                                   f"{', '.join(sorted(str(k) for k in stored))}")
         stored = {name: stored[name]}
-    _one_output(kind, dst, len(stored))
+    _one_output(kind, shown or dst, len(stored))
     from .formats import get_format
 
     out_fmt = get_format(dtype)
@@ -176,16 +177,17 @@ def dequantize_file(src: str, dst: str, *, dtype: Any = "float32", name: str | N
 
 def cast_file(src: str, dst: str, target: Any, *, name: str | None = None, rounding: str = "nearest_even",
               saturate: bool = False, seed: int | None = None, chunk_bytes: int = 256 << 20,
-              progress: Progress = _no_progress) -> list[str]:
-    """Cast every array of ``src`` (or ``name``) to ``target`` into ``dst`` (a temporary path),
-    equal to :func:`neuron_kernels.cast` of each whole array (stochastic bits included)."""
+              progress: Progress = _no_progress, shown: str | None = None) -> list[str]:
+    """Cast every array of ``src`` (or ``name``) to ``target`` into ``dst`` (a temporary path, called
+    ``shown`` in messages), equal to :func:`neuron_kernels.cast` of each whole array (stochastic
+    bits included)."""
     from .casting import _options, _out_shape, _run_cast
     from .formats import get_format
     from .registry import lookup_cast
 
-    kind = _output_kind(dst)
+    kind = _output_kind(shown or dst)
     entries = select_arrays(open_arrays(src), name)
-    _one_output(kind, dst, len(entries))
+    _one_output(kind, shown or dst, len(entries))
     target_fmt = get_format(target)
     options = _options(rounding, saturate, seed)
     sources = {}
@@ -193,7 +195,7 @@ def cast_file(src: str, dst: str, target: Any, *, name: str | None = None, round
         try:
             sources[e.label] = get_format(e.dtype)
         except TypeError:
-            raise FileFormatError(f"{src}[{e.label}]: dtype {e.dtype} cannot be cast") from None
+            raise FileFormatError(f"{e.where}: dtype {e.dtype} cannot be cast") from None
         lookup_cast(sources[e.label].name, target_fmt.name).check_options(options)
     out_dtype = _storable(np.dtype(target_fmt.result_dtype), kind)
 
@@ -227,7 +229,7 @@ def error_table(src: str, *, name: str | None = None, formats: list[str] | None 
     rows = []
     for entry in entries:
         if not entry.shape:
-            raise FileFormatError(f"{src}[{entry.label}]: a 0-d array cannot be MX-quantised")
+            raise FileFormatError(f"{entry.where}: a 0-d array cannot be MX-quantised")
         jobs = {(f, m): mx_job(f, len(entry.shape), block_size=block_size, axis=axis, scale_mode=m)
                 for f in formats for m in scale_modes}
         stats = {key: ErrorStats() for key in jobs}

@@ -335,3 +335,14 @@ def test_extra_memory_is_the_output(call):
     finally:
         tracemalloc.stop()
     assert peak <= result.nbytes + 64 * 1024, (peak, result.nbytes)
+
+
+def test_quantization_error_leaves_out_nan_blocks():
+    x = np.ones(64, np.float32)
+    x[3] = np.nan  # the first block dequantises to NaN as a whole
+    x[40] = 1.1
+    mx = nk.quantize_mx(x, "mxfp8_e4m3")
+    stats = nk.quantization_error(x, mx)
+    clean = nk.quantization_error(x[32:], nk.quantize_mx(x[32:], "mxfp8_e4m3"))
+    assert stats.as_dict() == clean.as_dict()  # the same 32 elements count, and only they
+    assert np.isfinite(stats.sqnr_db) and stats.max_abs_error > 0

@@ -6,7 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+
+from neuron_kernels.mx import MX_FORMATS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,13 +84,25 @@ def test_cli_bench_json(tmp_path):
     out = tmp_path / "bench.json"
     r = run_cli("bench", "--size", "64Ki", "--repeat", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
-    assert "float32 -> bfloat16" in r.stdout and "vs copy" in r.stdout
-    rows = json.loads(out.read_text())
-    pairs = {(row["source"], row["target"]) for row in rows}
+    assert "float32 -> bfloat16" in r.stdout and "vs copy" in r.stdout and "mxfp4_e2m1" in r.stdout
+    report = json.loads(out.read_text())
+    pairs = {(row["source"], row["target"]) for row in report["casts"]}
     assert ("float32", "bfloat16") in pairs and ("bfloat16", "float32") in pairs
-    for row in rows:
+    for row in report["casts"]:
         assert row["elements"] == 65536
         assert row["ours_gbs"] > 0 and row["copy_gbs"] > 0 and row["peer_gbs"] > 0
+    assert {row["fmt"] for row in report["mx"]} == set(MX_FORMATS)
+    for row in report["mx"]:
+        assert row["elements"] == 65536 and np.isfinite(row["sqnr_db"])
+        assert min(row["quantize_gbs"], row["dequantize_gbs"], row["fake_gbs"], row["peer_gbs"]) > 0
+
+
+def test_cli_bench_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "bench.png"
+    r = run_cli("bench", "--size", "16Ki", "--repeat", "1", "--plot", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_promote_and_formats():

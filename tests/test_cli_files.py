@@ -1,0 +1,205 @@
+"""The file subcommands end to end, each in a subprocess: quantize, dequantize, cast, error.
+
+Every result is compared with the in-memory functions; bad input must give exit status 2, one
+line on stderr, no traceback and no output file.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import neuron_kernels as nk
+from neuron_kernels.mx import MXArray
+
+ENV = {**os.environ, "PYTHONWARNINGS": "error"}
+
+
+def run(*args, cwd, check=True):
+    r = subprocess.run([sys.executable, "-m", "neuron_kernels", *map(str, args)], cwd=cwd, capture_output=True,
+                       text=True, env=ENV, timeout=600)
+    if check and r.returncode != 0:
+        raise AssertionError(f"exit {r.returncode}: {r.stderr}")
+    return r
+
+
+def fails(*args, cwd, message):
+    """Exit 2, one line on stderr naming the problem, and no file created in ``cwd``."""
+    before = set(os.listdir(cwd))
+    r = run(*args, cwd=cwd, check=False)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert message in lines[0], lines[0]
+    assert set(os.listdir(cwd)) == before
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((300, 96)) * np.exp2(rng.integers(-8, 8, (300, 96)))).astype(np.float32)
+    np.save(d / "x.npy", x)
+    np.savez(d / "m.npz", w=x, b=x[:7, :40].astype(np.float16))
+    from safetensors.numpy import save_file
+
+    save_file({"w": x.astype(ml_dtypes.bfloat16), "v": x[:, :33].copy()}, d / "t.safetensors")
+    return d, x
+
+
+def test_quantize_npy_equals_quantize_mx(files):
+    d, x = files
+    r = run("quantize", "x.npy", "q.npz", "--format", "mxfp4_e2m1", "--axis", "0", "--block-size", "7",
+            "--rounding", "stochastic", "--seed", "9", "--chunk-mb", "1", cwd=d)
+    want = nk.quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=7, rounding="stochastic", seed=9)
+    got = MXArray.load(d / "q.npz")
+    np.testing.assert_array_equal(got.codes, want.codes)
+    np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
+    assert (got.fmt, got.axis, got.block_size, got.shape) == ("mxfp4_e2m1", 0, 7, x.shape)
+    stats = nk.quantization_error(x, want)
+    assert f"{stats.sqnr_db:.2f}" in r.stdout and "x.npy" in r.stdout
+
+
+def test_quantize_containers_keep_names(files):
+    d, x = files
+    run("quantize", "m.npz", "qm.npz", "--format", "mxfp8_e4m3", "--scale-mode", "rceil", cwd=d)
+    for name, arr in [("w", x), ("b", x[:7, :40].astype(np.float16))]:
+        got = MXArray.load(d / "qm.npz", name=name)
+        want = nk.quantize_mx(arr, "mxfp8_e4m3", scale_mode="rceil")
+        np.testing.assert_array_equal(got.codes, want.codes)
+    with pytest.raises(ValueError, match="holds 2 MX arrays; pick one with name="):
+        MXArray.load(d / "qm.npz")
+    run("quantize", "t.safetensors", "qt.npz", "--format", "mxint8", "--name", "w", cwd=d)
+    got = MXArray.load(d / "qt.npz", name="w")
+    np.testing.assert_array_equal(got.codes, nk.quantize_mx(x.astype(ml_dtypes.bfloat16), "mxint8").codes)
+
+
+@pytest.mark.parametrize("output, dtype", [("dq.npz", "float32"), ("dq.safetensors", "bfloat16"),
+                                           ("dq.npz", "float64")])
+def test_dequantize(files, output, dtype):
+    d, x = files
+    run("quantize", "m.npz", "deq_in.npz", "--format", "mxfp6_e3m2", "--force", cwd=d)
+    run("dequantize", "deq_in.npz", output, "--dtype", dtype, "--chunk-mb", "1", "--force", cwd=d)
+    if output.endswith(".npz"):
+        got = dict(np.load(d / output))
+    else:
+        from safetensors.numpy import load_file
+
+        got = load_file(d / output)
+    for name in ("w", "b"):
+        want = MXArray.load(d / "deq_in.npz", name=name).dequantize(dtype)
+        assert got[name].dtype == want.dtype
+        np.testing.assert_array_equal(got[name].view(np.uint8), want.view(np.uint8))
+
+
+def test_dequantize_one_array_to_npy(files):
+    d, x = files
+    run("quantize", "x.npy", "one.npz", "--format", "mxfp8_e5m2", cwd=d)
+    run("dequantize", "one.npz", "one.npy", cwd=d)
+    np.testing.assert_array_equal(np.load(d / "one.npy"), nk.quantize_mx(x, "mxfp8_e5m2").dequantize())
+    run("quantize", "m.npz", "two.npz", "--format", "mxfp8_e5m2", cwd=d)
+    fails("dequantize", "two.npz", "two.npy", cwd=d, message="a .npy file holds one array and there are 2")
+
+
+def test_cast(files):
+    d, x = files
+    run("cast", "x.npy", "c.npy", "--to", "float8_e4m3fn", "--rounding", "stochastic", "--seed", "4",
+        "--chunk-mb", "1", cwd=d)
+    want = nk.cast(x, "float8_e4m3fn", rounding="stochastic", seed=4)
+    np.testing.assert_array_equal(np.load(d / "c.npy"), want.view(np.uint8))
+    run("cast", "m.npz", "c.safetensors", "--to", "bfloat16", cwd=d)
+    from safetensors.numpy import load_file
+
+    got = load_file(d / "c.safetensors")
+    assert got["w"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got["w"].view(np.uint16), nk.cast(x, "bfloat16").view(np.uint16))
+    run("cast", "x.npy", "x4.npy", "--to", "float8_e4m3fn_x4", "--saturate", cwd=d)
+    np.testing.assert_array_equal(np.load(d / "x4.npy"), nk.cast(x, "float8_e4m3fn_x4", saturate=True))
+
+
+def test_error_table_sorted_best_first(files):
+    d, x = files
+    r = run("error", "x.npy", "--formats", "mxfp8_e4m3,mxfp4_e2m1", "--scale-modes", "floor,rceil,neuron", cwd=d)
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    assert len(rows) == 6 and {row[1] for row in rows} == {"mxfp8_e4m3", "mxfp4_e2m1"}
+    sqnr = [float(row[3]) for row in rows]
+    assert sqnr == sorted(sqnr, reverse=True)
+    want = nk.quantization_error(x, nk.quantize_mx(x, "mxfp4_e2m1", scale_mode="neuron")).sqnr_db
+    assert any(row[1:3] == ["mxfp4_e2m1", "neuron"] and row[3] == f"{want:.2f}" for row in rows)
+
+
+def test_error_plot(files):
+    pytest.importorskip("matplotlib")
+    d, _ = files
+    run("error", "x.npy", "--formats", "mxfp8_e4m3,mxfp4_e2m1", "--plot", "hist.png", cwd=d)
+    assert (d / "hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_existing_output_needs_force(files):
+    d, _ = files
+    (d / "taken.npz").write_bytes(b"keep me")
+    fails("quantize", "x.npy", "taken.npz", "--format", "mxint8", cwd=d, message="exists; pass --force")
+    assert (d / "taken.npz").read_bytes() == b"keep me"
+    run("quantize", "x.npy", "taken.npz", "--format", "mxint8", "--force", cwd=d)
+    assert MXArray.load(d / "taken.npz").fmt == "mxint8"
+    fails("cast", "x.npy", "x.npy", "--to", "bfloat16", "--force", cwd=d, message="is also the input")
+
+
+def test_bad_input(files):
+    d, _ = files
+    (d / "junk.npy").write_bytes(b"\x93NUMPY\x01\x00garbage")
+    np.save(d / "whole.npy", np.zeros(1000, np.float32))
+    (d / "trunc.npy").write_bytes((d / "whole.npy").read_bytes()[:2000])
+    (d / "junk.safetensors").write_bytes(b"\xff" * 64)
+    (d / "junk.npz").write_bytes(b"PK\x03\x04 not really")
+    np.save(d / "ints.npy", np.arange(10))
+    np.save(d / "complex.npy", np.ones(4, np.complex64))
+    (d / "x.txt").write_text("1 2 3")
+    q = ("--format", "mxfp8_e4m3")
+    fails("quantize", "missing.npy", "o.npz", *q, cwd=d, message="missing.npy: no such file")
+    fails("quantize", "x.txt", "o.npz", *q, cwd=d, message="unsupported input file type '.txt'; use one of .npy")
+    fails("quantize", "junk.npy", "o.npz", *q, cwd=d, message="junk.npy: not a valid .npy array")
+    fails("quantize", "trunc.npy", "o.npz", *q, cwd=d, message="trunc.npy: truncated")
+    fails("quantize", "junk.safetensors", "o.npz", *q, cwd=d, message="not a valid .safetensors file")
+    fails("quantize", "junk.npz", "o.npz", *q, cwd=d, message="junk.npz: cannot read it as .npz")
+    fails("quantize", "ints.npy", "o.npz", *q, cwd=d, message="dtype int64 is not a float array; float32")
+    fails("cast", "complex.npy", "o.npy", "--to", "bfloat16", cwd=d, message="complex64")
+    fails("quantize", "x.npy", "o.npz", "--format", "mxfp9", cwd=d, message="invalid choice: 'mxfp9'")
+    fails("quantize", "x.npy", "o.npz", *q, "--scale-mode", "round", cwd=d, message="invalid choice: 'round'")
+    fails("quantize", "x.npy", "o.npy", *q, cwd=d, message="OUTPUT must be a .npz file")
+    fails("quantize", "x.npy", "o.npz", *q, "--block-size", "0", cwd=d, message="give a positive integer")
+    fails("quantize", "x.npy", "o.npz", *q, "--axis", "5", cwd=d, message="axis 5 is out of range")
+    fails("quantize", "m.npz", "o.npz", *q, "--name", "nope", cwd=d, message="has no array named 'nope'; it has w, b")
+    fails("cast", "x.npy", "o.npy", "--to", "float9", cwd=d, message="float9")
+    fails("cast", "x.npy", "o.csv", "--to", "bfloat16", cwd=d, message="unsupported output file type '.csv'")
+    fails("dequantize", "x.npy", "o.npy", cwd=d, message="an MX file is a .npz file")
+    fails("dequantize", "m.npz", "o.npy", cwd=d, message="not an MX file")
+    fails("quantize", "x.npy", "no/such/dir/o.npz", *q, cwd=d, message="does not exist")
+    fails("error", "x.npy", "--plot", "hist.jpg", cwd=d, message="ending in .png")
+
+
+def test_interrupted_run_leaves_no_output(tmp_path):
+    """SIGINT and SIGTERM in the middle of a run: exit 130, no output, no partial file."""
+    np.save(tmp_path / "big.npy", np.ones(24 << 20, np.float32))  # 96 MiB, read in 1 MiB pieces
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        p = subprocess.Popen([sys.executable, "-m", "neuron_kernels", "quantize", "big.npy", "o.npz", "--format",
+                              "mxfp8_e4m3", "--chunk-mb", "1"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not any(n.startswith(".partial-") for n in os.listdir(tmp_path)) and p.poll() is None:
+            assert time.monotonic() < deadline, "the run never started writing"
+            time.sleep(0.01)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+        if p.returncode == 0:  # finished before the signal landed: nothing to test this round
+            os.remove(tmp_path / "o.npz")
+            continue
+        assert p.returncode == 130, err
+        assert "interrupted; no output written" in err and "Traceback" not in err
+        assert sorted(os.listdir(tmp_path)) == ["big.npy"]
