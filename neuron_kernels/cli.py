@@ -138,8 +138,17 @@ def _cmd_dequantize(args: argparse.Namespace) -> int:
             atomic_output(args.output, args.force, (args.input,)) as tmp:
         names = dequantize_file(args.input, tmp, dtype=args.dtype, name=args.name,
                                 chunk_bytes=args.chunk_mb << 20, progress=progress, shown=args.output)
-    print(f"{args.output}: {len(names)} array(s) of {args.dtype}")
+    print(f"{args.output}: {len(names)} array(s) of {args.dtype}{_stored_note(args.dtype, args.output)}")
     return 0
+
+
+def _stored_note(dtype_name: str, output: str) -> str:
+    from .formats import get_format
+    from .stream import stored_dtype
+
+    dtype = get_format(dtype_name).result_dtype
+    stored = stored_dtype(dtype, output)
+    return f" (stored as {stored} codes: the file type has no {dtype_name} dtype)" if stored != dtype else ""
 
 
 def _cmd_cast(args: argparse.Namespace) -> int:
@@ -152,13 +161,7 @@ def _cmd_cast(args: argparse.Namespace) -> int:
         names = cast_file(args.input, tmp, args.to, name=args.name,
                           rounding=args.rounding, saturate=args.saturate, seed=args.seed,
                           chunk_bytes=args.chunk_mb << 20, progress=progress, shown=args.output)
-    note = ""
-    from .formats import get_format
-
-    if get_format(args.to).numpy_name is None or args.output.lower().endswith((".npy", ".npz")):
-        dtype = get_format(args.to).result_dtype
-        if dtype.kind == "V" or get_format(args.to).kind == "packed":
-            note = f" (stored as {dtype.itemsize * 8}-bit unsigned codes: .npy/.npz have no {args.to} dtype)"
+    note = _stored_note(args.to, args.output)
     print(f"{args.output}: {len(names)} array(s) cast to {args.to}{note}")
     return 0
 

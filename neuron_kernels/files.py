@@ -47,13 +47,14 @@ class FileFormatError(ValueError):
 
 @dataclass(frozen=True)
 class ArrayEntry:
-    """One array of an input file; :meth:`read` gives its rows ``[start, stop)`` (first axis)."""
+    """One array of an input file, read in pieces: :meth:`read_flat` gives the elements
+    ``[start, stop)`` of its C-order flattening, :meth:`read` the rows ``[lo, hi)`` of its first axis."""
 
     path: str
     name: str | None  # None for a .npy file
     shape: tuple[int, ...]
     dtype: np.dtype
-    _reader: Callable[[int, int], np.ndarray]
+    _reader: Callable[[int, int], np.ndarray]  # flat C-order elements [start, stop), 1-D
 
     @property
     def label(self) -> str:
@@ -65,15 +66,26 @@ class ArrayEntry:
         return self.path if self.name is None else f"{self.path}[{self.name}]"
 
     @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
 
-    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows ``[start, stop)`` as a C-contiguous array (the whole of a 0-d array)."""
-        if not self.shape:
-            return self._reader(0, 1)
-        stop = self.shape[0] if stop is None else stop
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def read_flat(self, start: int, stop: int) -> np.ndarray:
+        """Elements ``[start, stop)`` of the C-order flattening, as a 1-D array."""
+        if stop <= start:
+            return np.empty(0, self.dtype)
         return self._reader(start, stop)
+
+    def read(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows ``[lo, hi)`` of the first axis (the whole array by default; a 0-d array whole)."""
+        if not self.shape:
+            return self._reader(0, 1).reshape(())
+        hi = self.shape[0] if hi is None else hi
+        row = int(np.prod(self.shape[1:], dtype=np.int64))
+        return self.read_flat(lo * row, hi * row).reshape((hi - lo,) + self.shape[1:])
 
 
 def _suffix(path: str, allowed: tuple[str, ...], what: str) -> str:
@@ -131,16 +143,15 @@ def _npy_entry(path: str, name: str | None, start: int, end: int) -> ArrayEntry:
     if data + count * dtype.itemsize > end:
         raise FileFormatError(f"{where}: truncated ({end - data} bytes of data, {count * dtype.itemsize} expected "
                               f"for shape {shape} {dtype})")
-    row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+    cache: list[np.ndarray] = []
 
-    def read(lo: int, hi: int) -> np.ndarray:
-        if fortran:  # rare: F-order rows are strided in the file; map the array, copy the rows
-            whole = np.memmap(path, dtype, "r", offset=data, shape=shape[::-1]).T
-            return np.ascontiguousarray(whole[lo:hi])
-        rows = (hi - lo,) + shape[1:] if shape else ()
-        if row == 0 or hi <= lo:
-            return np.empty(rows, dtype)
-        return np.memmap(path, dtype, "r", offset=data + lo * row, shape=rows)
+    def read(start: int, stop: int) -> np.ndarray:
+        if fortran:  # rare: C-order pieces are strided in the file; read it once, whole
+            if not cache:
+                f_order = np.memmap(path, dtype, "r", offset=data, shape=shape[::-1]).T
+                cache.append(np.ascontiguousarray(f_order).reshape(-1))
+            return cache[0][start:stop]
+        return np.memmap(path, dtype, "r", offset=data + start * dtype.itemsize, shape=(stop - start,))
 
     return ArrayEntry(path, name, shape, dtype, read)
 
@@ -177,12 +188,12 @@ def _compressed_entry(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, nam
         shape, _, dtype = _npy_header(member, f"{path}[{name}]")  # type: ignore[arg-type]
     cache: list[np.ndarray] = []
 
-    def read(lo: int, hi: int) -> np.ndarray:
+    def read(start: int, stop: int) -> np.ndarray:
         if not cache:  # a compressed member can only be read from its start: read it once, whole
             with zipfile.ZipFile(path) as z, z.open(info) as member:
-                cache.append(npformat.read_array(member, allow_pickle=False))  # type: ignore[arg-type]
-        arr = cache[0]
-        return np.ascontiguousarray(arr[lo:hi] if arr.ndim else arr)
+                whole = npformat.read_array(member, allow_pickle=False)  # type: ignore[arg-type]
+            cache.append(np.ascontiguousarray(whole).reshape(-1))
+        return cache[0][start:stop]
 
     return ArrayEntry(path, name, shape, dtype, read)
 
@@ -210,12 +221,21 @@ def _safetensors_entries(path: str) -> list[ArrayEntry]:
 
 
 def _safetensors_reader(path: str, name: str) -> Callable[[int, int], np.ndarray]:
-    def read(lo: int, hi: int) -> np.ndarray:
+    """Flat ranges through the package's slices of the first axis: the rows that cover the range
+    are read, so a piece costs at most two first-axis rows more than its own size."""
+
+    def read(start: int, stop: int) -> np.ndarray:
         from safetensors import safe_open
 
         with safe_open(path, framework="numpy") as f:
             sl = f.get_slice(name)
-            return np.ascontiguousarray(sl[lo:hi] if sl.get_shape() else f.get_tensor(name))
+            shape = sl.get_shape()
+            if not shape:
+                return np.ascontiguousarray(f.get_tensor(name)).reshape(-1)[start:stop]
+            row = int(np.prod(shape[1:], dtype=np.int64))
+            lo, hi = start // row, -(-stop // row)
+            rows = np.ascontiguousarray(sl[lo:hi]).reshape(-1)
+            return rows[start - lo * row:stop - lo * row]
 
     return read
 
@@ -264,7 +284,7 @@ def _write_npy_header(fh: BinaryIO, shape: tuple[int, ...], dtype: np.dtype) -> 
 
 
 class _RowSink:
-    """Rows of a C-order array appended in order to a binary stream, with a count check."""
+    """The elements of a C-order array appended in order to a binary stream, with a count check."""
 
     def __init__(self, fh: BinaryIO, shape: tuple[int, ...], dtype: Any, where: str) -> None:
         self.fh, self.shape, self.dtype, self.where = fh, tuple(shape), np.dtype(dtype), where
@@ -272,12 +292,13 @@ class _RowSink:
         self.written = 0
         _write_npy_header(fh, self.shape, self.dtype)
 
-    def write(self, rows: np.ndarray) -> None:
-        if rows.dtype != self.dtype or rows.shape[1:] != self.shape[1:]:
-            raise ValueError(f"{self.where}: rows of {rows.dtype} {rows.shape} do not fit {self.dtype} {self.shape}")
-        rows = np.ascontiguousarray(rows)
-        self.fh.write(memoryview(rows.reshape(-1).view(np.uint8)))
-        self.written += rows.size
+    def write(self, values: np.ndarray) -> None:
+        """The next ``values.size`` elements (C order), whatever ``values``' shape."""
+        if values.dtype != self.dtype:
+            raise ValueError(f"{self.where}: {values.dtype} elements written to a {self.dtype} array")
+        values = np.ascontiguousarray(values)
+        self.fh.write(memoryview(values.reshape(-1).view(np.uint8)))
+        self.written += values.size
 
     def write_bytes(self, raw: bytes) -> None:
         """Raw element bytes, in order (whole elements)."""
@@ -290,7 +311,7 @@ class _RowSink:
 
 
 class NpyWriter:
-    """A ``.npy`` file written row range by row range (``with NpyWriter(p, shape, dtype) as w``)."""
+    """A ``.npy`` file written piece by piece in C order (``with NpyWriter(p, shape, dtype) as w``)."""
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: Any) -> None:
         self._fh = open(path, "wb")  # noqa: SIM115 - closed in __exit__
@@ -311,7 +332,7 @@ class NpyWriter:
 
 
 class NpzWriter:
-    """A ``.npz`` file (uncompressed, zip64) written one member at a time, each row range by row range.
+    """A ``.npz`` file (uncompressed, zip64) written one member at a time, each piece by piece.
 
     ``with NpzWriter(path) as z: with z.member("w", shape, dtype) as m: m.write(rows)``.
     """
@@ -328,7 +349,7 @@ class NpzWriter:
 
     def add(self, name: str, array: np.ndarray) -> None:
         with self.member(name, array.shape, array.dtype) as m:
-            m.write(array if array.ndim else array.reshape(1))
+            m.write(array)
 
     def __enter__(self) -> NpzWriter:
         return self

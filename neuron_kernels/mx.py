@@ -511,8 +511,11 @@ class ErrorStats:
     def add(self, x: np.ndarray, mx: MXArray) -> None:
         """Fold in ``x`` (float32/16/bfloat16/64, C-contiguous) and its quantisation ``mx``, in
         pieces of about a million elements (the float64 temporaries are ~60 bytes an element)."""
-        for lo, hi in row_ranges(x.shape, mx.axis, mx.block_size, mx.packed, 1 << 20):
-            self._add(x[lo:hi], mx_rows(mx, lo, hi))
+        pieces = Pieces.of(x.shape, mx.axis, mx.block_size, mx.packed)
+        flat = x.reshape(-1)
+        for cut in pieces.cuts(1 << 20):
+            start, stop, shape = pieces.values(cut)
+            self._add(flat[start:stop].reshape(shape), pieces.mx_piece(mx, cut))
 
     def _add(self, x: np.ndarray, mx: MXArray) -> None:
         xv = x.astype(np.float32).astype(np.float64) if x.dtype.name == "bfloat16" else x.astype(np.float64)
@@ -543,34 +546,67 @@ class ErrorStats:
                                  max_rel_error=self.max_rel, saturated=self.saturated / n, flushed=self.flushed / n)
 
 
-def row_ranges(shape: tuple[int, ...], axis: int, block_size: int, pack: bool, budget: int) -> list[tuple[int, int]]:
-    """Ranges of the first axis of at most ``budget`` elements each (at least one row or one
-    block), on which an array and its MX form can be cut: whole blocks when the first axis is the
-    block axis (and an even number of elements, where FP4 codes pack two per byte)."""
-    if not shape or shape[0] == 0:
-        return [(0, shape[0] if shape else 1)]
-    per_row = int(np.prod(shape[1:], dtype=np.int64))
-    align = 1
-    if axis == 0:
-        align = block_size * (2 if pack and block_size % 2 else 1)
-    rows = max(align, (budget // max(per_row, 1)) // align * align)
-    return [(lo, min(lo + rows, shape[0])) for lo in range(0, shape[0], rows)]
+@dataclass(frozen=True)
+class Pieces:
+    """How to cut an array, seen as (outer, length, inner) with blocks along ``length``, and its MX
+    codes and scales into matching pieces that are each contiguous in all three.
 
+    A piece is rows ``[r0, r1)`` of ``outer`` whole, or, when one row exceeds the budget, the
+    range ``[l0, l1)`` of the block axis within one row, cut on whole blocks (and on an even
+    element where FP4 codes pack two per byte). It is quantised as an array of shape
+    ``(r1 - r0, l1 - l0, inner)`` blocked along axis 1, whose codes and scales are the matching
+    C-order ranges of the whole array's: so an array of any size can be processed piece by piece.
+    """
 
-def mx_row_slices(axis: int, block_size: int, packed: bool, lo: int, hi: int) -> tuple[slice, slice]:
-    """The rows of the codes and of the scales that hold rows ``[lo, hi)`` (first axis) of an MX
-    array; ``lo`` must be a cut of :func:`row_ranges`."""
-    if axis != 0:
-        return slice(lo, hi), slice(lo, hi)
-    codes = slice(lo // 2, (hi + 1) // 2) if packed else slice(lo, hi)
-    return codes, slice(lo // block_size, -(-hi // block_size))
+    outer: int
+    length: int
+    inner: int
+    block_size: int
+    packed: bool
 
+    @classmethod
+    def of(cls, shape: tuple[int, ...], axis: int, block_size: int, packed: bool) -> Pieces:
+        return cls(*_geometry(shape, axis), block_size, packed)
 
-def mx_rows(mx: MXArray, lo: int, hi: int) -> MXArray:
-    """Rows ``[lo, hi)`` (first axis) of ``mx`` as an MXArray of views (see :func:`mx_row_slices`)."""
-    codes, scales = mx_row_slices(mx.axis, mx.block_size, mx.packed, lo, hi)
-    return MXArray(mx.codes[codes], mx.scales[scales], mx.fmt, mx.block_size, mx.axis,
-                   (hi - lo,) + tuple(mx.shape[1:]), mx.packed)
+    def cuts(self, budget: int) -> list[tuple[int, int, int, int]]:
+        """Pieces ``(r0, r1, l0, l1)`` of at most ``budget`` elements where possible (a piece is
+        at least one block times ``inner``)."""
+        row = self.length * self.inner
+        if self.outer == 0 or row == 0:
+            return [(0, self.outer, 0, self.length)]
+        if row <= budget:
+            rows = max(1, budget // row)
+            return [(r, min(r + rows, self.outer), 0, self.length) for r in range(0, self.outer, rows)]
+        align = self.block_size * (2 if self.packed and self.block_size % 2 else 1)
+        step = max(align, (budget // self.inner) // align * align)
+        return [(r, r + 1, lo, min(lo + step, self.length)) for r in range(self.outer)
+                for lo in range(0, self.length, step)]
+
+    def _span(self, n: int, cut: tuple[int, int, int, int], lo: int, hi: int) -> tuple[int, int, tuple[int, ...]]:
+        r0, r1, _, _ = cut
+        start = (r0 * n + lo) * self.inner
+        return start, start + (r1 - r0) * (hi - lo) * self.inner, (r1 - r0, hi - lo, self.inner)
+
+    def values(self, cut: tuple[int, int, int, int]) -> tuple[int, int, tuple[int, ...]]:
+        """(start, stop, shape): the piece's flat range and 3-D shape in the array."""
+        return self._span(self.length, cut, cut[2], cut[3])
+
+    def codes(self, cut: tuple[int, int, int, int]) -> tuple[int, int, tuple[int, ...]]:
+        """(start, stop, shape) of the piece in the codes."""
+        if self.packed:
+            return self._span((self.length + 1) // 2, cut, cut[2] // 2, (cut[3] + 1) // 2)
+        return self._span(self.length, cut, cut[2], cut[3])
+
+    def scales(self, cut: tuple[int, int, int, int]) -> tuple[int, int, tuple[int, ...]]:
+        """(start, stop, shape) of the piece in the scales."""
+        b = self.block_size
+        return self._span(-(-self.length // b), cut, cut[2] // b, -(-cut[3] // b))
+
+    def mx_piece(self, mx: MXArray, cut: tuple[int, int, int, int]) -> MXArray:
+        """The piece of ``mx`` as a 3-D MXArray of views (blocked along axis 1)."""
+        (c0, c1, cshape), (s0, s1, sshape) = self.codes(cut), self.scales(cut)
+        return MXArray(mx.codes.reshape(-1)[c0:c1].reshape(cshape), mx.scales.reshape(-1)[s0:s1].reshape(sshape),
+                       mx.fmt, mx.block_size, 1, self.values(cut)[2], mx.packed)
 
 
 def quantization_error(x: Any, mx: MXArray) -> QuantizationError:

@@ -138,25 +138,23 @@ def _meta_bytes(fmt: str, block_size: int, axis: int, shape: tuple[int, ...], pa
     return np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
 
 
-class _ArrayRows:
-    """Appends the codes rows to the zip and the scale rows to a spill file (see MXFileWriter)."""
+class _ArrayPieces:
+    """Appends codes to the zip and scale bytes to a spill file, piece by piece (see MXFileWriter)."""
 
-    def __init__(self, codes: Any, spill: Any, scales_shape: tuple[int, ...]) -> None:
-        self._codes, self._spill, self._row = codes, spill, int(np.prod(scales_shape[1:], dtype=np.int64))
+    def __init__(self, codes: Any, spill: Any) -> None:
+        self._codes, self._spill = codes, spill
 
     def write(self, codes: np.ndarray, scales: np.ndarray) -> None:
+        """The next pieces of the codes and scales, in C order (any shapes)."""
         self._codes.write(codes)
-        scales = np.ascontiguousarray(scales).view(np.uint8)
-        if scales.size % max(self._row, 1):
-            raise ValueError("scale rows do not fit the array")
-        self._spill.write(memoryview(scales.reshape(-1)))
+        self._spill.write(memoryview(np.ascontiguousarray(scales).reshape(-1).view(np.uint8)))
 
 
 class MXFileWriter:
-    """An MX file written array by array, each row range by row range, in bounded memory.
+    """An MX file written array by array, each piece by piece, in bounded memory.
 
     ``with MXFileWriter(path) as w: with w.array(name, fmt, block_size, axis, shape, packed) as a:
-    a.write(codes_rows, scale_rows)``, the rows in order along the first axis. The codes go
+    a.write(codes, scales)``, consecutive C-order pieces of the whole array's. The codes go
     straight into the zip; the scales (1/block_size of the data) into a temporary file beside it,
     copied in after the codes. ``name=None`` writes the single-array layout.
     """
@@ -167,7 +165,7 @@ class MXFileWriter:
 
     @contextlib.contextmanager
     def array(self, name: str | None, fmt: str, block_size: int, axis: int, shape: tuple[int, ...],
-              packed: bool) -> Iterator[_ArrayRows]:
+              packed: bool) -> Iterator[_ArrayPieces]:
         codes_shape = list(shape)
         if packed:
             codes_shape[axis] = (shape[axis] + 1) // 2
@@ -177,7 +175,7 @@ class MXFileWriter:
         folder = os.path.dirname(os.path.abspath(self._path))
         with tempfile.TemporaryFile(dir=folder, prefix=".mx-scales-") as spill:
             with self._npz.member(_member(name, "codes"), tuple(codes_shape), np.uint8) as codes:
-                yield _ArrayRows(codes, spill, tuple(scales_shape))
+                yield _ArrayPieces(codes, spill)
             spill.seek(0)
             with self._npz.member(_member(name, "scales"), tuple(scales_shape), np.uint8) as scales:
                 while block := spill.read(1 << 24):

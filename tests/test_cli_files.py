@@ -203,3 +203,21 @@ def test_interrupted_run_leaves_no_output(tmp_path):
         assert p.returncode == 130, err
         assert "interrupted; no output written" in err and "Traceback" not in err
         assert sorted(os.listdir(tmp_path)) == ["big.npy"]
+
+
+def test_one_long_row_is_cut_within_the_row(tmp_path):
+    """A (1, N) array with --chunk-mb 1: pieces are block ranges of its one row, in all three commands."""
+    x = np.random.default_rng(5).standard_normal((1, 3_000_001)).astype(np.float32)
+    np.save(tmp_path / "row.npy", x)
+    run("quantize", "row.npy", "q.npz", "--format", "mxfp4_e2m1", "--block-size", "33", "--rounding", "stochastic",
+        "--seed", "2", "--chunk-mb", "1", cwd=tmp_path)
+    want = nk.quantize_mx(x, "mxfp4_e2m1", block_size=33, rounding="stochastic", seed=2)
+    got = MXArray.load(tmp_path / "q.npz")
+    np.testing.assert_array_equal(got.codes, want.codes)
+    np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
+    run("dequantize", "q.npz", "dq.npy", "--chunk-mb", "1", cwd=tmp_path)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq.npy"), want.dequantize())
+    run("cast", "row.npy", "c.npz", "--to", "float8_e5m2", "--rounding", "stochastic", "--seed", "3", "--chunk-mb", "1",
+        cwd=tmp_path)
+    want = nk.cast(x, "float8_e5m2", rounding="stochastic", seed=3).view(np.uint8)
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npz")["row.npy"], want)

@@ -6,6 +6,7 @@ import pytest
 
 import neuron_kernels as nk
 from neuron_kernels import mx as M
+from neuron_kernels.formats import FORMATS as FORMATS_TABLE
 
 from .reference_mx import dequantize_mx_ref, pack_fp4_ref, quantize_mx_ref
 from .test_cast_modes import random_bits
@@ -273,12 +274,37 @@ def test_quantization_error_in_pieces_equals_whole(shape, axis, block_size):
     assert got.flushed == np.count_nonzero(dq == 0) / x.size
 
 
-def test_row_ranges_cut_on_blocks_and_byte_pairs():
-    assert M.row_ranges((100, 10), 1, 32, True, 250) == [(0, 25), (25, 50), (50, 75), (75, 100)]
-    assert M.row_ranges((100, 10), 0, 7, True, 250) == [(0, 14), (14, 28), (28, 42), (42, 56), (56, 70), (70, 84),
-                                                        (84, 98), (98, 100)]
-    assert M.row_ranges((100, 10), 0, 8, False, 10) == [(lo, min(lo + 8, 100)) for lo in range(0, 100, 8)]
-    assert M.row_ranges((0, 4), 1, 32, False, 10) == [(0, 0)]
+def test_pieces_cut_on_blocks_and_byte_pairs():
+    whole_rows = M.Pieces.of((100, 10), 1, 32, True)
+    assert whole_rows.cuts(250) == [(0, 25, 0, 10), (25, 50, 0, 10), (50, 75, 0, 10), (75, 100, 0, 10)]
+    axis0 = M.Pieces.of((100, 10), 0, 7, True)  # one row of 100 x 10: cut the block axis, 14 at a time
+    assert axis0.cuts(250) == [(0, 1, lo, min(lo + 14, 100)) for lo in range(0, 100, 14)]
+    assert axis0.codes((0, 1, 14, 28)) == (70, 140, (1, 7, 10)) and axis0.scales((0, 1, 14, 28)) == (20, 40, (1, 2, 10))
+    long_rows = M.Pieces.of((3, 1000), 1, 32, False)
+    assert long_rows.cuts(100) == [(r, r + 1, lo, min(lo + 96, 1000)) for r in range(3) for lo in range(0, 1000, 96)]
+    assert long_rows.values((1, 2, 96, 192)) == (1096, 1192, (1, 96, 1))
+    assert M.Pieces.of((0, 4), 1, 32, False).cuts(10) == [(0, 0, 0, 4)]
+
+
+@pytest.mark.parametrize("shape, axis, block_size, fmt", [((1, 5000), 1, 32, "mxfp4_e2m1"),
+                                                         ((3, 9, 70), 1, 7, "mxfp4_e2m1"),
+                                                         ((4, 301), 0, 5, "mxint8")])
+def test_pieces_reassemble_the_whole(shape, axis, block_size, fmt):
+    """Quantising piece by piece (as the files are) gives the whole array's codes and scales."""
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    whole = nk.quantize_mx(x, fmt, axis=axis, block_size=block_size, rounding="stochastic", seed=11)
+    job = M.mx_job(fmt, x.ndim, axis=axis, block_size=block_size, rounding="stochastic", seed=11)
+    layout = M.Pieces.of(shape, axis, block_size, job.pack)
+    piece_job = M.MXJob(**{**job.__dict__, "axis": 1})
+    codes, scales = [], []
+    for cut in layout.cuts(64):
+        start, stop, piece_shape = layout.values(cut)
+        mx = piece_job.quantize(x.reshape(-1)[start:stop].reshape(piece_shape), FORMATS_TABLE["float32"], idx0=start)
+        codes.append(mx.codes.reshape(-1))
+        scales.append(mx.scales.view(np.uint8).reshape(-1))
+        assert layout.codes(cut)[1] - layout.codes(cut)[0] == mx.codes.size
+    np.testing.assert_array_equal(np.concatenate(codes), whole.codes.reshape(-1))
+    np.testing.assert_array_equal(np.concatenate(scales), whole.scales.view(np.uint8).reshape(-1))
 
 
 # ---- bad input --------------------------------------------------------------------------------
