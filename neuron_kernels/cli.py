@@ -41,16 +41,15 @@ def parse_size(text: str) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench_casts, bench_mx, format_mx_table, format_table
-
-    def progress(msg: str) -> None:
-        if not args.quiet and sys.stderr.isatty():
-            print(f"  measuring {msg} ...", file=sys.stderr)
+    from .bench import bench_casts, bench_mx, default_pairs, format_mx_table, format_table
+    from .mx import MX_FORMATS
 
     if args.plot:
         _check_png(args.plot, force=True)
-    rows = bench_casts(args.size, repeat=args.repeat, progress=progress)
-    mx_rows = bench_mx(args.size, repeat=args.repeat, progress=progress)
+    total = len(default_pairs()) + len(MX_FORMATS)
+    with _progress_bar(args, total, "bench", unit="pair") as step:
+        rows = bench_casts(args.size, repeat=args.repeat, progress=step)
+        mx_rows = bench_mx(args.size, repeat=args.repeat, progress=step)
     print(f"{args.size:,} float32 elements, median of {args.repeat} runs, "
           f"{os.environ.get('NEURON_KERNELS_NUM_THREADS') or 'all available'} threads")
     print(format_table(rows))
@@ -81,16 +80,30 @@ def _check_png(path: str, force: bool) -> None:
 
 
 @contextlib.contextmanager
-def _progress_bar(args: argparse.Namespace, total: int, desc: str) -> Iterator[Callable[[int], None]]:
-    """A tqdm bar in bytes on stderr when it is a terminal and --quiet is not given."""
+def _progress_bar(args: argparse.Namespace, total: int, desc: str, unit: str = "B") -> Iterator[Callable[[Any], None]]:
+    """A tqdm bar on stderr when it is a terminal and --quiet is not given. The callback takes a
+    byte count (``unit="B"``, shown with its throughput) or, for other units, the name of the
+    step that starts."""
     if args.quiet or not sys.stderr.isatty():
         yield lambda _: None
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+    with tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024, file=sys.stderr,
               dynamic_ncols=True) as bar:
-        yield bar.update
+        if unit == "B":
+            yield bar.update
+            return
+        started = [False]
+
+        def step(name: Any) -> None:
+            if started[0]:
+                bar.update(1)
+            started[0] = True
+            bar.set_postfix_str(str(name))
+
+        yield step
+        bar.update(1)
 
 
 def _entries(args: argparse.Namespace) -> list[Any]:

@@ -221,3 +221,33 @@ def test_one_long_row_is_cut_within_the_row(tmp_path):
         cwd=tmp_path)
     want = nk.cast(x, "float8_e5m2", rounding="stochastic", seed=3).view(np.uint8)
     np.testing.assert_array_equal(np.load(tmp_path / "c.npz")["row.npy"], want)
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and keeps what is written to it."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_on_a_terminal_only(files, monkeypatch, capsys):
+    from neuron_kernels.cli import main
+
+    d, _ = files
+    for quiet, shown in (([], True), (["--quiet"], False)):
+        term = _Terminal()
+        monkeypatch.setattr(sys, "stderr", term)
+        args = ["quantize", str(d / "x.npy"), str(d / "bar.npz"), "--format", "mxfp8_e4m3", "--force", *quiet]
+        assert main(args) == 0
+        assert ("quantize mxfp8_e4m3" in term.text and "B/s" in term.text and "100%" in term.text) is shown, term.text
+    capsys.readouterr()
