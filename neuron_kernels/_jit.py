@@ -10,6 +10,9 @@ arguments are converted to ``uint32`` first, so literals can be passed as they a
 
 from __future__ import annotations
 
+import contextlib
+import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +20,7 @@ import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core.caching import FunctionCache
 from numba.extending import intrinsic
 
 __all__ = [
@@ -29,12 +33,44 @@ __all__ = [
 JIT_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
 
 
+class _TolerantCache(FunctionCache):
+    """numba's on-disk cache, except that an unreadable entry (a corrupted or truncated file) is
+    a miss with a warning, not an exception in the user's call: the kernel is recompiled and the
+    bad index removed so that the new compilation can be saved."""
+
+    def _qualname(self) -> str:
+        return getattr(self._py_func, "__qualname__", "a kernel")
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        try:
+            return super().load_overload(sig, target_context)
+        except Exception as exc:  # noqa: BLE001 - any unreadable cache entry is a miss
+            warnings.warn(f"neuron_kernels: ignoring an unreadable compilation cache entry of "
+                          f"{self._qualname()} ({type(exc).__name__}: {exc}); compiling it again", RuntimeWarning,
+                          stacklevel=2)
+            with contextlib.suppress(OSError, AttributeError):
+                os.remove(self._cache_file._index_path)
+            return None
+
+    def save_overload(self, sig: Any, data: Any) -> None:
+        try:
+            super().save_overload(sig, data)
+        except Exception as exc:  # noqa: BLE001 - a cache that cannot be written only costs time
+            warnings.warn(f"neuron_kernels: cannot save {self._qualname()} to the compilation cache "
+                          f"({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
+
+
 def jit(fn: Callable[..., Any] | None = None, **overrides: Any) -> Any:
     """``numba.njit`` with the package's options; compiles lazily on the first call."""
     options = {**JIT_OPTIONS, **overrides}
-    if fn is None:
-        return lambda f: numba.njit(**options)(f)
-    return numba.njit(**options)(fn)
+
+    def make(f: Callable[..., Any]) -> Any:
+        dispatcher = numba.njit(**options)(f)
+        if options.get("cache") and isinstance(getattr(dispatcher, "_cache", None), FunctionCache):
+            dispatcher._cache = _TolerantCache(dispatcher.py_func)
+        return dispatcher
+
+    return make if fn is None else make(fn)
 
 
 def _u32_binop(op: str) -> Any:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -61,6 +62,51 @@ def test_cached_specialisations_stay_apart(tmp_path):
         r = run_python(code, env)
         assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
+
+
+_CAST_AND_QUANTIZE = """
+    import numpy as np, ml_dtypes, neuron_kernels as nk
+    x = np.linspace(-3, 3, 256, dtype=np.float32)
+    assert (nk.cast(x, "bfloat16").view(np.uint16) == x.astype(ml_dtypes.bfloat16).view(np.uint16)).all()
+    mx = nk.quantize_mx(x, "mxfp8_e4m3")
+    assert (mx.dequantize() == nk.fake_quantize_mx(x, "mxfp8_e4m3")).all()
+    print("ok")
+"""
+
+
+def test_corrupted_cache_files_are_recompiled(tmp_path):
+    """Garbage or truncated cache files: a warning and a recompilation, then a clean cache again."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    r = run_python(_CAST_AND_QUANTIZE, env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    files = [p for p in tmp_path.rglob("*") if p.suffix in (".nbi", ".nbc")]
+    assert files
+    for i, p in enumerate(files):
+        p.write_bytes(os.urandom(40) if i % 2 else p.read_bytes()[:50])
+    r = run_python(_CAST_AND_QUANTIZE, env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert "unreadable compilation cache entry" in r.stderr and "Traceback" not in r.stderr
+    r = run_python(_CAST_AND_QUANTIZE, {**env, "PYTHONWARNINGS": "error"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_works_without_a_writable_cache(tmp_path):
+    """A read-only install (no __pycache__ can be made) and an unusable NUMBA_CACHE_DIR: the
+    kernels compile in memory and the results are right."""
+    pkg = tmp_path / "site"
+    shutil.copytree(os.path.join(ROOT, "neuron_kernels"), pkg / "neuron_kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in (pkg / "neuron_kernels", pkg / "neuron_kernels" / "kernels"):
+        (folder / "__pycache__").write_text("a file where the cache folder would go")
+    (tmp_path / "blocked").write_text("not a folder")
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "blocked" / "cache"), "PYTHONPATH": str(pkg),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    code = textwrap.dedent(_CAST_AND_QUANTIZE) + f"assert nk.__file__.startswith({str(pkg)!r}), nk.__file__\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env={**os.environ, **env})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert "Traceback" not in r.stderr
+    assert not list(pkg.rglob("*.nbi"))
 
 
 def test_threads_after_fork_do_not_hang():
