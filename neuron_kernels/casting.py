@@ -22,13 +22,20 @@ __all__ = ["cast", "auto_cast", "pack_x4", "unpack_x4"]
 _BUFFER_ELEMENTS = 1 << 16
 
 
+def check_seed(seed: Any) -> None:
+    """``TypeError`` unless ``seed`` is None or an int; ``ValueError`` if it is negative."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be None or a non-negative int, got {seed!r}")
+    if seed is not None and seed < 0:
+        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+
+
 def _options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
     if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
         raise ValueError(f"unknown rounding mode {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
     if not isinstance(saturate, (bool, np.bool_)):
         raise TypeError(f"saturate must be True or False, got {saturate!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+    check_seed(seed)
     if rounding == "stochastic" and seed is None:
         seed = secrets.randbits(63)
     return CastOptions(rounding, bool(saturate), None if seed is None else int(seed))
@@ -58,9 +65,12 @@ def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[
 
 
 def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.ndarray) -> np.ndarray:
-    """``out`` if it can receive a result of ``shape`` and ``dtype`` computed from ``inputs``."""
+    """``out`` as a plain ndarray view to write into, if it can receive a result of ``shape`` and
+    ``dtype`` computed from ``inputs`` (subclasses such as numpy.matrix are written through a view
+    of their memory; the caller returns the object it was given)."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    out = out.view(np.ndarray)
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
     if out.dtype != dtype:
@@ -114,9 +124,9 @@ def _run_cast(x: np.ndarray, source: Format, target: Format, options: CastOption
     shape = _out_shape(x.shape, source, target)
     if out is None:
         out = np.empty(shape, target.result_dtype)
-    else:
-        out = check_out(out, shape, target.result_dtype, x)
-    _execute(x, source, target, kernel, options, out, index0)
+        _execute(x, source, target, kernel, options, out, index0)
+        return out
+    _execute(x, source, target, kernel, options, check_out(out, shape, target.result_dtype, x), index0)
     return out
 
 
@@ -162,7 +172,7 @@ def cast(x: Any, dtype: DTypeLike, *, rounding: str = "nearest_even", saturate: 
     """
     target = get_format(dtype)
     options = _options(rounding, saturate, seed)
-    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    arr = np.asarray(x)  # subclasses (matrix, memmap) as plain arrays
     return _run_cast(arr, _source_format(arr), target, options, out)
 
 
@@ -182,13 +192,14 @@ def auto_cast(a: Any, b: Any, *, a_dtype: DTypeLike | None = None,
 
     The result dtype is ``promote_type`` of the operands' element types; when either operand is a
     packed ``*_x4`` container and the promoted element has a packed form, the result is packed
-    too. An operand already of the result dtype is returned as it is (no copy).
+    too. An operand already of the result dtype (in native byte order) is returned as it is (no
+    copy).
 
     ``a_dtype``/``b_dtype`` declare what an array holds when its numpy dtype cannot say:
     ``"tfloat32"``/``"float32r"`` for float32 arrays, ``"float8_e4m3fn_x4"`` and friends for
     their uint32/uint16 containers.
     """
-    arrs = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in (a, b)]
+    arrs = [np.asarray(x) for x in (a, b)]
     fmts = [_logical_format(arrs[0], a_dtype, "a"), _logical_format(arrs[1], b_dtype, "b")]
     elements = [launder_x4_dtype(f.dtype) for f in fmts]
     result: Any = promote_type(elements[0], elements[1])
@@ -199,7 +210,7 @@ def auto_cast(a: Any, b: Any, *, a_dtype: DTypeLike | None = None,
             pass
     target = get_format(result)
     options = CastOptions()
-    outs = [arr if fmt is target else _run_cast(arr, fmt, target, options, None)
+    outs = [arr if fmt is target and arr.dtype.isnative else _run_cast(arr, fmt, target, options, None)
             for arr, fmt in zip(arrs, fmts)]
     return outs[0], outs[1]
 

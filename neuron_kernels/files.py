@@ -190,8 +190,11 @@ def _compressed_entry(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, nam
 
     def read(start: int, stop: int) -> np.ndarray:
         if not cache:  # a compressed member can only be read from its start: read it once, whole
-            with zipfile.ZipFile(path) as z, z.open(info) as member:
-                whole = npformat.read_array(member, allow_pickle=False)  # type: ignore[arg-type]
+            try:
+                with zipfile.ZipFile(path) as z, z.open(info) as member:
+                    whole = npformat.read_array(member, allow_pickle=False)  # type: ignore[arg-type]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+                raise FileFormatError(f"{path}[{name}]: cannot read the compressed member ({exc})") from None
             cache.append(np.ascontiguousarray(whole).reshape(-1))
         return cache[0][start:stop]
 

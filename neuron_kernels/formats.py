@@ -337,6 +337,9 @@ def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
     """
     if isinstance(t, NKDType):
         return t
+    if t is None:  # numpy reads None as float64; a missing dtype here is a mistake
+        raise TypeError(f"dtype is None; pass a numpy dtype, an ml_dtypes type or one of: "
+                        f"{', '.join(sorted(FORMATS))}")
     if isinstance(t, str):
         key = t.strip()
         key = ALIASES.get(key.lower(), key)

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from ._parallel import run_tasks
-from .casting import check_out
+from .casting import check_out, check_seed
 from .formats import FORMATS, Format, get_format
 
 __all__ = [
@@ -136,7 +136,7 @@ def _axis(axis: Any, ndim: int) -> int:
 
 
 def _input_array(x: Any) -> tuple[np.ndarray, Format]:
-    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    arr = np.asarray(x)  # subclasses (matrix, memmap) as plain arrays
     try:
         fmt = get_format(arr.dtype)
     except TypeError:
@@ -149,8 +149,7 @@ def _input_array(x: Any) -> tuple[np.ndarray, Format]:
 
 
 def _seed(rounding: str, seed: Any) -> int:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+    check_seed(seed)
     if rounding == "stochastic" and seed is None:
         return secrets.randbits(63)
     return 0 if seed is None else int(seed) & 0x7FFFFFFFFFFFFFFF
@@ -188,6 +187,7 @@ class MXJob:
             kernel = mx_kernels.quantize_kernel(src.name, self.fmt.name, self.scale_mode, self.rounding, pack, last)
             arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (codes, code_len),
                               (scales, nblocks))
+            size = min(size, length)  # a block longer than the axis is the whole axis (and fits in int64)
             align = 2 if pack and size % 2 else 1  # two odd blocks share a byte: keep them on one thread
             run_tasks(kernel, outer * nblocks, arr.size, (*arrays, size, self.key, idx0), align)
         return MXArray(codes, scales.view(_E8M0), self.fmt.name, size, ax, arr.shape, pack)
@@ -201,8 +201,8 @@ class MXJob:
             last = inner == 1
             kernel = mx_kernels.fake_quantize_kernel(src.name, self.fmt.name, self.scale_mode, self.rounding, last)
             arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (out, length))
-            run_tasks(kernel, outer * -(-length // self.block_size), arr.size,
-                      (*arrays, self.block_size, self.key, idx0))
+            size = min(self.block_size, length)  # a block longer than the axis is the whole axis
+            run_tasks(kernel, outer * -(-length // size), arr.size, (*arrays, size, self.key, idx0))
 
 
 def mx_job(fmt: Any, ndim: int, *, block_size: Any = 32, axis: Any = -1, scale_mode: Any = "floor",
@@ -210,6 +210,8 @@ def mx_job(fmt: Any, ndim: int, *, block_size: Any = 32, axis: Any = -1, scale_m
     """Validate the options of :func:`quantize_mx` for arrays of ``ndim`` dimensions."""
     mxf = _mx_format(fmt)
     rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
+    if not isinstance(pack, (bool, np.bool_)):
+        raise TypeError(f"pack must be True or False, got {pack!r}")
     return MXJob(mxf, _block_size(block_size), _axis(axis, ndim), _choice(scale_mode, SCALE_MODES, "scale mode"),
                  rnd, _seed(rnd, seed), bool(pack) and mxf.packable)
 
@@ -252,6 +254,18 @@ class MXArray:
     axis: int
     shape: tuple[int, ...]
     packed: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuse fields that do not fit together (the kernels trust them)."""
+        from .mxfile import layout_error
+
+        for name in ("codes", "scales"):
+            if not isinstance(getattr(self, name), np.ndarray):
+                raise TypeError(f"MXArray {name} must be a numpy array, got {type(getattr(self, name)).__name__}")
+        problem = layout_error(self.fmt, self.block_size, self.axis, self.shape, self.packed,
+                               (self.codes.shape, self.codes.dtype), (self.scales.shape, self.scales.dtype))
+        if problem:
+            raise ValueError(f"inconsistent MXArray: {problem}")
 
     @property
     def format(self) -> MXFormat:
@@ -330,12 +344,12 @@ class MXArray:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such file")
         arrays = read_mx_file(path)
+        names = ", ".join(sorted(map(str, arrays))) if None not in arrays else "one unnamed array (no name= needed)"
         if name is None and len(arrays) > 1:
-            raise ValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= "
-                             f"({', '.join(sorted(map(str, arrays)))})")
+            raise ValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= ({names})")
         key = next(iter(arrays)) if name is None else name
         if key not in arrays:
-            raise ValueError(f"{path} has no MX array named {name!r}; it has {', '.join(sorted(map(str, arrays)))}")
+            raise ValueError(f"{path} has no MX array named {name!r}; it has {names}")
         return arrays[key].load()
 
     @classmethod
@@ -345,11 +359,16 @@ class MXArray:
         from .mxfile import layout_error
 
         if not isinstance(codes, np.ndarray) or not isinstance(scales, np.ndarray):
-            raise ValueError(f"{where}: codes and scales must be numpy arrays")
+            raise TypeError(f"{where}: codes and scales must be numpy arrays")
         problem = layout_error(fmt, block_size, axis, shape, packed, (codes.shape, codes.dtype),
                                (scales.shape, scales.dtype))
         if problem:
             raise ValueError(f"{where}: {problem}")
+        element = MX_FORMATS[fmt].element_format
+        if element is not None and not packed and codes.size and element.bits < 8 \
+                and int(codes.max()) >= 1 << element.bits:
+            raise ValueError(f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
+                             f"{element.bits}-bit code of {fmt}")
         return cls(np.ascontiguousarray(codes), np.ascontiguousarray(scales).view(_E8M0), fmt, block_size, axis,
                    shape, packed)
 
@@ -387,11 +406,20 @@ def quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: 
 
 def _result_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: Any,
                    *inputs: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """(validated ``out`` or None, the C-contiguous array the kernel writes)."""
+    """(a plain view of the validated ``out``, or None; the C-contiguous array the kernel writes)."""
     if out is None:
         return None, np.empty(shape, dtype)
-    out = check_out(out, shape, np.dtype(dtype), *inputs)
-    return out, out if out.flags.c_contiguous else np.empty(shape, dtype)
+    target = check_out(out, shape, np.dtype(dtype), *inputs)
+    return target, target if target.flags.c_contiguous else np.empty(shape, dtype)
+
+
+def _deliver(out: np.ndarray | None, target: np.ndarray | None, values: np.ndarray) -> np.ndarray:
+    """The result: ``values``, or ``out`` once ``values`` are in it."""
+    if out is None or target is None:
+        return values
+    if values is not target:
+        target[...] = values
+    return out
 
 
 def dequantize_mx(mx: MXArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -413,22 +441,18 @@ def dequantize_mx(mx: MXArray, dtype: Any = np.float32, *, out: np.ndarray | Non
     nblocks = mx.scales.shape[mx.axis]
     narrow = out_fmt.name in ("float16", "bfloat16")  # computed in float32, then cast into out
     wide = np.dtype("float64" if out_fmt.name == "float64" else "float32")
-    user, values = _result_buffer(None if narrow else out, mx.shape, wide, mx.codes, mx.scales)
+    target, values = _result_buffer(None if narrow else out, mx.shape, wide, mx.codes, mx.scales)
     if values.size:
         last = inner == 1
         kernel = mx_kernels.dequantize_kernel(mx.fmt, mx.packed, last)
         arrays = _blocked(last, outer, inner, (mx.codes, code_len), (mx.scales.view(np.uint8), nblocks),
                           (values, length))
-        run_tasks(kernel, outer * nblocks, values.size, (*arrays, mx.block_size))
+        run_tasks(kernel, outer * nblocks, values.size, (*arrays, min(mx.block_size, length)))
     if narrow:
         from .casting import cast
 
         return cast(values, out_fmt.name, out=out)
-    if user is None:
-        return values
-    if values is not user:
-        user[...] = values
-    return user
+    return _deliver(out, target, values)
 
 
 def fake_quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: int = -1,
@@ -440,13 +464,9 @@ def fake_quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, a
     arr, src = _input_array(x)
     job = mx_job(mxf.name, arr.ndim, block_size=block_size, axis=axis, scale_mode=scale_mode, rounding=rounding,
                  seed=seed)
-    user, values = _result_buffer(out, arr.shape, np.float32, arr)
+    target, values = _result_buffer(out, arr.shape, np.float32, arr)
     job.fake_quantize(arr, src, values)
-    if user is None:
-        return values
-    if values is not user:
-        user[...] = values
-    return user
+    return _deliver(out, target, values)
 
 
 def mx_matmul(a: MXArray, b: MXArray) -> np.ndarray:

@@ -46,11 +46,12 @@ def layout_error(fmt: Any, block_size: Any, axis: Any, shape: Any, packed: Any, 
     """What is inconsistent in an MX array's metadata and its codes/scales (shape, dtype), or None."""
     from .mx import MX_FORMATS
 
-    if fmt not in MX_FORMATS:
+    if not isinstance(fmt, str) or fmt not in MX_FORMATS:
         return f"unknown MX format {fmt!r}"
     if isinstance(block_size, bool) or not (isinstance(block_size, int) and block_size >= 1):
         return f"invalid block_size {block_size!r}"
-    if not (isinstance(shape, tuple) and shape and all(isinstance(n, int) and n >= 0 for n in shape)):
+    if not (isinstance(shape, tuple) and shape
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
         return f"invalid shape {shape!r}"
     if isinstance(axis, bool) or not (isinstance(axis, int) and 0 <= axis < len(shape)):
         return f"invalid axis {axis!r} for shape {shape}"
@@ -121,8 +122,8 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
         shape, packed, version = tuple(meta["shape"]), meta["packed"], meta["version"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise FileFormatError(f"{where}: corrupt MX metadata ({exc})") from None
-    if version != FILE_VERSION:
-        raise FileFormatError(f"{where}: MX file version {version} is not supported (this package reads "
+    if type(version) is not int or version != FILE_VERSION:
+        raise FileFormatError(f"{where}: MX file version {version!r} is not supported (this package reads "
                               f"{FILE_VERSION})")
     codes, scales = parts["codes"], parts["scales"]
     problem = layout_error(fmt, block_size, axis, shape, packed, (codes.shape, codes.dtype),

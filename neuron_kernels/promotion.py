@@ -101,7 +101,8 @@ def is_floating(t: DTypeLike) -> bool:
 
 
 def _is_integer(dt: Any) -> bool:
-    return isinstance(dt, np.dtype) and bool(np.issubdtype(dt, np.integer))
+    # kind, not issubdtype: numpy files timedelta64 under signedinteger
+    return isinstance(dt, np.dtype) and dt.kind in "iu"
 
 
 def is_x4_dtype(t: DTypeLike) -> bool:

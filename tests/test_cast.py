@@ -204,9 +204,9 @@ def test_unimplemented_options_raise_not_implemented(source, target, kwargs):
         nk.cast(np.zeros(3, source), target, **kwargs)
 
 
-@pytest.mark.parametrize("seed", [-1, 1.5, "x", True])
-def test_bad_seed(seed):
-    with pytest.raises(ValueError, match="seed"):
+@pytest.mark.parametrize("seed, error", [(-1, ValueError), (1.5, TypeError), ("x", TypeError), (True, TypeError)])
+def test_bad_seed(seed, error):
+    with pytest.raises(error, match="seed must be None or a non-negative int"):
         nk.cast(np.zeros(3, np.float32), "bfloat16", seed=seed)
 
 

@@ -1,0 +1,1275 @@
+"""The bad-input matrix: every public entry point against wrong types, bad values, odd layouts,
+non-finite data and corrupt files.
+
+Each case ends in the right answer (checked against ml_dtypes, numpy, the slow references of
+``tests/reference_mx.py`` or the same call on a native, C-contiguous copy) or in a clear exception:
+``TypeError`` for a wrong type, ``ValueError`` for a bad value, ``FileNotFoundError`` for a missing
+file, with a message naming the problem. Cases that may crash or hang the interpreter run in a
+subprocess (two at a time, in the background).
+"""
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import neuron_kernels as nk
+from neuron_kernels.mx import MX_FORMATS, MXArray
+
+from .reference_mx import dequantize_mx_ref, quantize_mx_ref
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+BF16 = np.dtype(ml_dtypes.bfloat16)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+F32 = np.float32
+
+#: Exact in mxfp8_e4m3 (block amax 8, scale 2^-5: every x * 32 is an e4m3 value), bfloat16 and float16.
+EXACT = np.tile(np.arange(-7, 9, dtype=F32), 4).reshape(2, 32)
+
+#: The code every element of a block holding a NaN or an infinity gets (spec: the element format's
+#: positive NaN code, or 0 where it has none).
+SPECIAL_CODE = {"mxfp8_e4m3": 0x7F, "mxfp8_e5m2": 0x7E, "mxfp6_e2m3": 0, "mxfp6_e3m2": 0, "mxfp4_e2m1": 0,
+                "mxint8": 0}
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+def native(x: np.ndarray) -> np.ndarray:
+    """The same values, C-contiguous and in native byte order (0-d stays 0-d)."""
+    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", copy=True)
+
+
+def ml_cast(x, name: str) -> np.ndarray:
+    """numpy/ml_dtypes' own conversion (the oracle of the default rounding)."""
+    with np.errstate(all="ignore"):
+        return np.asarray(x).astype(getattr(ml_dtypes, name, name))
+
+
+def assert_same_mx(got: MXArray, want: MXArray) -> None:
+    assert (got.fmt, got.block_size, got.axis, got.shape, got.packed) == (
+        want.fmt, want.block_size, want.axis, want.shape, want.packed)
+    assert_same_bits(got.codes, want.codes)
+    assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))
+
+
+def kw_id(kwargs: dict) -> str:
+    return ",".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "rounding" or len(kwargs) == 1)
+
+
+def meta_bytes(**fields) -> np.ndarray:
+    return np.frombuffer(json.dumps(fields).encode(), np.uint8)
+
+
+# ---- cases run in a subprocess ---------------------------------------------------------------
+
+PRELUDE = """
+import json
+import ml_dtypes
+import numpy as np
+import neuron_kernels as nk
+from neuron_kernels.mx import MXArray
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+EXACT = np.tile(np.arange(-7, 9, dtype=np.float32), 4).reshape(2, 32)
+MX8 = nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
+MX4 = nk.quantize_mx(EXACT, "mxfp4_e2m1", block_size=8)
+
+
+def report(fn):
+    try:
+        value = fn()
+    except Exception as exc:
+        outcome = {"raised": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+    else:
+        outcome = {"value": value}
+    print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+#: name -> (body, timeout in seconds)
+ISOLATED: dict[str, tuple[str, float]] = {}
+
+
+def isolated(name: str, body: str, timeout: float = 180) -> str:
+    ISOLATED[name] = (textwrap.dedent(body), timeout)
+    return name
+
+
+def _run_isolated(body: str, timeout: float):
+    try:
+        return subprocess.run([sys.executable, "-c", PRELUDE + body], cwd=ROOT, env=ENV, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@pytest.fixture(scope="module")
+def isolated_runs():
+    """Every subprocess case, started together on two workers when the first of them is needed, suspected
+    hangs (short timeouts) first."""
+    cases = sorted(ISOLATED.items(), key=lambda item: item[1][1])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {name: pool.submit(_run_isolated, body, timeout) for name, (body, timeout) in cases}
+
+
+def outcome_of(runs, name: str) -> dict:
+    proc = runs[name].result()
+    if proc is None:
+        pytest.fail(f"{name}: no answer within {ISOLATED[name][1]} s (the call hangs)")
+    assert proc.returncode == 0, f"{name}: the interpreter died with status {proc.returncode}: {proc.stderr[-800:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("OUTCOME ")]
+    assert lines, f"{name}: no outcome; stderr: {proc.stderr[-800:]}"
+    return json.loads(lines[-1][len("OUTCOME "):])
+
+
+def assert_raised(outcome: dict, errors: tuple[type, ...], pattern: str) -> None:
+    assert "raised" in outcome, f"no exception; the call returned {str(outcome.get('value'))[:300]}"
+    assert {e.__name__ for e in errors} & set(outcome["raised"]), f"{outcome['raised'][0]}: {outcome['message']}"
+    assert re.search(pattern, outcome["message"]), outcome["message"]
+
+
+# ---- cast: dtypes and names --------------------------------------------------------------------
+
+WRONG_DTYPES = [np.complex64, np.complex128, object, "U3", "S3", bool, [("a", "f4"), ("b", "i4")], "V4",
+                "datetime64[s]", "timedelta64[s]", np.longdouble]
+WRONG_IDS = ["complex64", "complex128", "object", "unicode", "bytes", "bool", "structured", "void", "datetime64",
+             "timedelta64", "longdouble"]
+
+
+@pytest.mark.parametrize("dtype", WRONG_DTYPES, ids=WRONG_IDS)
+def test_cast_refuses_source_dtype(dtype):
+    """Non-numeric sources are a TypeError naming the dtype."""
+    x = np.zeros(4, dtype)
+    with pytest.raises(TypeError, match=r"cannot cast an array of dtype"):
+        nk.cast(x, "bfloat16")
+
+
+@pytest.mark.parametrize("target, error, pattern", [
+    *[(dt, TypeError, "unsupported dtype") for dt in WRONG_DTYPES],
+    ("bogus", TypeError, "unknown dtype 'bogus'"),
+    ("", TypeError, "unknown dtype ''"),
+    ("FLOAT32", TypeError, "Did you mean 'float32'"),
+    ("bfloat61", TypeError, "bfloat16"),
+    (5, TypeError, "not a dtype: 5"),
+    (3.5, TypeError, "not a dtype: 3.5"),
+    (None, TypeError, "None"),
+], ids=[*WRONG_IDS, "bogus", "empty", "upper", "typo", "int", "float", "None"])
+def test_cast_refuses_target(target, error, pattern):
+    """An unsupported or unknown target (None included) is a TypeError naming it."""
+    with pytest.raises(error, match=pattern):
+        nk.cast(np.zeros(4, F32), target)
+
+
+CAST_BAD_OPTIONS = [
+    ({"rounding": "nearest"}, ValueError, "unknown rounding mode 'nearest'; accepted: nearest_even"),
+    ({"rounding": "NEAREST_EVEN"}, ValueError, "unknown rounding mode"),
+    ({"rounding": None}, (TypeError, ValueError), "rounding mode None"),
+    ({"rounding": 0}, (TypeError, ValueError), "rounding mode 0"),
+    ({"saturate": "yes"}, TypeError, "saturate must be True or False"),
+    ({"saturate": None}, TypeError, "saturate must be True or False"),
+    ({"saturate": 1}, TypeError, "saturate must be True or False"),
+    ({"seed": -1, "rounding": "stochastic"}, ValueError, "seed"),
+    ({"seed": 1.5, "rounding": "stochastic"}, TypeError, "seed"),
+    ({"seed": "7", "rounding": "stochastic"}, TypeError, "seed"),
+    ({"seed": True, "rounding": "stochastic"}, TypeError, "seed"),
+    ({"seed": [1], "rounding": "stochastic"}, TypeError, "seed"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", CAST_BAD_OPTIONS, ids=[kw_id(c[0]) for c in CAST_BAD_OPTIONS])
+def test_cast_bad_options(kwargs, error, pattern):
+    """Unknown modes are a ValueError; a seed or flag of the wrong type is a TypeError (as block_size/axis are)."""
+    with pytest.raises(error, match=pattern):
+        nk.cast(np.zeros(4, F32), "bfloat16", **kwargs)
+
+
+@pytest.mark.parametrize("seed", [np.int64(5), np.uint64(5), np.int8(5)])
+def test_cast_numpy_integer_seed(seed):
+    """A numpy integer seed is the same seed as the Python int."""
+    x = np.linspace(-3, 3, 301, dtype=F32)
+    assert_same_bits(nk.cast(x, "float8_e5m2", rounding="stochastic", seed=seed),
+                     nk.cast(x, "float8_e5m2", rounding="stochastic", seed=5))
+
+
+@pytest.mark.parametrize("saturate", [np.bool_(True), np.bool_(False)])
+def test_cast_numpy_bool_saturate(saturate):
+    """numpy booleans are booleans."""
+    x = np.array([1.0, 1e6, -1e6], F32)
+    want = np.array([1.0, 448.0, -448.0], F32) if saturate else np.array([1.0, np.nan, np.nan], F32)
+    np.testing.assert_array_equal(nk.cast(x, "float8_e4m3fn", saturate=saturate).astype(F32), want)
+
+
+# ---- out= --------------------------------------------------------------------------------------
+
+MX8_EXACT = nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
+
+OUT_CALLS = {
+    "cast": (lambda out: nk.cast(EXACT, "bfloat16", out=out), BF16, lambda: ml_cast(EXACT, "bfloat16")),
+    "dequantize_mx": (lambda out: nk.dequantize_mx(MX8_EXACT, out=out), np.dtype(F32), lambda: EXACT),
+    "dequantize_bf16": (lambda out: nk.dequantize_mx(MX8_EXACT, "bfloat16", out=out), BF16,
+                        lambda: ml_cast(EXACT, "bfloat16")),
+    "MXArray.dequantize": (lambda out: MX8_EXACT.dequantize(np.float64, out=out), np.dtype(np.float64),
+                           lambda: EXACT.astype(np.float64)),
+    "fake_quantize_mx": (lambda out: nk.fake_quantize_mx(EXACT, "mxfp8_e4m3", block_size=8, out=out),
+                         np.dtype(F32), lambda: EXACT),
+}
+
+
+def _read_only(shape, dtype):
+    a = np.zeros(shape, dtype)
+    a.flags.writeable = False
+    return a
+
+
+BAD_OUTS = [
+    ("shape", lambda dt: np.zeros((2, 31), dt), ValueError, r"out has shape \(2, 31\); the result has shape \(2, 32\)"),
+    ("transposed_shape", lambda dt: np.zeros((32, 2), dt), ValueError, r"shape \(32, 2\)"),
+    ("broadcastable", lambda dt: np.zeros((1, 32), dt), ValueError, r"shape \(1, 32\)"),
+    ("0-d", lambda dt: np.zeros((), dt), ValueError, r"out has shape \(\)"),
+    ("dtype", lambda dt: np.zeros((2, 32), np.int32), ValueError, "out has dtype int32"),
+    ("byte_order", lambda dt: np.zeros((2, 32), np.dtype(dt).newbyteorder(">")), ValueError, "out has dtype"),
+    ("read_only", lambda dt: _read_only((2, 32), dt), ValueError, "out is read-only"),
+    ("list", lambda dt: [[0.0] * 32] * 2, TypeError, "out must be a numpy array, got list"),
+    ("tuple", lambda dt: (0.0,) * 64, TypeError, "out must be a numpy array, got tuple"),
+    ("memoryview", lambda dt: memoryview(np.zeros(64, np.uint8)), TypeError, "out must be a numpy array"),
+]
+
+
+@pytest.mark.parametrize("call", list(OUT_CALLS))
+@pytest.mark.parametrize("make, error, pattern", [b[1:] for b in BAD_OUTS], ids=[b[0] for b in BAD_OUTS])
+def test_bad_out(call, make, error, pattern):
+    """A wrong out= is refused before anything is written."""
+    fn, dtype, _ = OUT_CALLS[call]
+    with pytest.raises(error, match=pattern):
+        fn(make(dtype))
+
+
+GOOD_OUTS = {
+    "reversed": lambda dt: np.zeros((2, 32), dt)[::-1, ::-1],
+    "every_other_column": lambda dt: np.zeros((2, 64), dt)[:, ::-2],
+    "fortran": lambda dt: np.zeros((2, 32), dt, order="F"),
+}
+
+
+@pytest.mark.parametrize("call", list(OUT_CALLS))
+@pytest.mark.parametrize("layout", list(GOOD_OUTS))
+def test_out_any_layout(call, layout):
+    """A strided, negative-stride or Fortran out= receives the right values and is returned."""
+    fn, dtype, want = OUT_CALLS[call]
+    out = GOOD_OUTS[layout](dtype)
+    assert fn(out) is out
+    assert_same_bits(np.ascontiguousarray(out), want())
+
+
+def test_out_overlapping_input():
+    """out= sharing memory with the input, in whole or in part, is refused."""
+    x = EXACT.copy()
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        nk.cast(x, "bfloat16", out=x.view(BF16)[:, ::2])
+    buf = np.zeros(80, F32)
+    buf[:64] = EXACT.reshape(-1)
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        nk.fake_quantize_mx(buf[:64].reshape(2, 32), "mxfp8_e4m3", out=buf[16:].reshape(2, 32))
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        nk.cast(x, "float32", out=x[::-1])
+
+
+def test_dequantize_out_overlapping_codes():
+    """dequantize_mx into an array that holds the codes it reads is refused."""
+    out = np.zeros((2, 32), F32)
+    codes = out.view(np.uint8)[:, :32]
+    codes[...] = MX8_EXACT.codes
+    mx = MXArray(codes, MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False)
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        nk.dequantize_mx(mx, out=out)
+
+
+MATRIX_OUT = {
+    "cast": ("BF16", 'nk.cast(EXACT, "bfloat16", out=out)'),
+    "dequantize_bf16": ("BF16", 'nk.dequantize_mx(MX8, "bfloat16", out=out)'),
+    "dequantize_f32": ("np.float32", "nk.dequantize_mx(MX8, out=out)"),
+    "fake_quantize": ("np.float32", "nk.fake_quantize_mx(EXACT, block_size=8, out=out)"),
+}
+for _name, (_dtype, _call) in MATRIX_OUT.items():
+    isolated(f"matrix_out_{_name}", f"""
+        out = np.asmatrix(np.zeros((2, 32), {_dtype}))
+
+        def call():
+            result = np.asarray({_call})
+            return result.view(f"u{{result.itemsize}}").tolist()
+
+        report(call)
+    """)
+
+
+@pytest.mark.parametrize("call, want", [
+    ("cast", lambda: ml_cast(EXACT, "bfloat16")),
+    ("dequantize_bf16", lambda: ml_cast(EXACT, "bfloat16")),
+    ("dequantize_f32", lambda: EXACT),
+    ("fake_quantize", lambda: EXACT),
+], ids=list(MATRIX_OUT))
+def test_out_ndarray_subclass(isolated_runs, call, want):
+    """An np.matrix out= (an ndarray subclass of the right shape and dtype) gets the right values, or is refused
+    with a TypeError/ValueError naming out; it never corrupts memory."""
+    outcome = outcome_of(isolated_runs, f"matrix_out_{call}")
+    if "raised" in outcome:
+        assert {"TypeError", "ValueError"} & set(outcome["raised"]) and "out" in outcome["message"], outcome
+        return
+    np.testing.assert_array_equal(np.array(outcome["value"]), bits(want()))
+
+
+# ---- MX: dtypes, names, options ----------------------------------------------------------------
+
+MX_CALLS = {"quantize_mx": nk.quantize_mx, "fake_quantize_mx": nk.fake_quantize_mx}
+MX_WRONG_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint64, ml_dtypes.float8_e4m3fn,
+                   ml_dtypes.float8_e8m0fnu, *WRONG_DTYPES]
+MX_WRONG_IDS = ["int8", "int16", "int32", "int64", "uint8", "uint64", "float8_e4m3fn", "e8m0", *WRONG_IDS]
+
+
+@pytest.mark.parametrize("call", list(MX_CALLS))
+@pytest.mark.parametrize("dtype", MX_WRONG_DTYPES, ids=MX_WRONG_IDS)
+def test_mx_refuses_input_dtype(call, dtype):
+    """Only float32/16/64 and bfloat16 arrays are quantised; anything else is a TypeError naming the dtype."""
+    x = np.zeros((2, 32), dtype)
+    with pytest.raises(TypeError, match=r"MX quantisation takes float32, float16, bfloat16 or float64 arrays; "
+                                        r"got dtype"):
+        MX_CALLS[call](x)
+
+
+MX_BAD_OPTIONS = [
+    ({"fmt": "mxfp9"}, ValueError, "unknown MX format 'mxfp9'; accepted: mxfp8_e4m3"),
+    ({"fmt": "MXFP8_E4M3"}, ValueError, "unknown MX format"),
+    ({"fmt": "float8_e4m3fn"}, ValueError, "unknown MX format 'float8_e4m3fn'"),
+    ({"fmt": ""}, ValueError, "unknown MX format ''"),
+    ({"fmt": None}, (TypeError, ValueError), "MX format None"),
+    ({"fmt": 3}, (TypeError, ValueError), "MX format 3"),
+    ({"scale_mode": "round"}, ValueError, "unknown scale mode 'round'; accepted: floor, ceil, even, rceil, neuron"),
+    ({"scale_mode": "FLOOR"}, ValueError, "unknown scale mode"),
+    ({"scale_mode": None}, (TypeError, ValueError), "scale mode None"),
+    ({"rounding": "toward_positive"}, ValueError, "unknown rounding mode 'toward_positive'"),
+    ({"rounding": "even"}, ValueError, "unknown rounding mode 'even'"),
+    ({"rounding": None}, (TypeError, ValueError), "rounding mode None"),
+    ({"block_size": 0}, ValueError, "block_size must be a positive int, got 0"),
+    ({"block_size": -1}, ValueError, "block_size must be a positive int, got -1"),
+    ({"block_size": 1.5}, TypeError, "block_size must be a positive int, got 1.5"),
+    ({"block_size": np.float64(8)}, TypeError, "block_size must be a positive int"),
+    ({"block_size": True}, TypeError, "block_size must be a positive int, got True"),
+    ({"block_size": "32"}, TypeError, "block_size must be a positive int, got '32'"),
+    ({"block_size": None}, TypeError, "block_size must be a positive int, got None"),
+    ({"axis": 2}, ValueError, "axis 2 is out of range for an array of 2 dimensions"),
+    ({"axis": -3}, ValueError, "axis -3 is out of range"),
+    ({"axis": 10**20}, ValueError, "is out of range"),
+    ({"axis": 1.0}, TypeError, "axis must be an int, got 1.0"),
+    ({"axis": "0"}, TypeError, "axis must be an int, got '0'"),
+    ({"axis": None}, TypeError, "axis must be an int, got None"),
+    ({"axis": True}, TypeError, "axis must be an int, got True"),
+    ({"seed": -1, "rounding": "stochastic"}, ValueError, "seed"),
+    ({"seed": 1.5, "rounding": "stochastic"}, TypeError, "seed"),
+    ({"seed": "7", "rounding": "stochastic"}, TypeError, "seed"),
+    ({"seed": True, "rounding": "stochastic"}, TypeError, "seed"),
+]
+
+
+@pytest.mark.parametrize("call", list(MX_CALLS))
+@pytest.mark.parametrize("kwargs, error, pattern", MX_BAD_OPTIONS, ids=[kw_id(c[0]) for c in MX_BAD_OPTIONS])
+def test_mx_bad_options(call, kwargs, error, pattern):
+    """Unknown names and out-of-range numbers are a ValueError, wrong types a TypeError, each naming the option."""
+    with pytest.raises(error, match=pattern):
+        MX_CALLS[call](np.ones((2, 32), F32), **kwargs)
+
+
+@pytest.mark.parametrize("pack", ["no", 1.5])
+def test_mx_pack_must_be_a_bool(pack):
+    """pack= is a flag: anything but a bool is a TypeError (as cast's saturate=), not silently truthy."""
+    with pytest.raises(TypeError, match="pack"):
+        nk.quantize_mx(EXACT, "mxfp4_e2m1", pack=pack)
+
+
+X_MX = (np.random.default_rng(1).standard_normal((6, 40)) * 4).astype(F32)
+
+
+MX_EQUIVALENT_OPTIONS = [
+    ({"block_size": np.int64(8)}, {"block_size": 8}),
+    ({"block_size": np.uint8(8)}, {"block_size": 8}),
+    ({"block_size": 10**12}, {"block_size": 40}),
+    ({"axis": np.int64(0)}, {"axis": 0}),
+    ({"axis": np.int8(-2)}, {"axis": 0}),
+    ({"seed": np.int64(9), "rounding": "stochastic"}, {"seed": 9, "rounding": "stochastic"}),
+]
+
+
+@pytest.mark.parametrize("call", list(MX_CALLS))
+@pytest.mark.parametrize("kwargs, same_as", MX_EQUIVALENT_OPTIONS, ids=[kw_id(c[0]) for c in MX_EQUIVALENT_OPTIONS])
+def test_mx_numpy_and_huge_options(call, kwargs, same_as):
+    """numpy integers are integers; a block larger than the axis is one partial block."""
+    got, want = MX_CALLS[call](X_MX, "mxfp4_e2m1", **kwargs), MX_CALLS[call](X_MX, "mxfp4_e2m1", **same_as)
+    if call == "quantize_mx":
+        assert_same_bits(got.codes, want.codes)
+        assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))
+        assert_same_bits(got.dequantize(), want.dequantize())
+    else:
+        assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("block_size", [2**63 - 1, 2**63, 2**64, 10**20], ids=["2^63-1", "2^63", "2^64", "10^20"])
+def test_quantize_block_size_beyond_int64(block_size):
+    """A block size no array can fill is either one block per row (the right answer) or a ValueError naming
+    block_size; never an OverflowError or a numba typing error."""
+    try:
+        mx = nk.quantize_mx(X_MX, "mxint8", block_size=block_size)
+    except ValueError as exc:
+        assert "block_size" in str(exc), exc
+        return
+    want = nk.quantize_mx(X_MX, "mxint8", block_size=40)
+    assert_same_bits(mx.codes, want.codes)
+    assert_same_bits(mx.scales.view(np.uint8), want.scales.view(np.uint8))
+    assert_same_bits(mx.dequantize(), want.dequantize())
+
+
+# ---- dequantize_mx: arguments and inconsistent MXArrays ------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, error, pattern", [
+    (np.int32, TypeError, "dequantize_mx writes float32, float64, float16 or bfloat16; got int32"),
+    ("float8_e4m3fn", TypeError, "got float8_e4m3fn"),
+    ("tfloat32", TypeError, "got tfloat32"),
+    (np.complex64, TypeError, "unsupported dtype"),
+    ("bogus", TypeError, "unknown dtype 'bogus'"),
+    (None, TypeError, "None"),
+])
+def test_dequantize_bad_dtype(dtype, error, pattern):
+    """The result dtype must be one of the four float types; None is not a dtype."""
+    with pytest.raises(error, match=pattern):
+        MX8_EXACT.dequantize(dtype)
+
+
+@pytest.mark.parametrize("dtype", [">f4", "<f4", ">f8", np.float16, "bfloat16"])
+def test_dequantize_dtype_spellings(dtype):
+    """Any spelling of the four float types gives the exact values."""
+    got = MX8_EXACT.dequantize(dtype)
+    np.testing.assert_array_equal(got.astype(F32), EXACT)
+
+
+@pytest.mark.parametrize("obj", [EXACT, None, [1.0, 2.0], MX8_EXACT.codes], ids=["array", "None", "list", "codes"])
+def test_dequantize_needs_an_mxarray(obj):
+    """dequantize_mx of anything but an MXArray is a TypeError."""
+    with pytest.raises(TypeError, match="dequantize_mx takes an MXArray"):
+        nk.dequantize_mx(obj)
+
+
+def test_dequantize_strided_parts():
+    """An MXArray over strided codes and plain uint8 scale bytes dequantises to the same values."""
+    wide = np.zeros((2, 64), np.uint8)
+    wide[:, ::2] = MX8_EXACT.codes
+    mx = MXArray(wide[:, ::2], MX8_EXACT.scales.view(np.uint8), "mxfp8_e4m3", 8, 1, (2, 32), False)
+    np.testing.assert_array_equal(mx.dequantize(), EXACT)
+
+
+INCONSISTENT = {
+    "codes_too_short": ("MXArray(MX8.codes[:, :4], MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), False)", "codes"),
+    "scales_too_short": ("MXArray(MX8.codes, MX8.scales[:, :1], 'mxfp8_e4m3', 8, 1, (2, 32), False)", "scales"),
+    "no_scales": ("MXArray(MX8.codes, MX8.scales[:, :0], 'mxfp8_e4m3', 8, 1, (2, 32), False)", "scales"),
+    "shape_too_big": ("MXArray(MX8.codes, MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 10**6), False)", "codes|scales|shape"),
+    "block_size_0": ("MXArray(MX8.codes, MX8.scales, 'mxfp8_e4m3', 0, 1, (2, 32), False)", "block_size"),
+    "packed_fp8": ("MXArray(MX8.codes, MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), True)", "packed"),
+    "fp4_not_packed": ("MXArray(MX4.codes, MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), False)", "codes|packed"),
+    "fp4_codes_unpacked_flagged_packed": (
+        "MXArray(MX4.unpacked_codes(), MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)", "codes|packed"),
+    "codes_float32": ("MXArray(MX8.codes.astype(np.float32), MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), False)",
+                      "codes", (TypeError, ValueError)),
+}
+for _name, (_expr, *_) in INCONSISTENT.items():
+    isolated(f"inconsistent_{_name}", f"report(lambda: ({_expr}).dequantize().view(np.uint32).tolist())")
+isolated("inconsistent_unpacked_codes",
+         "report(lambda: MXArray(MX4.codes[:, :2], MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)"
+         ".unpacked_codes().tolist())")
+
+
+@pytest.mark.parametrize("case", [*INCONSISTENT, "unpacked_codes"])
+def test_inconsistent_mxarray_is_refused(isolated_runs, case):
+    """An MXArray whose codes/scales do not fit its metadata is refused when it is made (a ValueError
+    naming the part; a TypeError also for codes of a wrong dtype), never read out of bounds."""
+    _, pattern, *errors = INCONSISTENT.get(case, (None, "codes"))
+    assert_raised(outcome_of(isolated_runs, f"inconsistent_{case}"), errors[0] if errors else (ValueError,), pattern)
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp9", 8, 1, (2, 32), False), "unknown MX format 'mxfp9'"),
+    (lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp8_e4m3", 8, 5, (2, 32), False), "axis"),
+    (lambda: MXArray(MX8_EXACT.codes.tolist(), MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False), "codes"),
+], ids=["fmt", "axis", "codes_list"])
+def test_mxarray_bad_fields(make, pattern):
+    """A hand-built MXArray with a bad field is a TypeError/ValueError naming the field, not a KeyError,
+    IndexError or AttributeError."""
+    with pytest.raises((TypeError, ValueError), match=pattern):
+        make().dequantize()
+
+
+def test_to_x4_of_inconsistent_mxarray():
+    """An MXArray with short codes cannot be made, so to_x4 never sees one."""
+    with pytest.raises(ValueError, match="codes"):
+        MXArray(MX8_EXACT.codes[:, :4].copy(), MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False).to_x4()
+
+
+# ---- 0-d and empty arrays -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("x", [np.float32(1.5), np.array(-2.75, F32), np.array(3.0, ">f4"), np.float64(1e40),
+                               np.array(0.1, np.float16), np.int16(-300)],
+                         ids=["np_scalar", "0d", "0d_big_endian", "float64_overflow", "float16", "int16"])
+@pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn", "float16"])
+def test_cast_0d(x, target):
+    """0-d inputs give 0-d results equal to ml_dtypes'."""
+    got = nk.cast(x, target)
+    assert got.shape == ()
+    assert_same_bits(got, ml_cast(native(np.asarray(x)), target))
+    out = np.empty((), got.dtype)
+    assert nk.cast(x, target, out=out) is out
+    assert_same_bits(out, got)
+
+
+def test_cast_0d_to_packed_is_refused():
+    """A 0-d array has no last axis to pack."""
+    with pytest.raises(ValueError, match="multiple of 4"):
+        nk.cast(np.float32(1.0), "float8_e5m2_x4")
+
+
+@pytest.mark.parametrize("call", list(MX_CALLS))
+@pytest.mark.parametrize("x", [np.float32(1.0), np.array(2.0, F32), np.array(2.0, ">f2"), 1.5],
+                         ids=["np_scalar", "0d", "0d_big_endian", "python_float"])
+def test_mx_0d_is_refused(call, x):
+    """MX blocks run along an axis: a 0-d input is a ValueError saying so."""
+    with pytest.raises(ValueError, match="cannot quantise a 0-d array"):
+        MX_CALLS[call](x)
+
+
+EMPTY = [((0,), 0), ((0, 5), 0), ((0, 5), 1), ((3, 0), 0), ((3, 0), 1), ((0, 0), 0), ((0, 0), 1),
+         ((2, 0, 4), 0), ((2, 0, 4), 1), ((2, 0, 4), 2), ((2, 0, 4), -1)]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1"])
+@pytest.mark.parametrize("shape, axis", EMPTY, ids=[f"{s}-axis{a}" for s, a in EMPTY])
+def test_mx_empty(tmp_path, fmt, shape, axis):
+    """Empty arrays along any axis: codes and scales of the documented shapes, empty results, a file round trip."""
+    x = np.zeros(shape, F32)
+    mx = nk.quantize_mx(x, fmt, axis=axis, block_size=3)
+    ax = axis % len(shape)
+    n = shape[ax]
+    codes_shape = list(shape)
+    codes_shape[ax] = (n + 1) // 2 if fmt == "mxfp4_e2m1" else n
+    scales_shape = list(shape)
+    scales_shape[ax] = -(-n // 3)
+    assert (mx.shape, mx.axis, mx.codes.shape, mx.scales.shape) == (shape, ax, tuple(codes_shape), tuple(scales_shape))
+    assert mx.codes.dtype == np.uint8 and mx.scales.dtype == E8M0
+    for dtype in (F32, np.float64, np.float16, BF16):
+        dq = mx.dequantize(dtype)
+        assert dq.shape == shape and dq.dtype == np.dtype(dtype)
+        out = np.empty(shape, dtype)
+        assert mx.dequantize(dtype, out=out) is out
+    fq = nk.fake_quantize_mx(x, fmt, axis=axis, block_size=3, out=np.empty(shape, F32))
+    assert fq.shape == shape and fq.dtype == F32
+    mx.save(tmp_path / "e.npz")
+    assert_same_mx(MXArray.load(tmp_path / "e.npz"), mx)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 5), (3, 0), (0, 0), (2, 0, 4)])
+@pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn_x4", "float16"])
+def test_cast_empty(shape, target):
+    """Empty arrays cast to empty results (packed: the last axis must still be a multiple of 4)."""
+    x = np.zeros(shape, F32)
+    if target.endswith("_x4"):
+        if shape[-1] % 4:
+            with pytest.raises(ValueError, match="multiple of 4"):
+                nk.cast(x, target)
+            return
+        want_shape, want_dtype = shape[:-1] + (shape[-1] // 4,), np.dtype(np.uint32)
+    else:
+        want_shape, want_dtype = shape, ml_cast(x, target).dtype
+    got = nk.cast(x, target)
+    assert (got.shape, got.dtype) == (want_shape, want_dtype)
+    assert nk.cast(x[..., ::-1] if x.ndim else x, target).shape == want_shape
+
+
+def test_auto_cast_0d_and_empty():
+    """auto_cast keeps shapes, 0-d and empty included."""
+    a, b = nk.auto_cast(np.float16(1.5), np.array(2, np.int8))
+    assert (a.shape, a.dtype, float(a), b.shape, b.dtype, float(b)) == ((), np.float16, 1.5, (), np.float16, 2.0)
+    a, b = nk.auto_cast(np.zeros((0, 5), np.float16), np.zeros((3, 0), BF16))
+    assert (a.shape, a.dtype, b.shape, b.dtype) == ((0, 5), BF16, (3, 0), BF16)
+
+
+# ---- strides and byte order ---------------------------------------------------------------------
+
+LAYOUTS = {
+    "reversed": lambda a: a[::-1],
+    "negative_step_2": lambda a: a[:, ::-2],
+    "transposed": lambda a: a.T,
+    "fortran": np.asfortranarray,
+    "sliced": lambda a: a[1::2, ::3],
+    "big_endian": lambda a: a.astype(">f4"),
+    "big_endian_reversed": lambda a: a.astype(">f4")[:, ::-1],
+    "big_endian_float16_reversed": lambda a: a.astype(">f2")[::-1],
+    "big_endian_float64_transposed": lambda a: a.astype(">f8").T,
+}
+BASE = (np.random.default_rng(7).standard_normal((8, 48)) * np.exp2(np.arange(48) % 9 - 4)).astype(F32)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("target, kwargs", [
+    ("bfloat16", {}),
+    ("float8_e5m2", {"rounding": "stochastic", "seed": 3}),
+    ("float4_e2m1fn", {"rounding": "toward_zero"}),
+    ("float8_e4m3fn_x4", {"saturate": True}),
+], ids=["bfloat16", "e5m2_stochastic", "fp4_toward_zero", "e4m3fn_x4"])
+def test_cast_layouts(layout, target, kwargs):
+    """Strided, negative-stride and big-endian inputs give the result of a native C-contiguous copy (the
+    stochastic bits follow the C-order index)."""
+    x = LAYOUTS[layout](BASE)
+    assert_same_bits(nk.cast(x, target, **kwargs), nk.cast(native(x), target, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", [">i2", ">u2", ">i4", ">i8", ">u1"])
+@pytest.mark.parametrize("target", ["bfloat16", "float8_e5m2", "int8", "float32"])
+def test_cast_big_endian_integers(dtype, target):
+    """Big-endian, reversed integer sources give the native result (integer targets wrap like numpy)."""
+    x = np.arange(-40, 88, 3).astype(np.int64)
+    x = (x if dtype[1] == "i" else np.abs(x)).astype(dtype)[::-1]
+    got = nk.cast(x, target)
+    assert_same_bits(got, nk.cast(native(x), target))
+    if target in ("int8", "float32", "bfloat16"):
+        assert_same_bits(got, ml_cast(native(x), target))
+
+
+MX_LAYOUT_CASES = [
+    *[(layout, fmt, kwargs) for layout in LAYOUTS if "float16" not in layout and "float64" not in layout
+      for fmt, kwargs in (("mxfp4_e2m1", {"block_size": 5}),
+                          ("mxint8", {"block_size": 7, "rounding": "stochastic", "seed": 4}),
+                          ("mxfp8_e4m3", {"block_size": 32, "scale_mode": "rceil"}))],
+    *[(layout, "mxfp4_e2m1", {"block_size": 5}) for layout in LAYOUTS if "float16" in layout or "float64" in layout],
+]
+
+
+@pytest.mark.parametrize("layout, fmt, kwargs", MX_LAYOUT_CASES, ids=[f"{c[0]}-{c[1]}" for c in MX_LAYOUT_CASES])
+def test_mx_layouts(layout, fmt, kwargs):
+    """quantize_mx and fake_quantize_mx of strided, negative-stride and big-endian inputs, along each axis,
+    equal the calls on a native C-contiguous copy."""
+    x = LAYOUTS[layout](BASE)
+    for axis in range(x.ndim):
+        assert_same_mx(nk.quantize_mx(x, fmt, axis=axis, **kwargs), nk.quantize_mx(native(x), fmt, axis=axis, **kwargs))
+        assert_same_bits(nk.fake_quantize_mx(x, fmt, axis=axis, **kwargs),
+                         nk.fake_quantize_mx(native(x), fmt, axis=axis, **kwargs))
+
+
+@pytest.mark.parametrize("layout", ["reversed", "negative_step_2", "big_endian_reversed"])
+def test_auto_cast_layouts(layout):
+    """auto_cast of strided and big-endian operands equals the call on native copies, dtype included."""
+    half = BASE.astype(np.float16)
+    a = {"reversed": half[::-1], "negative_step_2": half[:, ::-2],
+         "big_endian_reversed": half.astype(">f2")[:, ::-1]}[layout]
+    b = ml_cast(BASE[:, ::-3], "bfloat16")
+    got, want = nk.auto_cast(a, b), nk.auto_cast(native(a), native(b))
+    for g, w in zip(got, want):
+        assert_same_bits(g, w)
+
+
+def test_auto_cast_big_endian_operand_of_the_result_type():
+    """An operand that already holds the promoted type's values, but big-endian, comes back in the promoted
+    (native) dtype like the other operand."""
+    a = np.arange(8, dtype=">f2")
+    got = nk.auto_cast(a, np.zeros(8, np.int8))
+    assert nk.promote_type(a.dtype, np.int8) == np.float16
+    for g in got:
+        assert g.dtype == np.dtype(np.float16), g.dtype
+    np.testing.assert_array_equal(got[0].astype(F32), np.arange(8, dtype=F32))
+
+
+@pytest.mark.parametrize("layout", ["big_endian", "reversed", "negative_step"])
+def test_auto_cast_packed_operand_layouts(layout):
+    """A packed x4 operand declared with a_dtype is read right whatever its layout or byte order."""
+    packed = nk.cast(BASE[:4, :16], "float8_e4m3fn_x4")
+    a = {"big_endian": lambda p: p.astype(">u4"), "reversed": lambda p: p[::-1],
+         "negative_step": lambda p: p[:, ::-2]}[layout](packed)
+    got = nk.auto_cast(a, np.zeros(1, np.float16), a_dtype="float8_e4m3fn_x4")
+    want = nk.auto_cast(native(a), np.zeros(1, np.float16), a_dtype="float8_e4m3fn_x4")
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(nk.unpack_x4(a, "float8_e4m3fn_x4"), nk.unpack_x4(native(a), "float8_e4m3fn_x4"))
+
+
+# ---- Python scalars and lists --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1.5, -3, 2**40, -0.0, 1e40, [[1.5, -2.0], [3.0, 1e40]], [[[1, 2.5]], [[3, -4]]],
+                                   [1, 2, 3], [[]]],
+                         ids=["float", "int", "big_int", "neg_zero", "overflow", "nested", "nested3", "ints", "empty"])
+@pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn", "float16"])
+def test_cast_python_values(value, target):
+    """Python scalars and nested lists cast like the numpy array they make."""
+    assert_same_bits(nk.cast(value, target), ml_cast(np.asarray(value), target))
+
+
+@pytest.mark.parametrize("value, error, pattern", [
+    (2**70, TypeError, "cannot cast an array of dtype object"),
+    (True, TypeError, "dtype bool"),
+    (1j, TypeError, "dtype complex128"),
+    ("1.5", TypeError, "dtype <U3"),
+    (None, TypeError, "dtype object"),
+    ([[1, 2], [3]], ValueError, "inhomogeneous"),
+], ids=["int_beyond_int64", "bool", "complex", "str", "None", "ragged"])
+def test_cast_python_values_refused(value, error, pattern):
+    """Python values that make no numeric array are refused with the reason."""
+    with pytest.raises(error, match=pattern):
+        nk.cast(value, "bfloat16")
+
+
+def test_cast_python_int_wraps_like_numpy():
+    """Integer targets from Python ints wrap as numpy's astype does."""
+    for v in (-2, 300, -129, 2**40 + 5):
+        assert_same_bits(nk.cast(v, "int8"), np.asarray(v).astype(np.int8))
+
+
+@pytest.mark.parametrize("call", list(MX_CALLS))
+@pytest.mark.parametrize("value", [[1.0, 2.0, -3.5], [[0.1] * 33, [-2.0] * 33], [[[1.0, 1e-3]], [[1e3, -0.0]]]],
+                         ids=["list", "nested", "nested3"])
+def test_mx_python_lists(call, value):
+    """Lists of Python floats are quantised like the float64 array they make."""
+    got, want = MX_CALLS[call](value, "mxfp6_e3m2"), MX_CALLS[call](np.asarray(value), "mxfp6_e3m2")
+    if call == "quantize_mx":
+        assert_same_mx(got, want)
+    else:
+        assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("call", list(MX_CALLS))
+def test_mx_python_ints_are_integers(call):
+    """A list of Python ints makes an int64 array, which MX refuses like any integer array."""
+    with pytest.raises(TypeError, match="got dtype int64"):
+        MX_CALLS[call]([1, 2, 3])
+
+
+def test_auto_cast_python_values():
+    """Python scalars and lists promote as float64 and int64 arrays do."""
+    a, b = nk.auto_cast(1.5, 2)
+    assert (a.dtype, b.dtype, float(a), float(b)) == (np.float64, np.float64, 1.5, 2.0)
+    a, b = nk.auto_cast([1.5, -2.5], [[1, 2]])
+    assert (a.shape, b.shape, a.dtype, b.dtype) == ((2,), (1, 2), np.float64, np.float64)
+    np.testing.assert_array_equal(b, [[1.0, 2.0]])
+
+
+# ---- NaN and infinities ----------------------------------------------------------------------------
+
+NONFINITE = {
+    "all_nan": np.full(64, np.nan, F32),
+    "all_neg_nan": -np.full(64, np.nan, F32),
+    "all_inf": np.full(64, np.inf, F32),
+    "all_neg_inf": np.full(64, -np.inf, F32),
+    "mixed": np.array([1.0, np.nan, -2.5, np.inf, -np.inf, 0.0, -0.0, 3.0] * 8, F32),
+    "some_blocks": np.concatenate([np.ones(32, F32), np.linspace(-4, 4, 78, dtype=F32)]),
+}
+NONFINITE["some_blocks"][[3, 40, 100]] = [np.nan, np.inf, -np.inf]  # blocks 0, 1 and the partial block 3
+
+
+@pytest.mark.parametrize("fmt", list(MX_FORMATS))
+@pytest.mark.parametrize("case", list(NONFINITE))
+def test_mx_nonfinite(fmt, case):
+    """Blocks holding a NaN or an infinity get scale byte 0xff and the format's NaN code (or 0) in every element,
+    and dequantise to NaN; the other blocks are ordinary (all as the slow reference says)."""
+    x = NONFINITE[case]
+    mx = nk.quantize_mx(x, fmt, pack=False)
+    codes, scales = quantize_mx_ref(x, fmt, 32, "floor")
+    assert_same_bits(mx.codes, codes)
+    assert_same_bits(mx.scales.view(np.uint8), scales)
+    special = np.array([not np.all(np.isfinite(x[i:i + 32])) for i in range(0, x.size, 32)])
+    assert np.all(scales[special] == 0xFF)
+    per_element = np.repeat(special, 32)[:x.size]
+    assert np.all(codes[per_element] == SPECIAL_CODE[fmt])
+    dq = mx.dequantize()
+    assert np.all(np.isnan(dq[per_element])) and np.all(np.isfinite(dq[~per_element]))
+    np.testing.assert_array_equal(dq, dequantize_mx_ref(codes, scales, fmt, 32))
+    assert_same_bits(nk.fake_quantize_mx(x, fmt), dq)
+    for dtype in (np.float64, np.float16, BF16):
+        np.testing.assert_array_equal(mx.dequantize(dtype).astype(np.float64), dq.astype(np.float64))
+
+
+@pytest.mark.parametrize("scale_mode, rounding", [
+    *[(m, "nearest_even") for m in ("floor", "ceil", "even", "rceil", "neuron")],
+    *[("floor", r) for r in ("nearest_away", "toward_zero", "stochastic")],
+])
+def test_mx_nonfinite_every_mode(scale_mode, rounding):
+    """No scale mode or rounding changes the special-block rule."""
+    for fmt in MX_FORMATS:
+        for case in ("all_nan", "all_neg_inf", "mixed"):
+            x = NONFINITE[case]
+            mx = nk.quantize_mx(x, fmt, scale_mode=scale_mode, rounding=rounding, seed=1)
+            assert np.all(mx.scales.view(np.uint8) == 0xFF), (fmt, case)
+            assert np.all(mx.unpacked_codes() == SPECIAL_CODE[fmt]), (fmt, case)
+            assert np.all(np.isnan(mx.dequantize()))
+            assert np.all(np.isnan(nk.fake_quantize_mx(x, fmt, scale_mode=scale_mode, rounding=rounding, seed=1)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, BF16, ">f4"])
+def test_mx_nonfinite_other_input_dtypes(dtype):
+    """NaN and infinities in float64, float16, bfloat16 and big-endian inputs behave as in float32, along axis 0."""
+    x = NONFINITE["some_blocks"][:96].reshape(16, 6)
+    with np.errstate(all="ignore"):
+        xd = x.astype(dtype)
+    assert_same_mx(nk.quantize_mx(xd, "mxfp4_e2m1", axis=0, block_size=5),
+                   nk.quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=5))
+    assert_same_bits(nk.fake_quantize_mx(xd, "mxfp4_e2m1", axis=0, block_size=5),
+                     nk.fake_quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=5))
+
+
+SPECIAL_VALUES = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.0, -0.0, np.nan, np.inf], F32)
+CAST_MODES = ["nearest_even", "nearest_away", "toward_zero", "toward_positive", "toward_negative", "stochastic"]
+
+
+@pytest.mark.parametrize("target", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                    "float8_e5m2fnuz", "float8_e3m4", "float6_e2m3fn", "float4_e2m1fn"])
+@pytest.mark.parametrize("rounding", CAST_MODES)
+def test_cast_nonfinite(target, rounding):
+    """NaN and infinities encode as ml_dtypes does in every rounding mode; with saturate=True infinities become
+    +-max and NaN stays NaN."""
+    want = ml_cast(SPECIAL_VALUES, target)
+    assert_same_bits(nk.cast(SPECIAL_VALUES, target, rounding=rounding, seed=2), want)
+    sat = nk.cast(SPECIAL_VALUES, target, rounding=rounding, seed=2, saturate=True).astype(np.float64)
+    big = float(ml_dtypes.finfo(getattr(ml_dtypes, target, target)).max)
+    expected = want.astype(np.float64)
+    expected[[2, 7]], expected[3] = big, -big
+    np.testing.assert_array_equal(sat, expected)
+    whole = np.full((3, 40), np.nan, F32)
+    assert_same_bits(nk.cast(whole, target, rounding=rounding, seed=2), ml_cast(whole, target))
+
+
+def test_cast_nonfinite_e8m0():
+    """e8m0 has only NaN (0xff): NaN and +inf give it; saturating, +inf gives 2^127 (0xfe)."""
+    x = np.array([np.nan, np.inf, 1.0], F32)
+    np.testing.assert_array_equal(nk.cast(x, "float8_e8m0fnu").view(np.uint8), [0xFF, 0xFF, 0x7F])
+    np.testing.assert_array_equal(nk.cast(x, "float8_e8m0fnu", saturate=True).view(np.uint8), [0xFF, 0xFE, 0x7F])
+
+
+# ---- promote_type and auto_cast --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t0, t1", [
+    (np.complex64, "int8"), ("int8", object), ("U3", "int8"), ("int8", "S3"), (bool, "int8"),
+    ("int8", [("a", "f4")]), ("V4", "uint16"), ("datetime64[s]", "int8"), ("timedelta64[s]", "int8"),
+    ("int32", "timedelta64"), (np.complex64, np.complex64), (bool, bool),
+], ids=["complex", "object", "unicode", "bytes", "bool", "structured", "void", "datetime64", "timedelta64",
+        "timedelta64_second", "complex_pair", "bool_pair"])
+def test_promote_unexpected_dtypes(t0, t1):
+    """Neither operand floating and one not an integer: TypeError('unexpected dtype: ...'); timedelta64 is no
+    integer type of the compiler's."""
+    with pytest.raises(TypeError, match="unexpected dtype"):
+        nk.promote_type(t0, t1)
+
+
+@pytest.mark.parametrize("t0, t1, want", [
+    (np.complex64, "float32", np.float32),
+    ("bfloat16", bool, BF16),
+    ("float16", object, np.float16),
+    (">f2", "int8", np.float16),
+    (">i2", "<u1", np.int16),
+    (np.dtype(">f4"), "bfloat16", np.float32),
+    (float, "int8", np.float64),
+    (" bf16 ", "int64", BF16),
+])
+def test_promote_documented_answers(t0, t1, want):
+    """The float operand wins without the other being inspected (README rule 2); byte order does not matter."""
+    got = nk.promote_type(t0, t1)
+    assert got == np.dtype(want) and got.isnative
+
+
+@pytest.mark.parametrize("t0, t1, error, pattern", [
+    ("bogus", "int8", TypeError, "unknown dtype 'bogus'"),
+    ("int8", "", TypeError, "unknown dtype ''"),
+    ("FLOAT32", "int8", TypeError, "Did you mean 'float32'"),
+    (5, "int8", TypeError, "not a dtype: 5"),
+    ("int8", 3.5, TypeError, "not a dtype: 3.5"),
+    (None, "int8", TypeError, "None"),
+    ("float32", None, TypeError, "None"),
+    ("float8_e4m3fn_x4", "float32", TypeError, "launder it first"),
+    ("float4_e2m1fn", "float4_e2m1fn", nk.NoPromotionPathError, "No available implicit dtype promotion path"),
+])
+def test_promote_bad_names(t0, t1, error, pattern):
+    """Unknown names, non-dtypes (None included) and packed containers are TypeErrors naming the operand."""
+    with pytest.raises(error, match=pattern):
+        nk.promote_type(t0, t1)
+
+
+@pytest.mark.parametrize("dtype", WRONG_DTYPES, ids=WRONG_IDS)
+@pytest.mark.parametrize("other", [np.float32, np.int8])
+def test_auto_cast_refuses_dtype(dtype, other):
+    """auto_cast of a non-numeric array is a TypeError naming its dtype, on either side."""
+    for a, b in ((np.zeros(4, dtype), np.zeros(4, other)), (np.zeros(4, other), np.zeros(4, dtype))):
+        with pytest.raises(TypeError, match="cannot cast an array of dtype|unexpected dtype"):
+            nk.auto_cast(a, b)
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    ({"a_dtype": "bogus"}, TypeError, "unknown dtype 'bogus'"),
+    ({"a_dtype": np.complex64}, TypeError, "unsupported dtype"),
+    ({"a_dtype": "tfloat32"}, ValueError, "a is declared tfloat32, whose arrays have dtype float32, but a has dtype "
+                                          "float16"),
+    ({"b_dtype": "float8_e4m3fn_x4"}, ValueError, "b is declared float8_e4m3fn_x4"),
+])
+def test_auto_cast_bad_declared_dtypes(kwargs, error, pattern):
+    """A declared dtype that is unknown or does not match the array is refused."""
+    with pytest.raises(error, match=pattern):
+        nk.auto_cast(np.zeros(4, np.float16), np.zeros(4, BF16), **kwargs)
+
+
+def test_auto_cast_no_promotion_path():
+    """Two operands with no promotion path raise the compiler's no-path TypeError."""
+    fp4 = np.zeros(4, ml_dtypes.float4_e2m1fn)
+    with pytest.raises(nk.NoPromotionPathError, match="float4_e2m1fn and float4_e2m1fn"):
+        nk.auto_cast(fp4, fp4)
+
+
+# ---- MXArray.load: corrupt, truncated and inconsistent files ---------------------------------------
+
+META = {"version": 1, "fmt": "mxfp8_e4m3", "block_size": 8, "axis": 1, "shape": [2, 32], "packed": False}
+
+
+MISSING = object()
+
+
+def write_mx(path, codes=None, scales=None, meta=None, raw_meta=None, **extra):
+    """An MX file as np.savez writes it, with any member replaced."""
+    np.savez(path, codes=MX8_EXACT.codes if codes is None else codes,
+             scales=MX8_EXACT.scales.view(np.uint8) if scales is None else scales,
+             meta=meta_bytes(**(META if meta is None else meta)) if raw_meta is None else
+             np.frombuffer(raw_meta, np.uint8), **extra)
+    return path
+
+
+def _meta(**change):
+    """META with fields changed (MISSING removes one)."""
+    return {k: v for k, v in {**META, **change}.items() if v is not MISSING}
+
+
+META_CASES = [
+    ("version_0", _meta(version=0), {}, "MX file version 0 is not supported"),
+    ("version_2", _meta(version=2), {}, "MX file version 2 is not supported"),
+    ("version_str", _meta(version="1"), {}, r"version '1' is not supported"),
+    ("version_null", _meta(version=None), {}, "version None is not supported"),
+    ("version_true", _meta(version=True), {}, "version True is not supported"),
+    ("version_missing", _meta(version=MISSING), {}, "corrupt MX metadata.*version"),
+    ("fmt_unknown", _meta(fmt="mxfp9"), {}, "unknown MX format 'mxfp9'"),
+    ("fmt_null", _meta(fmt=None), {}, "unknown MX format None"),
+    ("fmt_int", _meta(fmt=3), {}, "unknown MX format 3"),
+    ("fmt_upper", _meta(fmt="MXFP8_E4M3"), {}, "unknown MX format 'MXFP8_E4M3'"),
+    ("fmt_missing", _meta(fmt=MISSING), {}, "corrupt MX metadata.*fmt"),
+    ("fmt_codes_out_of_range", _meta(fmt="mxfp6_e2m3"), {}, "codes"),
+    ("block_size_0", _meta(block_size=0), {}, "invalid block_size 0"),
+    ("block_size_negative", _meta(block_size=-1), {}, "invalid block_size -1"),
+    ("block_size_float", _meta(block_size=1.5), {}, "invalid block_size 1.5"),
+    ("block_size_true", _meta(block_size=True), {}, "invalid block_size True"),
+    ("block_size_str", _meta(block_size="8"), {}, "invalid block_size '8'"),
+    ("block_size_null", _meta(block_size=None), {}, "invalid block_size None"),
+    ("block_size_inconsistent", _meta(block_size=16), {}, r"scales must be e8m0 bytes of shape \(2, 2\)"),
+    ("block_size_missing", _meta(block_size=MISSING), {}, "corrupt MX metadata.*block_size"),
+    ("axis_2", _meta(axis=2), {}, r"invalid axis 2 for shape \(2, 32\)"),
+    ("axis_negative", _meta(axis=-1), {}, "invalid axis -1"),
+    ("axis_float", _meta(axis=1.0), {}, "invalid axis 1.0"),
+    ("axis_true", _meta(axis=True), {}, "invalid axis True"),
+    ("axis_str", _meta(axis="1"), {}, "invalid axis '1'"),
+    ("axis_null", _meta(axis=None), {}, "invalid axis None"),
+    ("axis_inconsistent", _meta(axis=0), {}, "scales must be|codes must be"),
+    ("axis_missing", _meta(axis=MISSING), {}, "corrupt MX metadata.*axis"),
+    ("shape_short", _meta(shape=[2]), {}, "invalid axis 1 for shape|invalid shape"),
+    ("shape_inconsistent", _meta(shape=[2, 31]), {}, r"codes must be uint8 of shape \(2, 31\)"),
+    ("shape_long", _meta(shape=[2, 32, 1]), {}, "codes must be"),
+    ("shape_empty", _meta(shape=[]), {}, r"invalid shape \(\)"),
+    ("shape_negative", _meta(shape=[2, -32]), {}, "invalid shape"),
+    ("shape_floats", _meta(shape=[2.0, 32.0]), {}, "invalid shape"),
+    ("shape_str", _meta(shape="ab"), {}, "invalid shape"),
+    ("shape_int", _meta(shape=5), {}, "corrupt MX metadata|invalid shape"),
+    ("shape_null", _meta(shape=None), {}, "corrupt MX metadata|invalid shape"),
+    ("shape_bool", _meta(shape=[True, 32]),
+     {"codes": MX8_EXACT.codes[:1], "scales": MX8_EXACT.scales.view(np.uint8)[:1]}, "invalid shape"),
+    ("shape_missing", _meta(shape=MISSING), {}, "corrupt MX metadata.*shape"),
+    ("packed_fp8", _meta(packed=True), {}, "invalid packed flag True for mxfp8_e4m3"),
+    ("packed_null", _meta(packed=None), {}, "invalid packed flag None"),
+    ("packed_int", _meta(packed=1), {}, "invalid packed flag 1"),
+    ("packed_str", _meta(packed="false"), {}, "invalid packed flag 'false'"),
+    ("packed_missing", _meta(packed=MISSING), {}, "corrupt MX metadata.*packed"),
+]
+
+
+@pytest.mark.parametrize("meta, members, pattern", [c[1:] for c in META_CASES], ids=[c[0] for c in META_CASES])
+def test_load_bad_metadata(tmp_path, meta, members, pattern):
+    """Each metadata field wrong in each way: a ValueError naming the file and the field."""
+    path = write_mx(tmp_path / "bad.npz", meta=meta, **members)
+    with pytest.raises(ValueError, match=pattern) as info:
+        MXArray.load(path)
+    assert "bad.npz" in str(info.value)
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'"hello"', b"3", b"null", b"\xff\xfe", b"", b"{not json",
+                                 b'{"version": 1'],
+                         ids=["list", "string", "number", "null", "not_utf8", "empty", "not_json", "cut_json"])
+def test_load_metadata_not_an_object(tmp_path, raw):
+    """Metadata that is not a JSON object is 'corrupt MX metadata'."""
+    path = write_mx(tmp_path / "bad.npz", raw_meta=raw)
+    with pytest.raises(ValueError, match="corrupt MX metadata"):
+        MXArray.load(path)
+
+
+MEMBER_CASES = [
+    ("codes_int8", {"codes": MX8_EXACT.codes.view(np.int8)}, r"codes must be uint8 of shape \(2, 32\)"),
+    ("codes_uint16", {"codes": MX8_EXACT.codes.astype(np.uint16)}, "codes must be uint8"),
+    ("codes_float32", {"codes": MX8_EXACT.codes.astype(F32)}, "codes must be uint8"),
+    ("codes_bool", {"codes": MX8_EXACT.codes.astype(bool)}, "codes must be uint8"),
+    ("codes_short", {"codes": MX8_EXACT.codes[:, :31]}, "codes must be uint8"),
+    ("codes_transposed", {"codes": np.ascontiguousarray(MX8_EXACT.codes.T)}, "codes must be uint8"),
+    ("codes_0d", {"codes": np.uint8(3)}, "codes must be uint8"),
+    ("codes_object", {"codes": np.array([None] * 64).reshape(2, 32)}, "Python objects"),
+    ("scales_uint16", {"scales": MX8_EXACT.scales.view(np.uint8).astype(np.uint16)}, "scales must be e8m0 bytes"),
+    ("scales_int8", {"scales": MX8_EXACT.scales.view(np.int8)}, "scales must be e8m0 bytes"),
+    ("scales_bool", {"scales": MX8_EXACT.scales.view(np.uint8).astype(bool)}, "scales must be e8m0 bytes"),
+    ("scales_float32", {"scales": MX8_EXACT.scales.view(np.uint8).astype(F32)}, "scales must be e8m0 bytes"),
+    ("scales_short", {"scales": MX8_EXACT.scales.view(np.uint8)[:, :3]},
+     r"scales must be e8m0 bytes of shape \(2, 4\)"),
+]
+
+
+@pytest.mark.parametrize("members, pattern", [c[1:] for c in MEMBER_CASES], ids=[c[0] for c in MEMBER_CASES])
+def test_load_bad_members(tmp_path, members, pattern):
+    """codes/scales of the wrong dtype or shape: a ValueError saying what they must be."""
+    path = write_mx(tmp_path / "bad.npz", **members)
+    with pytest.raises(ValueError, match=pattern):
+        MXArray.load(path)
+
+
+def test_load_npz_without_mx_members(tmp_path):
+    """A valid .npz that is not an MX file says which members it has and which it needs."""
+    np.savez(tmp_path / "a.npz", codes=MX8_EXACT.codes, scales=MX8_EXACT.scales.view(np.uint8))
+    with pytest.raises(ValueError, match=r"not an MX file \(it has \['codes', 'scales'\]; expected codes"):
+        MXArray.load(tmp_path / "a.npz")
+    np.savez(tmp_path / "b.npz", w=EXACT)
+    with pytest.raises(ValueError, match="not an MX file"):
+        MXArray.load(tmp_path / "b.npz")
+    zipfile.ZipFile(tmp_path / "c.npz", "w").close()
+    with pytest.raises(ValueError, match="holds no arrays"):
+        MXArray.load(tmp_path / "c.npz")
+
+
+@pytest.mark.parametrize("variant", ["fortran_codes", "compressed", "extra_member", "extra_meta_key", "scales_e8m0"])
+def test_load_unusual_but_valid_files(tmp_path, variant):
+    """Files that differ from what save writes but hold a consistent array load to the right values."""
+    path = tmp_path / "ok.npz"
+    if variant == "fortran_codes":
+        write_mx(path, codes=np.asfortranarray(MX8_EXACT.codes))
+    elif variant == "compressed":
+        np.savez_compressed(path, codes=MX8_EXACT.codes, scales=MX8_EXACT.scales.view(np.uint8),
+                            meta=meta_bytes(**META))
+    elif variant == "extra_member":
+        write_mx(path, other=np.zeros(3))
+    elif variant == "extra_meta_key":
+        write_mx(path, meta={**META, "comment": "x"})
+    else:
+        write_mx(path, scales=MX8_EXACT.scales)
+    mx = MXArray.load(path)
+    assert_same_mx(mx, MX8_EXACT)
+    np.testing.assert_array_equal(mx.dequantize(), EXACT)
+
+
+@pytest.fixture(scope="module")
+def good_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mx") / "good.npz"
+    MX8_EXACT.save(path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.001, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 0.999])
+def test_load_truncated_zip(tmp_path, good_file, fraction):
+    """A saved file cut anywhere is a ValueError naming it ('cannot read')."""
+    path = tmp_path / "cut.npz"
+    path.write_bytes(good_file[:int(len(good_file) * fraction)])
+    with pytest.raises(ValueError, match=r"cut\.npz: cannot read an MX file"):
+        MXArray.load(path)
+
+
+def test_load_good_file_byte_for_byte(tmp_path, good_file):
+    """The untouched file loads (the truncation cases start from a good file)."""
+    (tmp_path / "g.npz").write_bytes(good_file)
+    assert_same_mx(MXArray.load(tmp_path / "g.npz"), MX8_EXACT)
+
+
+@pytest.mark.parametrize("head", [b"", b"PK\x03\x04", b"\x93NUMPY"], ids=["random", "zip_magic", "npy_magic"])
+def test_load_random_bytes(tmp_path, head):
+    """Random bytes, with or without a plausible magic number, are a ValueError ('cannot read')."""
+    path = tmp_path / "junk.npz"
+    path.write_bytes(head + np.random.default_rng(0).bytes(700))
+    with pytest.raises(ValueError, match=r"junk\.npz: cannot read"):
+        MXArray.load(path)
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "deflated"])
+def test_load_truncated_member(tmp_path, compression):
+    """A zip whose codes member is shorter than its header says is a ValueError naming the file and member."""
+    path = tmp_path / "short_member.npz"
+    with zipfile.ZipFile(path, "w", compression) as z:
+        z.writestr("meta.npy", _npy_bytes(meta_bytes(**META)))
+        z.writestr("codes.npy", _npy_bytes(MX8_EXACT.codes)[:-10])
+        z.writestr("scales.npy", _npy_bytes(MX8_EXACT.scales.view(np.uint8)))
+    with pytest.raises(ValueError, match=r"short_member\.npz\[codes\].*truncated|short_member\.npz.*codes"):
+        MXArray.load(path)
+
+
+@pytest.mark.parametrize("where", ["meta_header", "codes_header"])
+def test_load_corrupt_member_header(tmp_path, good_file, where):
+    """Garbage over a member's .npy header is a ValueError naming the file."""
+    data = bytearray(good_file)
+    offset = data.index(b"\x93NUMPY", 0 if where == "meta_header" else data.index(b"codes.npy"))
+    data[offset + 2:offset + 12] = b"\x00" * 10
+    path = tmp_path / "hdr.npz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"hdr\.npz"):
+        MXArray.load(path)
+
+
+def test_load_paths(tmp_path, good_file):
+    """Missing files, folders, other suffixes and non-paths."""
+    with pytest.raises(FileNotFoundError, match=r"missing\.npz: no such file"):
+        MXArray.load(tmp_path / "missing.npz")
+    (tmp_path / "folder.npz").mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        MXArray.load(tmp_path / "folder.npz")
+    np.save(tmp_path / "x.npy", EXACT)
+    with pytest.raises(ValueError, match=r"an MX file is a \.npz file"):
+        MXArray.load(tmp_path / "x.npy")
+    for bad in (None, 3, 1.5):
+        with pytest.raises(TypeError):
+            MXArray.load(bad)
+
+
+def test_load_names(tmp_path):
+    """name= picks one array of a file of several; a wrong name lists the ones there are."""
+    two = tmp_path / "two.npz"
+    np.savez(two, **{f"{n}/{part}": v for n in ("a", "b") for part, v in
+                     (("codes", MX8_EXACT.codes), ("scales", MX8_EXACT.scales.view(np.uint8)),
+                      ("meta", meta_bytes(**META)))})
+    assert_same_mx(MXArray.load(two, name="b"), MX8_EXACT)
+    with pytest.raises(ValueError, match=r"holds 2 MX arrays; pick one with name= \(a, b\)"):
+        MXArray.load(two)
+    with pytest.raises(ValueError, match="has no MX array named 'c'; it has a, b"):
+        MXArray.load(two, name="c")
+
+
+def test_load_name_of_a_single_array_file(tmp_path):
+    """name= on a file of one unnamed array says so, rather than listing 'None'."""
+    one = tmp_path / "one.npz"
+    MX8_EXACT.save(one)
+    with pytest.raises(ValueError, match="has no MX array named 'w'") as info:
+        MXArray.load(one, name="w")
+    assert "it has None" not in str(info.value), info.value
+
+
+# ---- the command line --------------------------------------------------------------------------------
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "neuron_kernels", *map(str, args)], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_quantize_big_endian_fortran_and_nonfinite(tmp_path):
+    """quantize of a big-endian Fortran-ordered member and of a member full of NaN/inf equals the in-memory
+    result, special blocks included."""
+    be = np.asfortranarray(BASE[:, :40].astype(">f4"))
+    special = NONFINITE["some_blocks"]
+    np.savez(tmp_path / "in.npz", be=be, special=special)
+    r = run_cli("quantize", "in.npz", "q.npz", "--format", "mxfp8_e5m2", "--block-size", "8", "--chunk-mb", "1",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert_same_mx(MXArray.load(tmp_path / "q.npz", name="be"), nk.quantize_mx(native(be), "mxfp8_e5m2", block_size=8))
+    got = MXArray.load(tmp_path / "q.npz", name="special")
+    codes, scales = quantize_mx_ref(special, "mxfp8_e5m2", 8, "floor")
+    assert_same_bits(got.codes, codes)
+    assert_same_bits(got.scales.view(np.uint8), scales)
+
+
+def test_cli_cast_big_endian_integers(tmp_path):
+    """cast of a big-endian int16 .npy equals ml_dtypes on the native values."""
+    x = np.arange(-300, 300, 7, dtype=">i2")
+    np.save(tmp_path / "i.npy", x)
+    r = run_cli("cast", "i.npy", "o.npy", "--to", "bfloat16", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), bits(ml_cast(native(x), "bfloat16")))
+
+
+def test_cli_quantize_huge_block_size(tmp_path):
+    """--block-size beyond int64: one block per row, or status 2 and one line naming the block size; never a
+    traceback."""
+    np.save(tmp_path / "x.npy", X_MX)
+    r = run_cli("quantize", "x.npy", "q.npz", "--format", "mxint8", "--block-size", str(10**20), cwd=tmp_path)
+    assert "Traceback" not in r.stderr, r.stderr[-1500:]
+    if r.returncode == 0:
+        got = MXArray.load(tmp_path / "q.npz")
+        want = nk.quantize_mx(X_MX, "mxint8", block_size=40)
+        assert_same_bits(got.codes, want.codes)
+        assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))
+        return
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and re.search("block.size", r.stderr), r.stderr
+    assert not (tmp_path / "q.npz").exists()
+
+
+def test_cli_dequantize_corrupt_metadata(tmp_path):
+    """dequantize of an MX file with an unsupported version: status 2, one line, no output."""
+    write_mx(tmp_path / "v2.npz", meta=_meta(version=2))
+    r = run_cli("dequantize", "v2.npz", "o.npy", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MX file version 2 is not supported" in lines[0], r.stderr
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_cli_promote_timedelta(tmp_path):
+    """promote of timedelta64 and int8 is the 'unexpected dtype' error, as for complex64."""
+    r = run_cli("promote", "timedelta64", "int8", cwd=tmp_path)
+    assert r.returncode == 1 and "unexpected dtype" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
+# ---- last, so that its subprocess has had its time -------------------------------------------------
+
+
+isolated("fake_quantize_block_2^63-1", """
+    x = (np.random.default_rng(1).standard_normal((6, 40)) * 4).astype(np.float32)
+    report(lambda: nk.fake_quantize_mx(x, "mxint8", block_size=2**63 - 1).view(np.uint32).tolist())
+""", timeout=20)
+
+
+def test_fake_quantize_block_size_near_int64_max(isolated_runs):
+    """fake_quantize_mx with block_size 2^63 - 1 along the last axis: one block per row, or a ValueError; it
+    must not hang."""
+    outcome = outcome_of(isolated_runs, "fake_quantize_block_2^63-1")
+    if "raised" in outcome:
+        assert_raised(outcome, (ValueError,), "block_size")
+        return
+    want = nk.fake_quantize_mx(X_MX, "mxint8", block_size=40)
+    np.testing.assert_array_equal(np.array(outcome["value"], np.uint32), bits(want))
