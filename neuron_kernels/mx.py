@@ -538,23 +538,24 @@ class ErrorStats:
             self._add(flat[start:stop].reshape(shape), pieces.mx_piece(mx, cut))
 
     def _add(self, x: np.ndarray, mx: MXArray) -> None:
-        xv = x.astype(np.float32).astype(np.float64) if x.dtype.name == "bfloat16" else x.astype(np.float64)
-        dq = mx.dequantize(np.float32).astype(np.float64)
-        scale = np.repeat(mx.scales.astype(np.float64), mx.block_size, axis=mx.axis)
-        scale = np.take(scale, np.arange(mx.shape[mx.axis]), axis=mx.axis)
-        finite = np.isfinite(xv) & np.isfinite(scale)  # a NaN block's scale (0xff) is NaN
-        xf, df, sf = xv[finite], dq[finite], scale[finite]
-        err = xf - df
-        nonzero = xf != 0
-        self.count += xf.size
-        self.signal += float(np.sum(xf * xf))
-        self.noise += float(np.sum(err * err))
-        if err.size:
-            self.max_abs = max(self.max_abs, float(np.max(np.abs(err))))
-        if np.any(nonzero):
-            self.max_rel = max(self.max_rel, float(np.max(np.abs(err[nonzero]) / np.abs(xf[nonzero]))))
-        self.saturated += int(np.count_nonzero(np.abs(xf) > mx.format.max_element * sf))
-        self.flushed += int(np.count_nonzero(nonzero & (df == 0)))
+        from .kernels.mx_kernels import error_sums
+
+        if x.size == 0:
+            return
+        outer, length, inner = _geometry(x.shape, mx.axis)
+        xv = x.astype(np.float32) if x.dtype.name == "bfloat16" else x
+        xv = np.ascontiguousarray(xv, dtype=np.float64).reshape(outer, length, inner)
+        dq = mx.dequantize(np.float32).reshape(outer, length, inner)
+        scales = np.ascontiguousarray(mx.scales.view(np.uint8)).reshape(outer, mx.scales.shape[mx.axis], inner)
+        count, signal, noise, max_abs, max_rel, saturated, flushed = error_sums(
+            xv, dq, scales, min(mx.block_size, max(length, 1)), float(mx.format.max_element))
+        self.count += count
+        self.signal += signal
+        self.noise += noise
+        self.max_abs = max(self.max_abs, max_abs)
+        self.max_rel = max(self.max_rel, max_rel)
+        self.saturated += saturated
+        self.flushed += flushed
 
     def result(self) -> QuantizationError:
         n = max(self.count, 1)

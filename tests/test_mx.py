@@ -258,20 +258,28 @@ def test_quantization_error():
 
 
 @pytest.mark.parametrize("shape, axis, block_size", [((5000, 300), 1, 32), ((4099, 257), 0, 7), ((3, 700, 511), 1, 5)])
-def test_quantization_error_in_pieces_equals_whole(shape, axis, block_size):
-    """The statistics are accumulated over pieces of about 1 Mi elements; compare with one pass."""
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16", np.float64])
+def test_quantization_error_equals_a_direct_computation(shape, axis, block_size, dtype):
+    """The statistics (a compiled pass over pieces of about 1 Mi elements) against numpy in one
+    pass, with a NaN block, an infinity and a saturating element in the data."""
     x = (np.random.default_rng(3).standard_normal(shape) * 3).astype(np.float32)
+    x.reshape(-1)[[7, 100_000]] = [np.nan, -np.inf]
+    x = nk.cast(x, dtype) if dtype == "bfloat16" else x.astype(dtype)
     mx = nk.quantize_mx(x, "mxfp4_e2m1", axis=axis, block_size=block_size)
     got = nk.quantization_error(x, mx)
-    xv, dq = x.astype(np.float64), mx.dequantize().astype(np.float64)
-    err = xv - dq
+    xv, dq = nk.cast(x, np.float32).astype(np.float64) if dtype == "bfloat16" else x.astype(np.float64), \
+        mx.dequantize().astype(np.float64)
     scale = np.take(np.repeat(mx.scales.astype(np.float64), block_size, axis=axis), np.arange(shape[axis]), axis=axis)
+    keep = np.isfinite(xv) & np.isfinite(scale)  # the blocks of the NaN and of the inf are left out
+    assert keep.sum() < x.size - 2
+    xv, dq, scale = xv[keep], dq[keep], scale[keep]
+    err = np.abs(xv - dq)
     assert got.mse == pytest.approx(np.mean(err * err), rel=1e-9)
     assert got.sqnr_db == pytest.approx(10 * np.log10(np.sum(xv * xv) / np.sum(err * err)), rel=1e-9)
-    assert got.max_abs_error == np.max(np.abs(err))
-    assert got.max_rel_error == np.max(np.abs(err) / np.abs(xv))
-    assert got.saturated == np.count_nonzero(np.abs(xv) > 6 * scale) / x.size
-    assert got.flushed == np.count_nonzero(dq == 0) / x.size
+    assert got.max_abs_error == np.max(err)
+    assert got.max_rel_error == np.max(err[xv != 0] / np.abs(xv[xv != 0]))
+    assert got.saturated == np.count_nonzero(np.abs(xv) > 6 * scale) / xv.size > 0
+    assert got.flushed == np.count_nonzero((dq == 0) & (xv != 0)) / xv.size
 
 
 def test_pieces_cut_on_blocks_and_byte_pairs():

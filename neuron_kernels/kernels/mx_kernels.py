@@ -24,7 +24,7 @@ from ..formats import FORMATS
 from ..mx import MX_FORMATS
 from . import codec as C
 
-__all__ = ["quantize_kernel", "dequantize_kernel", "fake_quantize_kernel", "unpack_fp4_axis"]
+__all__ = ["quantize_kernel", "dequantize_kernel", "fake_quantize_kernel", "error_sums", "unpack_fp4_axis"]
 
 FLOOR, CEIL, EVEN, RCEIL, NEURON = range(5)
 _SCALE_IDS = {"floor": FLOOR, "ceil": CEIL, "even": EVEN, "rceil": RCEIL, "neuron": NEURON}
@@ -438,6 +438,40 @@ def dequantize_kernel(fmt: str, packed: bool, last: bool) -> Any:
             t = (r + 1) * nb
 
     return kernel2
+
+
+@jit
+def error_sums(xv, dq, scales, size, max_element):  # pragma: no cover - compiled
+    """The sums behind :class:`~neuron_kernels.mx.QuantizationError`, over (A, L, B) arrays: x as
+    float64, its dequantised values, and the scale bytes (A, blocks, B). Elements of blocks with
+    scale 0xff and non-finite x are left out. Returns (count, sum x^2, sum err^2, max |err|,
+    max |err|/|x| over x != 0, saturated count, flushed count)."""
+    count = 0
+    signal = 0.0
+    noise = 0.0
+    max_abs = 0.0
+    max_rel = 0.0
+    saturated = 0
+    flushed = 0
+    for a in range(xv.shape[0]):
+        for ll in range(xv.shape[1]):
+            j = ll // size
+            for b in range(xv.shape[2]):
+                byte = scales[a, j, b]
+                x = xv[a, ll, b]
+                if byte == 0xFF or not np.isfinite(x):
+                    continue
+                d = np.float64(dq[a, ll, b])
+                err = abs(x - d)
+                count += 1
+                signal += x * x
+                noise += err * err
+                max_abs = max(max_abs, err)
+                if x != 0:
+                    max_rel = max(max_rel, err / abs(x))
+                    flushed += d == 0
+                saturated += abs(x) > max_element * np.ldexp(1.0, np.int64(byte) - 127)
+    return count, signal, noise, max_abs, max_rel, saturated, flushed
 
 
 def unpack_fp4_axis(codes: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
