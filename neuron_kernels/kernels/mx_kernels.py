@@ -78,13 +78,21 @@ def _scale_byte(amax, mode, emax, mbits, rcp):  # pragma: no cover - compiled
 
 
 @jit
-def _column_amax(x, a_, l0, l1, amax, inp):  # pragma: no cover - compiled
-    """amax[b] = the largest |x[a_, l, b]| pattern over l in [l0, l1) (NaN patterns are largest)."""
+def _column_block(x, t, nb, size, amax, dst, inp, sc):  # pragma: no cover - compiled
+    """Task ``t`` of an (A, L, B) array: its row ``a_``, block ``j`` and range ``[l0, l1)`` of L;
+    ``dst[b]`` gets the scale byte of column b's block (``amax`` is scratch of length B)."""
+    a_ = t // nb
+    j = t - a_ * nb
+    l0 = j * size
+    l1 = min(l0 + size, x.shape[1])
     amax[:] = 0
     for ll in range(l0, l1):
         for b in range(amax.size):
             v = u32_and(C._load(x[a_, ll, b], inp), 0x7FFFFFFF)
             amax[b] = v if v > amax[b] else amax[b]
+    for b in range(amax.size):
+        dst[b] = _scale_byte(amax[b], sc[0], sc[1], sc[2], sc[3])
+    return a_, j, l0, l1
 
 
 @jit(inline="always")
@@ -296,13 +304,7 @@ def quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, pack:
         amax = np.empty(inner, np.uint32)
         rnd = np.uint32(0)
         for t in range(t0, t1):
-            a_ = t // nb
-            j = t - a_ * nb
-            l0 = j * size
-            l1 = min(l0 + size, length)
-            _column_amax(x, a_, l0, l1, amax, inp)
-            for b in range(inner):
-                scales[a_, j, b] = _scale_byte(amax[b], sc[0], sc[1], sc[2], sc[3])
+            a_, j, l0, l1 = _column_block(x, t, nb, size, amax, scales[t // nb, t % nb], inp, sc)
             for ll in range(l0, l1):
                 cl = ll >> 1 if pack else ll
                 for b in range(inner):
@@ -342,13 +344,7 @@ def fake_quantize_kernel(source: str, fmt: str, scale_mode: str, rounding: str, 
         bytes_ = np.empty(inner, np.uint32)
         rnd = np.uint32(0)
         for t in range(t0, t1):
-            a_ = t // nb
-            j = t - a_ * nb
-            l0 = j * size
-            l1 = min(l0 + size, length)
-            _column_amax(x, a_, l0, l1, amax, inp)
-            for b in range(inner):
-                bytes_[b] = _scale_byte(amax[b], sc[0], sc[1], sc[2], sc[3])
+            a_, _, l0, l1 = _column_block(x, t, nb, size, amax, bytes_, inp, sc)
             for ll in range(l0, l1):
                 for b in range(inner):
                     byte = bytes_[b]
