@@ -21,8 +21,9 @@ FORMATS = list(nk.MX_FORMATS)
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind", ["quantize", "dequantize", "dequantize_out", "fake_quantize", "fake_quantize_out",
-                                  "peer"])
+@pytest.mark.parametrize(
+    "kind", ["quantize", "dequantize", "dequantize_out", "fake_quantize", "fake_quantize_out", "peer"]
+)
 def test_mx(benchmark, kind, fmt, n):
     x = float32_input(n).reshape(-1, 1024)
     mx = nk.quantize_mx(x, fmt)

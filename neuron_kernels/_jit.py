@@ -24,8 +24,19 @@ from numba.core.caching import FunctionCache
 from numba.extending import intrinsic
 
 __all__ = [
-    "jit", "u32_add", "u32_sub", "u32_mul", "u32_shr", "u32_shl", "u32_and", "u32_or", "u32_xor",
-    "f32_bits", "f32_from_bits", "i32_positive", "u32_amax_abs",
+    "jit",
+    "u32_add",
+    "u32_sub",
+    "u32_mul",
+    "u32_shr",
+    "u32_shl",
+    "u32_and",
+    "u32_or",
+    "u32_xor",
+    "f32_bits",
+    "f32_from_bits",
+    "i32_positive",
+    "u32_amax_abs",
 ]
 
 #: The options of every kernel: cached on disk, GIL released, no fastmath (it breaks NaN and
@@ -45,9 +56,12 @@ class _TolerantCache(FunctionCache):
         try:
             return super().load_overload(sig, target_context)
         except Exception as exc:  # noqa: BLE001 - any unreadable cache entry is a miss
-            warnings.warn(f"neuron_kernels: ignoring an unreadable compilation cache entry of "
-                          f"{self._qualname()} ({type(exc).__name__}: {exc}); compiling it again", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"neuron_kernels: ignoring an unreadable compilation cache entry of "
+                f"{self._qualname()} ({type(exc).__name__}: {exc}); compiling it again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             with contextlib.suppress(OSError, AttributeError):
                 os.remove(self._cache_file._index_path)
             return None
@@ -56,8 +70,12 @@ class _TolerantCache(FunctionCache):
         try:
             super().save_overload(sig, data)
         except Exception as exc:  # noqa: BLE001 - a cache that cannot be written only costs time
-            warnings.warn(f"neuron_kernels: cannot save {self._qualname()} to the compilation cache "
-                          f"({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"neuron_kernels: cannot save {self._qualname()} to the compilation cache "
+                f"({type(exc).__name__}: {exc})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def jit(fn: Callable[..., Any] | None = None, **overrides: Any) -> Any:
@@ -141,8 +159,7 @@ def u32_amax_abs(typingctx: Any, row: Any, start: Any, count: Any) -> Any:
     if not isinstance(count, types.IntegerLiteral) or count.literal_value < 0:
         return None
     n = count.literal_value
-    if n and not (isinstance(row, types.Array) and row.dtype == types.uint32 and row.ndim == 1
-                  and row.layout == "C"):
+    if n and not (isinstance(row, types.Array) and row.dtype == types.uint32 and row.ndim == 1 and row.layout == "C"):
         return None
     sig = types.uint32(row, types.uint64, count)
 

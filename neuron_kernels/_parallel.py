@@ -80,8 +80,16 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def run_chunked(kernel: Callable[[Any, Any, Any, int], None], src: Any, dst: Any, options: Any,
-                src_group: int = 1, dst_group: int = 1, elements_per_item: int = 1, base: int = 0) -> None:
+def run_chunked(
+    kernel: Callable[[Any, Any, Any, int], None],
+    src: Any,
+    dst: Any,
+    options: Any,
+    src_group: int = 1,
+    dst_group: int = 1,
+    elements_per_item: int = 1,
+    base: int = 0,
+) -> None:
     """Run ``kernel(src_chunk, dst_chunk, options, start)`` over 1-D ``src``/``dst``.
 
     ``src_group`` source items correspond to ``dst_group`` destination items (4:1 when packing
@@ -89,16 +97,24 @@ def run_chunked(kernel: Callable[[Any, Any, Any, int], None], src: Any, dst: Any
     index of the chunk's first element in the whole array, counting ``elements_per_item``
     elements per source item (4 for packed sources), plus ``base``.
     """
-    threads = 1 if src.size < PARALLEL_MIN_ELEMENTS else min(
-        get_num_threads(), max(1, src.size // (PARALLEL_MIN_ELEMENTS // 2)))
+    threads = (
+        1
+        if src.size < PARALLEL_MIN_ELEMENTS
+        else min(get_num_threads(), max(1, src.size // (PARALLEL_MIN_ELEMENTS // 2)))
+    )
     if threads <= 1:
         kernel(src, dst, options, base)
         return
     units = src.size // src_group
     bounds = [units * k // threads for k in range(threads + 1)]
-    pieces = [(src[a * src_group:b * src_group], dst[a * dst_group:b * dst_group],
-               base + a * src_group * elements_per_item)
-              for a, b in zip(bounds[:-1], bounds[1:])]
+    pieces = [
+        (
+            src[a * src_group : b * src_group],
+            dst[a * dst_group : b * dst_group],
+            base + a * src_group * elements_per_item,
+        )
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
     pool = _executor(threads - 1)
     futures = [pool.submit(kernel, s, d, options, off) for s, d, off in pieces[1:]]
     try:
@@ -109,15 +125,17 @@ def run_chunked(kernel: Callable[[Any, Any, Any, int], None], src: Any, dst: Any
             f.result()
 
 
-def run_tasks(kernel: Callable[..., None], ntasks: int, elements: int, args: tuple[Any, ...],
-              align: int = 1) -> None:
+def run_tasks(kernel: Callable[..., None], ntasks: int, elements: int, args: tuple[Any, ...], align: int = 1) -> None:
     """Run ``kernel(*args, t0, t1)`` over the independent tasks ``[0, ntasks)``.
 
     Large jobs (``elements`` at least :data:`PARALLEL_MIN_ELEMENTS`) are split into contiguous
     task ranges, one per thread, whose boundaries are multiples of ``align``.
     """
-    threads = 1 if elements < PARALLEL_MIN_ELEMENTS else min(
-        get_num_threads(), max(1, elements // (PARALLEL_MIN_ELEMENTS // 2)), max(1, ntasks // align))
+    threads = (
+        1
+        if elements < PARALLEL_MIN_ELEMENTS
+        else min(get_num_threads(), max(1, elements // (PARALLEL_MIN_ELEMENTS // 2)), max(1, ntasks // align))
+    )
     if threads <= 1:
         kernel(*args, 0, ntasks)
         return

@@ -39,8 +39,18 @@ from .casting import cast
 from .formats import FORMATS, get_format
 from .mx import MX_FORMATS, dequantize_mx, fake_quantize_mx, quantization_error, quantize_mx
 
-__all__ = ["BenchRow", "MXBenchRow", "measure", "synthetic_input", "default_pairs", "bench_casts", "format_table",
-           "numpy_reference_quantize", "bench_mx", "format_mx_table"]
+__all__ = [
+    "BenchRow",
+    "MXBenchRow",
+    "measure",
+    "synthetic_input",
+    "default_pairs",
+    "bench_casts",
+    "format_table",
+    "numpy_reference_quantize",
+    "bench_mx",
+    "format_mx_table",
+]
 
 
 @dataclass
@@ -135,13 +145,19 @@ def default_pairs() -> list[tuple[str, str]]:
     packed = [f.name for f in FORMATS.values() if f.kind == "packed"]
     encode = [("float32", t) for t in small + packed]
     decode = [(s, "float32") for s in small if s not in ("float32r", "tfloat32")]
-    others = [("float64", "bfloat16"), ("float64", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn"),
-              ("float16", "float8_e4m3fn"), ("float8_e5m2", "float8_e4m3fn")]
+    others = [
+        ("float64", "bfloat16"),
+        ("float64", "float8_e4m3fn"),
+        ("bfloat16", "float8_e4m3fn"),
+        ("float16", "float8_e4m3fn"),
+        ("float8_e5m2", "float8_e4m3fn"),
+    ]
     return encode + decode + others
 
 
-def bench_casts(n: int, repeat: int = 5, pairs: list[tuple[str, str]] | None = None,
-                progress: Callable[[str], None] | None = None) -> list[BenchRow]:
+def bench_casts(
+    n: int, repeat: int = 5, pairs: list[tuple[str, str]] | None = None, progress: Callable[[str], None] | None = None
+) -> list[BenchRow]:
     """Measure ``pairs`` (default: :func:`default_pairs`) on ``n`` built-in elements."""
     if pairs is None:
         pairs = default_pairs()
@@ -167,12 +183,16 @@ def bench_casts(n: int, repeat: int = 5, pairs: list[tuple[str, str]] | None = N
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    head = (f"{'cast':<28}{'GB/s':>8}{'out= GB/s':>11}{'copy GB/s':>11}{'vs copy':>9}"
-            f"{'peer':>11}{'peer GB/s':>11}{'vs peer':>9}")
+    head = (
+        f"{'cast':<28}{'GB/s':>8}{'out= GB/s':>11}{'copy GB/s':>11}{'vs copy':>9}"
+        f"{'peer':>11}{'peer GB/s':>11}{'vs peer':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.source + ' -> ' + r.target:<28}{r.ours_gbs:>8.1f}{r.ours_out_gbs:>11.1f}"
-                     f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>11}{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x")
+        lines.append(
+            f"{r.source + ' -> ' + r.target:<28}{r.ours_gbs:>8.1f}{r.ours_out_gbs:>11.1f}"
+            f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>11}{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x"
+        )
     return "\n".join(lines)
 
 
@@ -206,8 +226,13 @@ class MXBenchRow:
         return self.quantize_gbs / self.peer_gbs
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "vs_copy": self.vs_copy, "dequantize_vs_copy": self.dequantize_vs_copy,
-                "fake_vs_copy": self.fake_vs_copy, "vs_peer": self.vs_peer}
+        return {
+            **asdict(self),
+            "vs_copy": self.vs_copy,
+            "dequantize_vs_copy": self.dequantize_vs_copy,
+            "fake_vs_copy": self.fake_vs_copy,
+            "vs_peer": self.vs_peer,
+        }
 
 
 def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -241,8 +266,9 @@ def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[
     return codes, (shared[..., 0] + 127).astype(np.uint8)
 
 
-def bench_mx(n: int, repeat: int = 5, formats: list[str] | None = None,
-             progress: Callable[[str], None] | None = None) -> list[MXBenchRow]:
+def bench_mx(
+    n: int, repeat: int = 5, formats: list[str] | None = None, progress: Callable[[str], None] | None = None
+) -> list[MXBenchRow]:
     """Measure MX quantise, dequantise and fake-quantise of ``formats`` (default: every MX format)
     on ``n`` built-in elements, as rows of 1024 when ``n`` is a multiple of 1024, else 1-D."""
     if formats is None:
@@ -272,12 +298,16 @@ def bench_mx(n: int, repeat: int = 5, formats: list[str] | None = None,
 
 def format_mx_table(rows: list[MXBenchRow]) -> str:
     """The rows of :func:`bench_mx` as a fixed-width table."""
-    head = (f"{'MX format':<12}{'quantise':>10}{'vs copy':>9}{'dequant out=':>14}{'vs copy':>9}"
-            f"{'fake out=':>11}{'vs copy':>9}{'copy':>8}{'peer':>8}{'vs peer':>9}{'SQNR dB':>9}")
+    head = (
+        f"{'MX format':<12}{'quantise':>10}{'vs copy':>9}{'dequant out=':>14}{'vs copy':>9}"
+        f"{'fake out=':>11}{'vs copy':>9}{'copy':>8}{'peer':>8}{'vs peer':>9}{'SQNR dB':>9}"
+    )
     units = f"{'':<12}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}"
     lines = [head, units, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.fmt:<12}{r.quantize_gbs:>10.1f}{r.vs_copy:>8.2f}x{r.dequantize_gbs:>14.1f}"
-                     f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.copy_gbs:>8.1f}"
-                     f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{r.sqnr_db:>9.2f}")
+        lines.append(
+            f"{r.fmt:<12}{r.quantize_gbs:>10.1f}{r.vs_copy:>8.2f}x{r.dequantize_gbs:>14.1f}"
+            f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.copy_gbs:>8.1f}"
+            f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{r.sqnr_db:>9.2f}"
+        )
     return "\n".join(lines)

@@ -47,7 +47,8 @@ def _source_format(x: np.ndarray) -> Format:
     except TypeError:
         raise TypeError(
             f"cannot cast an array of dtype {x.dtype}: the sources are float and integer arrays "
-            "(float16/32/64, bfloat16, the float8/6/4 types, int8..int64, uint8..uint64)") from None
+            "(float16/32/64, bfloat16, the float8/6/4 types, int8..int64, uint8..uint64)"
+        ) from None
 
 
 def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[int, ...]:
@@ -59,7 +60,8 @@ def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[
         if not shape or shape[-1] % 4:
             raise ValueError(
                 f"casting to {target.name} packs 4 consecutive elements of the last axis into one "
-                f"container, so the last axis must be a multiple of 4; got shape {shape}")
+                f"container, so the last axis must be a multiple of 4; got shape {shape}"
+            )
         return shape[:-1] + (shape[-1] // 4,)
     return shape
 
@@ -83,19 +85,30 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.nda
     return out
 
 
-def _execute(x: np.ndarray, source: Format, target: Format, kernel: CastKernel,
-             options: CastOptions, out: np.ndarray, index0: int = 0) -> None:
+def _execute(
+    x: np.ndarray,
+    source: Format,
+    target: Format,
+    kernel: CastKernel,
+    options: CastOptions,
+    out: np.ndarray,
+    index0: int = 0,
+) -> None:
     """Run ``kernel`` over ``x`` into ``out`` (both already validated); ``index0`` is the index of
     x's first element in a larger array that is cast in pieces (stochastic bits depend on it)."""
-    group = (4, 1) if target.kind == "packed" and source.kind != "packed" else (
-        (1, 4) if source.kind == "packed" and target.kind != "packed" else (1, 1))
+    group = (
+        (4, 1)
+        if target.kind == "packed" and source.kind != "packed"
+        else ((1, 4) if source.kind == "packed" and target.kind != "packed" else (1, 1))
+    )
     native = x.dtype.isnative
     if x.flags.c_contiguous and native and out.flags.c_contiguous:
         if x.size:
             fn = kernel.function
             if kernel.parallel:
-                run_chunked(fn, x.reshape(-1), out.reshape(-1), options, *group,
-                            elements_per_item=source.lanes, base=index0)
+                run_chunked(
+                    fn, x.reshape(-1), out.reshape(-1), options, *group, elements_per_item=source.lanes, base=index0
+                )
             else:
                 fn(x.reshape(-1), out.reshape(-1), options, index0)
         return
@@ -108,17 +121,23 @@ def _execute(x: np.ndarray, source: Format, target: Format, kernel: CastKernel,
             out[...] = tmp
         return
     it = np.nditer(
-        [x, out], flags=["external_loop", "buffered", "zerosize_ok", "grow_inner"],
-        op_flags=[["readonly"], ["writeonly"]], op_dtypes=[x.dtype.newbyteorder("="), out.dtype],
-        order="C", casting="equiv", buffersize=_BUFFER_ELEMENTS)
+        [x, out],
+        flags=["external_loop", "buffered", "zerosize_ok", "grow_inner"],
+        op_flags=[["readonly"], ["writeonly"]],
+        op_dtypes=[x.dtype.newbyteorder("="), out.dtype],
+        order="C",
+        casting="equiv",
+        buffersize=_BUFFER_ELEMENTS,
+    )
     with it:
         for a, b in it:
             if a.size:
                 kernel.function(a, b, options, index0 + it.iterindex)
 
 
-def _run_cast(x: np.ndarray, source: Format, target: Format, options: CastOptions,
-              out: np.ndarray | None, index0: int = 0) -> np.ndarray:
+def _run_cast(
+    x: np.ndarray, source: Format, target: Format, options: CastOptions, out: np.ndarray | None, index0: int = 0
+) -> np.ndarray:
     kernel = lookup_cast(source.name, target.name)
     kernel.check_options(options)
     shape = _out_shape(x.shape, source, target)
@@ -130,8 +149,15 @@ def _run_cast(x: np.ndarray, source: Format, target: Format, options: CastOption
     return out
 
 
-def cast(x: Any, dtype: DTypeLike, *, rounding: str = "nearest_even", saturate: bool = False,
-         seed: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+def cast(
+    x: Any,
+    dtype: DTypeLike,
+    *,
+    rounding: str = "nearest_even",
+    saturate: bool = False,
+    seed: int | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Cast an array to another number format, elementwise.
 
     Parameters
@@ -181,13 +207,16 @@ def _logical_format(arr: np.ndarray, declared: DTypeLike | None, which: str) -> 
         return _source_format(arr)
     fmt = get_format(declared)
     if arr.dtype.newbyteorder("=") != fmt.result_dtype:
-        raise ValueError(f"{which} is declared {fmt.name}, whose arrays have dtype "
-                         f"{fmt.result_dtype}, but {which} has dtype {arr.dtype}")
+        raise ValueError(
+            f"{which} is declared {fmt.name}, whose arrays have dtype "
+            f"{fmt.result_dtype}, but {which} has dtype {arr.dtype}"
+        )
     return fmt
 
 
-def auto_cast(a: Any, b: Any, *, a_dtype: DTypeLike | None = None,
-              b_dtype: DTypeLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+def auto_cast(
+    a: Any, b: Any, *, a_dtype: DTypeLike | None = None, b_dtype: DTypeLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Cast two operands to the dtype the Neuron compiler promotes them to.
 
     The result dtype is ``promote_type`` of the operands' element types; when either operand is a
@@ -210,11 +239,11 @@ def auto_cast(a: Any, b: Any, *, a_dtype: DTypeLike | None = None,
             pass
     target = get_format(result)
     options = CastOptions()
-    outs = [arr if fmt is target and arr.dtype.isnative else _run_cast(arr, fmt, target, options, None)
-            for arr, fmt in zip(arrs, fmts)]
+    outs = [
+        arr if fmt is target and arr.dtype.isnative else _run_cast(arr, fmt, target, options, None)
+        for arr, fmt in zip(arrs, fmts)
+    ]
     return outs[0], outs[1]
-
-
 
 
 def _x4_format(dtype: DTypeLike) -> Format:
@@ -237,8 +266,10 @@ def pack_x4(codes: Any, dtype: DTypeLike) -> np.ndarray:
     element = FORMATS[fmt.element]  # type: ignore[index]
     arr = codes if isinstance(codes, np.ndarray) else np.asarray(codes)
     if arr.dtype != element.result_dtype:
-        raise TypeError(f"pack_x4 to {fmt.name} needs an array of {element.name} codes, got dtype "
-                        f"{arr.dtype}; cast(x, {fmt.name!r}) converts values")
+        raise TypeError(
+            f"pack_x4 to {fmt.name} needs an array of {element.name} codes, got dtype "
+            f"{arr.dtype}; cast(x, {fmt.name!r}) converts values"
+        )
     return _run_cast(arr, element, fmt, CastOptions(), None)
 
 

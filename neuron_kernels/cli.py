@@ -36,7 +36,8 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(text)
     if not m or int(m.group(1)) < 1:
         raise argparse.ArgumentTypeError(
-            f"invalid size {text!r}: give a positive element count such as 1048576, 1Mi or 64Mi")
+            f"invalid size {text!r}: give a positive element count such as 1048576, 1Mi or 64Mi"
+        )
     return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
@@ -50,8 +51,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with _progress_bar(args, total, "bench", unit="pair") as step:
         rows = bench_casts(args.size, repeat=args.repeat, progress=step)
         mx_rows = bench_mx(args.size, repeat=args.repeat, progress=step)
-    print(f"{args.size:,} float32 elements, median of {args.repeat} runs, "
-          f"{os.environ.get('NEURON_KERNELS_NUM_THREADS') or 'all available'} threads")
+    print(
+        f"{args.size:,} float32 elements, median of {args.repeat} runs, "
+        f"{os.environ.get('NEURON_KERNELS_NUM_THREADS') or 'all available'} threads"
+    )
     print(format_table(rows))
     print()
     print(format_mx_table(mx_rows))
@@ -89,8 +92,15 @@ def _progress_bar(args: argparse.Namespace, total: int, desc: str, unit: str = "
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024, file=sys.stderr,
-              dynamic_ncols=True) as bar:
+    with tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=unit == "B",
+        unit_divisor=1024,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    ) as bar:
         if unit == "B":
             yield bar.update
             return
@@ -124,19 +134,35 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     if not args.output.lower().endswith(".npz"):
         raise _UsageError(f"OUTPUT must be a .npz file (the package's MX file), not {args.output!r}")
     entries = _entries(args)
-    with _progress_bar(args, sum(e.nbytes for e in entries), f"quantize {args.format}") as progress, \
-            atomic_output(args.output, args.force, (args.input,)) as tmp:
-        stats = quantize_file(args.input, tmp, args.format, name=args.name, chunk_bytes=args.chunk_mb << 20,
-                              progress=progress, block_size=args.block_size, axis=args.axis,
-                              scale_mode=args.scale_mode, rounding=args.rounding, seed=args.seed,
-                              pack=not args.no_pack)
+    with (
+        _progress_bar(args, sum(e.nbytes for e in entries), f"quantize {args.format}") as progress,
+        atomic_output(args.output, args.force, (args.input,)) as tmp,
+    ):
+        stats = quantize_file(
+            args.input,
+            tmp,
+            args.format,
+            name=args.name,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+            block_size=args.block_size,
+            axis=args.axis,
+            scale_mode=args.scale_mode,
+            rounding=args.rounding,
+            seed=args.seed,
+            pack=not args.no_pack,
+        )
     print(f"{args.output}: {args.format}, block {args.block_size}, scale {args.scale_mode}, {args.rounding}")
-    print(f"{'array':<32}{'shape':>20}{'SQNR dB':>9}{'MSE':>11}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
-          f"{'flushed':>9}")
+    print(
+        f"{'array':<32}{'shape':>20}{'SQNR dB':>9}{'MSE':>11}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
+        f"{'flushed':>9}"
+    )
     shapes = {e.label: e.shape for e in entries}
     for label, st in stats.items():
-        print(f"{label:<32}{str(shapes[label]):>20}{st.sqnr_db:>9.2f}{st.mse:>11.3g}{st.max_abs_error:>11.3g}"
-              f"{st.max_rel_error:>11.3g}{_percent(st.saturated):>11}{_percent(st.flushed):>9}")
+        print(
+            f"{label:<32}{str(shapes[label]):>20}{st.sqnr_db:>9.2f}{st.mse:>11.3g}{st.max_abs_error:>11.3g}"
+            f"{st.max_rel_error:>11.3g}{_percent(st.saturated):>11}{_percent(st.flushed):>9}"
+        )
     return 0
 
 
@@ -147,10 +173,19 @@ def _cmd_dequantize(args: argparse.Namespace) -> int:
 
     stored = read_mx_file(args.input)
     total = sum(s.codes.nbytes + s.scales.nbytes for k, s in stored.items() if args.name in (None, k))
-    with _progress_bar(args, total, "dequantize") as progress, \
-            atomic_output(args.output, args.force, (args.input,)) as tmp:
-        names = dequantize_file(args.input, tmp, dtype=args.dtype, name=args.name,
-                                chunk_bytes=args.chunk_mb << 20, progress=progress, shown=args.output)
+    with (
+        _progress_bar(args, total, "dequantize") as progress,
+        atomic_output(args.output, args.force, (args.input,)) as tmp,
+    ):
+        names = dequantize_file(
+            args.input,
+            tmp,
+            dtype=args.dtype,
+            name=args.name,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+            shown=args.output,
+        )
     print(f"{args.output}: {len(names)} array(s) of {args.dtype}{_stored_note(args.dtype, args.output)}")
     return 0
 
@@ -169,11 +204,22 @@ def _cmd_cast(args: argparse.Namespace) -> int:
     from .stream import cast_file
 
     entries = _entries(args)
-    with _progress_bar(args, sum(e.nbytes for e in entries), f"cast to {args.to}") as progress, \
-            atomic_output(args.output, args.force, (args.input,)) as tmp:
-        names = cast_file(args.input, tmp, args.to, name=args.name,
-                          rounding=args.rounding, saturate=args.saturate, seed=args.seed,
-                          chunk_bytes=args.chunk_mb << 20, progress=progress, shown=args.output)
+    with (
+        _progress_bar(args, sum(e.nbytes for e in entries), f"cast to {args.to}") as progress,
+        atomic_output(args.output, args.force, (args.input,)) as tmp,
+    ):
+        names = cast_file(
+            args.input,
+            tmp,
+            args.to,
+            name=args.name,
+            rounding=args.rounding,
+            saturate=args.saturate,
+            seed=args.seed,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+            shown=args.output,
+        )
     note = _stored_note(args.to, args.output)
     print(f"{args.output}: {len(names)} array(s) cast to {args.to}{note}")
     return 0
@@ -189,14 +235,25 @@ def _cmd_error(args: argparse.Namespace) -> int:
     entries = _entries(args)
     total = sum(e.nbytes for e in entries)
     with _progress_bar(args, total, "error") as progress:
-        rows = error_table(args.input, name=args.name, formats=formats, scale_modes=modes,
-                           block_size=args.block_size, axis=args.axis, chunk_bytes=args.chunk_mb << 20,
-                           progress=progress)
-    print(f"{'array':<28}{'format':<13}{'scale':<8}{'SQNR dB':>9}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
-          f"{'flushed':>9}")
+        rows = error_table(
+            args.input,
+            name=args.name,
+            formats=formats,
+            scale_modes=modes,
+            block_size=args.block_size,
+            axis=args.axis,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+        )
+    print(
+        f"{'array':<28}{'format':<13}{'scale':<8}{'SQNR dB':>9}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
+        f"{'flushed':>9}"
+    )
     for label, fmt, mode, st in rows:
-        print(f"{label:<28}{fmt:<13}{mode:<8}{st.sqnr_db:>9.2f}{st.max_abs_error:>11.3g}{st.max_rel_error:>11.3g}"
-              f"{_percent(st.saturated):>11}{_percent(st.flushed):>9}")
+        print(
+            f"{label:<28}{fmt:<13}{mode:<8}{st.sqnr_db:>9.2f}{st.max_abs_error:>11.3g}{st.max_rel_error:>11.3g}"
+            f"{_percent(st.saturated):>11}{_percent(st.flushed):>9}"
+        )
     if args.plot:
         _error_plot(args, entries[0], rows)
         print(f"histogram written to {args.plot}")
@@ -217,9 +274,12 @@ def _error_plot(args: argparse.Namespace, entry: Any, rows: list[Any]) -> None:
             best[fmt] = mode
     per_row = int(np.prod(entry.shape[1:], dtype=np.int64))
     x = entry.read(0, max(1, min(entry.shape[0], (1 << 20) // max(per_row, 1))))
-    samples = {f"{fmt} {mode}": relative_errors(x, fake_quantize_mx(x, fmt, block_size=args.block_size,
-                                                                    axis=args.axis, scale_mode=mode))
-               for fmt, mode in best.items()}
+    samples = {
+        f"{fmt} {mode}": relative_errors(
+            x, fake_quantize_mx(x, fmt, block_size=args.block_size, axis=args.axis, scale_mode=mode)
+        )
+        for fmt, mode in best.items()
+    }
     error_histogram(samples, args.plot, f"{entry.label}: relative error of each MX format (best scale mode)")
 
 
@@ -242,19 +302,25 @@ def _cmd_promote(args: argparse.Namespace) -> int:
 def _cmd_formats(args: argparse.Namespace) -> int:
     from .formats import FORMATS, format_info
 
-    head = (f"{'name':<20}{'bits':>5}{'E':>4}{'M':>4}{'bias':>6}{'max':>14}{'min normal':>14}"
-            f"{'min subnorm':>14}{'eps':>10}  inf nan  array dtype")
+    head = (
+        f"{'name':<20}{'bits':>5}{'E':>4}{'M':>4}{'bias':>6}{'max':>14}{'min normal':>14}"
+        f"{'min subnorm':>14}{'eps':>10}  inf nan  array dtype"
+    )
     print(head)
     for name in FORMATS:
         i = format_info(name)
         if i.kind == "int":
-            print(f"{name:<20}{i.bits:>5}{'':>4}{'':>4}{'':>6}{i.max:>14.6g}{'':>14}{'':>14}{'':>10}"
-                  f"  {'':3} {'':3}  {i.container}")
+            print(
+                f"{name:<20}{i.bits:>5}{'':>4}{'':>4}{'':>6}{i.max:>14.6g}{'':>14}{'':>14}{'':>10}"
+                f"  {'':3} {'':3}  {i.container}"
+            )
             continue
-        print(f"{name:<20}{i.bits:>5}{i.ebits:>4}{i.mbits:>4}{i.bias:>6}{i.max:>14.6g}"
-              f"{i.smallest_normal:>14.6g}{i.smallest_subnormal:>14.6g}{i.eps:>10.4g}  "
-              f"{'yes' if i.has_inf else 'no':3} {'yes' if i.has_nan else 'no':3}  {i.container}"
-              + (f" (4 x {i.element})" if i.kind == "packed" else ""))
+        print(
+            f"{name:<20}{i.bits:>5}{i.ebits:>4}{i.mbits:>4}{i.bias:>6}{i.max:>14.6g}"
+            f"{i.smallest_normal:>14.6g}{i.smallest_subnormal:>14.6g}{i.eps:>10.4g}  "
+            f"{'yes' if i.has_inf else 'no':3} {'yes' if i.has_nan else 'no':3}  {i.container}"
+            + (f" (4 x {i.element})" if i.kind == "packed" else "")
+        )
     return 0
 
 
@@ -262,16 +328,22 @@ class _UsageError(Exception):
     pass
 
 
-def _file_command(sub: Any, name: str, help_: str, func: Callable[[argparse.Namespace], int], source: str,
-                  output: str | None) -> argparse.ArgumentParser:
+def _file_command(
+    sub: Any, name: str, help_: str, func: Callable[[argparse.Namespace], int], source: str, output: str | None
+) -> argparse.ArgumentParser:
     """A subcommand on files: INPUT [OUTPUT] and the options every file command has."""
     p = sub.add_parser(name, help=help_)
     p.add_argument("input", help=source)
     if output:
         p.add_argument("output", help=output)
     p.add_argument("--name", help="only the array of this name (.npz/.safetensors/MX files of several)")
-    p.add_argument("--chunk-mb", type=_positive_int, default=256, metavar="MB",
-                   help="memory for one piece of the input (default 256)")
+    p.add_argument(
+        "--chunk-mb",
+        type=_positive_int,
+        default=256,
+        metavar="MB",
+        help="memory for one piece of the input (default 256)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=func)
@@ -315,8 +387,14 @@ def _parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench)
 
     arrays = ".npy, .npz or .safetensors file"
-    q = _file_command(sub, "quantize", "quantise the arrays of a file to an MX format (an MX .npz file)",
-                      _cmd_quantize, arrays, "the MX file to write (.npz)")
+    q = _file_command(
+        sub,
+        "quantize",
+        "quantise the arrays of a file to an MX format (an MX .npz file)",
+        _cmd_quantize,
+        arrays,
+        "the MX file to write (.npz)",
+    )
     q.add_argument("--format", required=True, choices=list(MX_FORMATS))
     _block_options(q)
     q.add_argument("--scale-mode", default="floor", choices=list(SCALE_MODES))
@@ -324,19 +402,32 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int, help="seed of stochastic rounding")
     q.add_argument("--no-pack", action="store_true", help="store mxfp4 codes one per byte")
 
-    d = _file_command(sub, "dequantize", "an MX file back to float arrays (.npy, .npz or .safetensors)",
-                      _cmd_dequantize, "an MX .npz file", ".npy (one array), .npz or .safetensors")
+    d = _file_command(
+        sub,
+        "dequantize",
+        "an MX file back to float arrays (.npy, .npz or .safetensors)",
+        _cmd_dequantize,
+        "an MX .npz file",
+        ".npy (one array), .npz or .safetensors",
+    )
     d.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
 
-    c = _file_command(sub, "cast", "cast the arrays of a file to another dtype", _cmd_cast, arrays,
-                      ".npy (one array), .npz or .safetensors")
+    c = _file_command(
+        sub,
+        "cast",
+        "cast the arrays of a file to another dtype",
+        _cmd_cast,
+        arrays,
+        ".npy (one array), .npz or .safetensors",
+    )
     c.add_argument("--to", required=True, metavar="DTYPE", help="target dtype (see `neuron-kernels formats`)")
     c.add_argument("--rounding", default="nearest_even", choices=list(ROUNDING_MODES))
     c.add_argument("--saturate", action="store_true", help="clamp overflow to the largest finite value")
     c.add_argument("--seed", type=int, help="seed of stochastic rounding")
 
-    e = _file_command(sub, "error", "every MX format x scale mode on the arrays of a file, best first", _cmd_error,
-                      arrays, None)
+    e = _file_command(
+        sub, "error", "every MX format x scale mode on the arrays of a file, best first", _cmd_error, arrays, None
+    )
     e.add_argument("--formats", help=f"comma-separated subset of {','.join(MX_FORMATS)}")
     e.add_argument("--scale-modes", help=f"comma-separated subset of {','.join(SCALE_MODES)}")
     _block_options(e)
@@ -368,8 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (_UsageError, FileFormatError, TypeError, ValueError, OSError, RuntimeError) as exc:
-        message = str(exc) if not isinstance(exc, OSError) or not exc.filename else \
-            f"{exc.filename}: {exc.strerror or exc}"
+        message = (
+            str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"
+        )
         print(f"neuron-kernels {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

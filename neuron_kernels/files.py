@@ -28,16 +28,38 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.lib.format as npformat
 
-__all__ = ["FileFormatError", "ArrayEntry", "INPUT_SUFFIXES", "open_arrays", "check_output_path", "atomic_output",
-           "NpyWriter", "NpzWriter", "write_safetensors", "stored_member_offset"]
+__all__ = [
+    "FileFormatError",
+    "ArrayEntry",
+    "INPUT_SUFFIXES",
+    "open_arrays",
+    "check_output_path",
+    "atomic_output",
+    "NpyWriter",
+    "NpzWriter",
+    "write_safetensors",
+    "stored_member_offset",
+]
 
 INPUT_SUFFIXES = (".npy", ".npz", ".safetensors")
 
 #: safetensors dtype names and the numpy dtypes they are read as.
 _SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U64": "uint64",
-    "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
 
 
@@ -91,8 +113,9 @@ class ArrayEntry:
 def _suffix(path: str, allowed: tuple[str, ...], what: str) -> str:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in allowed:
-        raise FileFormatError(f"{path}: unsupported {what} file type {suffix or '(none)'!r}; "
-                              f"use one of {', '.join(allowed)}")
+        raise FileFormatError(
+            f"{path}: unsupported {what} file type {suffix or '(none)'!r}; use one of {', '.join(allowed)}"
+        )
     return suffix
 
 
@@ -141,8 +164,10 @@ def _npy_entry(path: str, name: str | None, start: int, end: int) -> ArrayEntry:
         data = fh.tell()
     count = int(np.prod(shape, dtype=np.int64))
     if data + count * dtype.itemsize > end:
-        raise FileFormatError(f"{where}: truncated ({end - data} bytes of data, {count * dtype.itemsize} expected "
-                              f"for shape {shape} {dtype})")
+        raise FileFormatError(
+            f"{where}: truncated ({end - data} bytes of data, {count * dtype.itemsize} expected "
+            f"for shape {shape} {dtype})"
+        )
     cache: list[np.ndarray] = []
 
     def read(start: int, stop: int) -> np.ndarray:
@@ -238,7 +263,7 @@ def _safetensors_reader(path: str, name: str) -> Callable[[int, int], np.ndarray
             row = int(np.prod(shape[1:], dtype=np.int64))
             lo, hi = start // row, -(-stop // row)
             rows = np.ascontiguousarray(sl[lo:hi]).reshape(-1)
-            return rows[start - lo * row:stop - lo * row]
+            return rows[start - lo * row : stop - lo * row]
 
     return read
 

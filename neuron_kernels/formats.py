@@ -246,27 +246,56 @@ class NKDType:
         return (as_dtype, (self.name,))
 
 
-def _float(name: str, ebits: int, mbits: int, bias: int, specials: Specials, *,
-           itemsize: int = 1, container: str | None = None, signed: bool = True,
-           nan_payload_encode: bool = False, nan_payload_decode: bool = False) -> Format:
+def _float(
+    name: str,
+    ebits: int,
+    mbits: int,
+    bias: int,
+    specials: Specials,
+    *,
+    itemsize: int = 1,
+    container: str | None = None,
+    signed: bool = True,
+    nan_payload_encode: bool = False,
+    nan_payload_decode: bool = False,
+) -> Format:
     width = 1 + ebits + mbits if signed else ebits + mbits
     numpy_name = None if container else name
-    return Format(name=name, kind="float", bits=width, itemsize=itemsize, container=container,
-                  ebits=ebits, mbits=mbits, bias=bias, specials=specials, signed=signed,
-                  numpy_name=numpy_name, nan_payload_encode=nan_payload_encode,
-                  nan_payload_decode=nan_payload_decode)
+    return Format(
+        name=name,
+        kind="float",
+        bits=width,
+        itemsize=itemsize,
+        container=container,
+        ebits=ebits,
+        mbits=mbits,
+        bias=bias,
+        specials=specials,
+        signed=signed,
+        numpy_name=numpy_name,
+        nan_payload_encode=nan_payload_encode,
+        nan_payload_decode=nan_payload_decode,
+    )
 
 
 def _int(name: str) -> Format:
     info = np.iinfo(name)
-    return Format(name=name, kind="int", bits=info.bits, itemsize=info.bits // 8,
-                  signed=info.min < 0, numpy_name=name)
+    return Format(name=name, kind="int", bits=info.bits, itemsize=info.bits // 8, signed=info.min < 0, numpy_name=name)
 
 
 def _packed(name: str, element: str, container: str) -> Format:
     size = np.dtype(container).itemsize
-    return Format(name=name, kind="packed", bits=8 * size, itemsize=size, container=container,
-                  element=element, lanes=4, numpy_name=None, signed=False)
+    return Format(
+        name=name,
+        kind="packed",
+        bits=8 * size,
+        itemsize=size,
+        container=container,
+        element=element,
+        lanes=4,
+        numpy_name=None,
+        signed=False,
+    )
 
 
 _TABLE: tuple[Format, ...] = (
@@ -338,8 +367,7 @@ def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
     if isinstance(t, NKDType):
         return t
     if t is None:  # numpy reads None as float64; a missing dtype here is a mistake
-        raise TypeError(f"dtype is None; pass a numpy dtype, an ml_dtypes type or one of: "
-                        f"{', '.join(sorted(FORMATS))}")
+        raise TypeError(f"dtype is None; pass a numpy dtype, an ml_dtypes type or one of: {', '.join(sorted(FORMATS))}")
     if isinstance(t, str):
         key = t.strip()
         key = ALIASES.get(key.lower(), key)
@@ -354,8 +382,10 @@ def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
         try:
             dt = np.dtype(t)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"not a dtype: {t!r} ({exc}); pass a numpy dtype, an ml_dtypes type "
-                            f"or one of: {', '.join(sorted(FORMATS))}") from None
+            raise TypeError(
+                f"not a dtype: {t!r} ({exc}); pass a numpy dtype, an ml_dtypes type "
+                f"or one of: {', '.join(sorted(FORMATS))}"
+            ) from None
     fmt = FORMATS.get(dt.name)
     if fmt is not None and fmt.numpy_name is not None and dt.newbyteorder("=") == fmt.result_dtype:
         return fmt.result_dtype
@@ -386,10 +416,7 @@ def _resolve_format(t: DTypeLike) -> Format:
         return dt.format
     fmt = FORMATS.get(dt.name)
     if fmt is None or fmt.numpy_name is None or dt.newbyteorder("=") != fmt.result_dtype:
-        raise TypeError(
-            f"unsupported dtype {dt!r}: expected a numeric format, one of "
-            f"{', '.join(sorted(FORMATS))}"
-        )
+        raise TypeError(f"unsupported dtype {dt!r}: expected a numeric format, one of {', '.join(sorted(FORMATS))}")
     return fmt
 
 
@@ -432,13 +459,63 @@ def format_info(t: DTypeLike) -> FormatInfo:
     f = get_format(t)
     if f.kind == "packed":
         e = FORMATS[f.element]  # type: ignore[index]
-        return FormatInfo(f.name, f.kind, f.bits, f.itemsize, np.dtype(f.container), f.dtype,
-                          e.ebits, e.mbits, e.bias, e.max, e.lowest, e.smallest_normal,
-                          e.smallest_subnormal, e.eps, e.has_inf, e.has_nan,
-                          e.has_negative_zero, f.element, f.lanes)
+        return FormatInfo(
+            f.name,
+            f.kind,
+            f.bits,
+            f.itemsize,
+            np.dtype(f.container),
+            f.dtype,
+            e.ebits,
+            e.mbits,
+            e.bias,
+            e.max,
+            e.lowest,
+            e.smallest_normal,
+            e.smallest_subnormal,
+            e.eps,
+            e.has_inf,
+            e.has_nan,
+            e.has_negative_zero,
+            f.element,
+            f.lanes,
+        )
     if f.kind == "int":
-        return FormatInfo(f.name, f.kind, f.bits, f.itemsize, f.result_dtype, f.dtype,
-                          None, None, None, f.max, f.lowest, None, None, None, False, False, False)
-    return FormatInfo(f.name, f.kind, f.bits, f.itemsize, f.result_dtype, f.dtype, f.ebits,
-                      f.mbits, f.bias, f.max, f.lowest, f.smallest_normal, f.smallest_subnormal,
-                      f.eps, f.has_inf, f.has_nan, f.has_negative_zero)
+        return FormatInfo(
+            f.name,
+            f.kind,
+            f.bits,
+            f.itemsize,
+            f.result_dtype,
+            f.dtype,
+            None,
+            None,
+            None,
+            f.max,
+            f.lowest,
+            None,
+            None,
+            None,
+            False,
+            False,
+            False,
+        )
+    return FormatInfo(
+        f.name,
+        f.kind,
+        f.bits,
+        f.itemsize,
+        f.result_dtype,
+        f.dtype,
+        f.ebits,
+        f.mbits,
+        f.bias,
+        f.max,
+        f.lowest,
+        f.smallest_normal,
+        f.smallest_subnormal,
+        f.eps,
+        f.has_inf,
+        f.has_nan,
+        f.has_negative_zero,
+    )

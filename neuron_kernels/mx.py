@@ -93,14 +93,17 @@ class MXFormat:
 
 
 #: Every MX format, by name.
-MX_FORMATS: dict[str, MXFormat] = {f.name: f for f in (
-    MXFormat("mxfp8_e4m3", "float8_e4m3fn"),
-    MXFormat("mxfp8_e5m2", "float8_e5m2"),
-    MXFormat("mxfp6_e2m3", "float6_e2m3fn"),
-    MXFormat("mxfp6_e3m2", "float6_e3m2fn"),
-    MXFormat("mxfp4_e2m1", "float4_e2m1fn"),
-    MXFormat("mxint8", "int8"),
-)}
+MX_FORMATS: dict[str, MXFormat] = {
+    f.name: f
+    for f in (
+        MXFormat("mxfp8_e4m3", "float8_e4m3fn"),
+        MXFormat("mxfp8_e5m2", "float8_e5m2"),
+        MXFormat("mxfp6_e2m3", "float6_e2m3fn"),
+        MXFormat("mxfp6_e3m2", "float6_e3m2fn"),
+        MXFormat("mxfp4_e2m1", "float4_e2m1fn"),
+        MXFormat("mxint8", "int8"),
+    )
+}
 
 _INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
@@ -180,13 +183,14 @@ class MXJob:
         outer, length, inner = _geometry(arr.shape, ax)
         nblocks = -(-length // size)
         code_len = (length + 1) // 2 if pack else length
-        codes = np.empty(arr.shape[:ax] + (code_len,) + arr.shape[ax + 1:], np.uint8)
-        scales = np.empty(arr.shape[:ax] + (nblocks,) + arr.shape[ax + 1:], np.uint8)
+        codes = np.empty(arr.shape[:ax] + (code_len,) + arr.shape[ax + 1 :], np.uint8)
+        scales = np.empty(arr.shape[:ax] + (nblocks,) + arr.shape[ax + 1 :], np.uint8)
         if arr.size:
             last = inner == 1
             kernel = mx_kernels.quantize_kernel(src.name, self.fmt.name, self.scale_mode, self.rounding, pack, last)
-            arrays = _blocked(last, outer, inner, (mx_kernels.input_view(arr), length), (codes, code_len),
-                              (scales, nblocks))
+            arrays = _blocked(
+                last, outer, inner, (mx_kernels.input_view(arr), length), (codes, code_len), (scales, nblocks)
+            )
             size = min(size, length)  # a block longer than the axis is the whole axis (and fits in int64)
             align = 2 if pack and size % 2 else 1  # two odd blocks share a byte: keep them on one thread
             run_tasks(kernel, outer * nblocks, arr.size, (*arrays, size, self.key, idx0), align)
@@ -205,21 +209,37 @@ class MXJob:
             run_tasks(kernel, outer * -(-length // size), arr.size, (*arrays, size, self.key, idx0))
 
 
-def mx_job(fmt: Any, ndim: int, *, block_size: Any = 32, axis: Any = -1, scale_mode: Any = "floor",
-           rounding: Any = "nearest_even", seed: Any = None, pack: Any = True) -> MXJob:
+def mx_job(
+    fmt: Any,
+    ndim: int,
+    *,
+    block_size: Any = 32,
+    axis: Any = -1,
+    scale_mode: Any = "floor",
+    rounding: Any = "nearest_even",
+    seed: Any = None,
+    pack: Any = True,
+) -> MXJob:
     """Validate the options of :func:`quantize_mx` for arrays of ``ndim`` dimensions."""
     mxf = _mx_format(fmt)
     rnd = _choice(rounding, MX_ROUNDING_MODES, "rounding mode")
     if not isinstance(pack, (bool, np.bool_)):
         raise TypeError(f"pack must be True or False, got {pack!r}")
-    return MXJob(mxf, _block_size(block_size), _axis(axis, ndim), _choice(scale_mode, SCALE_MODES, "scale mode"),
-                 rnd, _seed(rnd, seed), bool(pack) and mxf.packable)
+    return MXJob(
+        mxf,
+        _block_size(block_size),
+        _axis(axis, ndim),
+        _choice(scale_mode, SCALE_MODES, "scale mode"),
+        rnd,
+        _seed(rnd, seed),
+        bool(pack) and mxf.packable,
+    )
 
 
 def _geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     """(outer, length, inner): the array seen as (A, L, B) with blocks along L."""
     outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
     return outer, shape[axis], inner
 
 
@@ -262,8 +282,15 @@ class MXArray:
         for name in ("codes", "scales"):
             if not isinstance(getattr(self, name), np.ndarray):
                 raise TypeError(f"MXArray {name} must be a numpy array, got {type(getattr(self, name)).__name__}")
-        problem = layout_error(self.fmt, self.block_size, self.axis, self.shape, self.packed,
-                               (self.codes.shape, self.codes.dtype), (self.scales.shape, self.scales.dtype))
+        problem = layout_error(
+            self.fmt,
+            self.block_size,
+            self.axis,
+            self.shape,
+            self.packed,
+            (self.codes.shape, self.codes.dtype),
+            (self.scales.shape, self.scales.dtype),
+        )
         if problem:
             raise ValueError(f"inconsistent MXArray: {problem}")
 
@@ -286,9 +313,11 @@ class MXArray:
         return 8 * self.nbytes / self.size if self.size else 0.0
 
     def __repr__(self) -> str:
-        return (f"MXArray(fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}, "
-                f"packed={self.packed}, blocks={self.scales.size}, nbytes={self.nbytes}, "
-                f"bits_per_element={self.bits_per_element:.3g})")
+        return (
+            f"MXArray(fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}, "
+            f"packed={self.packed}, blocks={self.scales.size}, nbytes={self.nbytes}, "
+            f"bits_per_element={self.bits_per_element:.3g})"
+        )
 
     def dequantize(self, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
         """The values X * P (exact in float32); see :func:`dequantize_mx`."""
@@ -353,29 +382,55 @@ class MXArray:
         return arrays[key].load()
 
     @classmethod
-    def from_parts(cls, codes: Any, scales: Any, fmt: Any, block_size: Any, axis: Any, shape: Any,
-                   packed: Any, where: str = "MXArray") -> MXArray:
+    def from_parts(
+        cls,
+        codes: Any,
+        scales: Any,
+        fmt: Any,
+        block_size: Any,
+        axis: Any,
+        shape: Any,
+        packed: Any,
+        where: str = "MXArray",
+    ) -> MXArray:
         """An MXArray from its fields, checked for consistency (``ValueError`` naming ``where``)."""
         from .mxfile import layout_error
 
         if not isinstance(codes, np.ndarray) or not isinstance(scales, np.ndarray):
             raise TypeError(f"{where}: codes and scales must be numpy arrays")
-        problem = layout_error(fmt, block_size, axis, shape, packed, (codes.shape, codes.dtype),
-                               (scales.shape, scales.dtype))
+        problem = layout_error(
+            fmt, block_size, axis, shape, packed, (codes.shape, codes.dtype), (scales.shape, scales.dtype)
+        )
         if problem:
             raise ValueError(f"{where}: {problem}")
         element = MX_FORMATS[fmt].element_format
-        if element is not None and not packed and codes.size and element.bits < 8 \
-                and int(codes.max()) >= 1 << element.bits:
-            raise ValueError(f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
-                             f"{element.bits}-bit code of {fmt}")
-        return cls(np.ascontiguousarray(codes), np.ascontiguousarray(scales).view(_E8M0), fmt, block_size, axis,
-                   shape, packed)
+        if (
+            element is not None
+            and not packed
+            and codes.size
+            and element.bits < 8
+            and int(codes.max()) >= 1 << element.bits
+        ):
+            raise ValueError(
+                f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
+                f"{element.bits}-bit code of {fmt}"
+            )
+        return cls(
+            np.ascontiguousarray(codes), np.ascontiguousarray(scales).view(_E8M0), fmt, block_size, axis, shape, packed
+        )
 
 
-def quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: int = -1,
-                scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
-                pack: bool = True) -> MXArray:
+def quantize_mx(
+    x: Any,
+    fmt: str = "mxfp8_e4m3",
+    *,
+    block_size: int = 32,
+    axis: int = -1,
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    pack: bool = True,
+) -> MXArray:
     """Quantise an array to an MX format.
 
     Parameters
@@ -399,13 +454,22 @@ def quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: 
     """
     mxf = _mx_format(fmt)
     arr, src = _input_array(x)
-    job = mx_job(mxf.name, arr.ndim, block_size=block_size, axis=axis, scale_mode=scale_mode, rounding=rounding,
-                 seed=seed, pack=pack)
+    job = mx_job(
+        mxf.name,
+        arr.ndim,
+        block_size=block_size,
+        axis=axis,
+        scale_mode=scale_mode,
+        rounding=rounding,
+        seed=seed,
+        pack=pack,
+    )
     return job.quantize(arr, src)
 
 
-def _result_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: Any,
-                   *inputs: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+def _result_buffer(
+    out: np.ndarray | None, shape: tuple[int, ...], dtype: Any, *inputs: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
     """(a plain view of the validated ``out``, or None; the C-contiguous array the kernel writes)."""
     if out is None:
         return None, np.empty(shape, dtype)
@@ -445,8 +509,9 @@ def dequantize_mx(mx: MXArray, dtype: Any = np.float32, *, out: np.ndarray | Non
     if values.size:
         last = inner == 1
         kernel = mx_kernels.dequantize_kernel(mx.fmt, mx.packed, last)
-        arrays = _blocked(last, outer, inner, (mx.codes, code_len), (mx.scales.view(np.uint8), nblocks),
-                          (values, length))
+        arrays = _blocked(
+            last, outer, inner, (mx.codes, code_len), (mx.scales.view(np.uint8), nblocks), (values, length)
+        )
         run_tasks(kernel, outer * nblocks, values.size, (*arrays, min(mx.block_size, length)))
     if narrow:
         from .casting import cast
@@ -455,15 +520,24 @@ def dequantize_mx(mx: MXArray, dtype: Any = np.float32, *, out: np.ndarray | Non
     return _deliver(out, target, values)
 
 
-def fake_quantize_mx(x: Any, fmt: str = "mxfp8_e4m3", *, block_size: int = 32, axis: int = -1,
-                     scale_mode: str = "floor", rounding: str = "nearest_even",
-                     seed: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+def fake_quantize_mx(
+    x: Any,
+    fmt: str = "mxfp8_e4m3",
+    *,
+    block_size: int = 32,
+    axis: int = -1,
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array
     (written into ``out``, a float32 array of x's shape, if given)."""
     mxf = _mx_format(fmt)
     arr, src = _input_array(x)
-    job = mx_job(mxf.name, arr.ndim, block_size=block_size, axis=axis, scale_mode=scale_mode, rounding=rounding,
-                 seed=seed)
+    job = mx_job(
+        mxf.name, arr.ndim, block_size=block_size, axis=axis, scale_mode=scale_mode, rounding=rounding, seed=seed
+    )
     target, values = _result_buffer(out, arr.shape, np.float32, arr)
     job.fake_quantize(arr, src, values)
     return _deliver(out, target, values)
@@ -548,7 +622,8 @@ class ErrorStats:
         dq = mx.dequantize(np.float32).reshape(outer, length, inner)
         scales = np.ascontiguousarray(mx.scales.view(np.uint8)).reshape(outer, mx.scales.shape[mx.axis], inner)
         count, signal, noise, max_abs, max_rel, saturated, flushed = error_sums(
-            xv, dq, scales, min(mx.block_size, max(length, 1)), float(mx.format.max_element))
+            xv, dq, scales, min(mx.block_size, max(length, 1)), float(mx.format.max_element)
+        )
         self.count += count
         self.signal += signal
         self.noise += noise
@@ -563,8 +638,14 @@ class ErrorStats:
             sqnr = float("inf")
         else:
             sqnr = float(10 * np.log10(self.signal / self.noise)) if self.signal > 0 else float("-inf")
-        return QuantizationError(sqnr_db=sqnr, mse=self.noise / n, max_abs_error=self.max_abs,
-                                 max_rel_error=self.max_rel, saturated=self.saturated / n, flushed=self.flushed / n)
+        return QuantizationError(
+            sqnr_db=sqnr,
+            mse=self.noise / n,
+            max_abs_error=self.max_abs,
+            max_rel_error=self.max_rel,
+            saturated=self.saturated / n,
+            flushed=self.flushed / n,
+        )
 
 
 @dataclass(frozen=True)
@@ -600,8 +681,9 @@ class Pieces:
             return [(r, min(r + rows, self.outer), 0, self.length) for r in range(0, self.outer, rows)]
         align = self.block_size * (2 if self.packed and self.block_size % 2 else 1)
         step = max(align, (budget // self.inner) // align * align)
-        return [(r, r + 1, lo, min(lo + step, self.length)) for r in range(self.outer)
-                for lo in range(0, self.length, step)]
+        return [
+            (r, r + 1, lo, min(lo + step, self.length)) for r in range(self.outer) for lo in range(0, self.length, step)
+        ]
 
     def _span(self, n: int, cut: tuple[int, int, int, int], lo: int, hi: int) -> tuple[int, int, tuple[int, ...]]:
         r0, r1, _, _ = cut
@@ -626,8 +708,15 @@ class Pieces:
     def mx_piece(self, mx: MXArray, cut: tuple[int, int, int, int]) -> MXArray:
         """The piece of ``mx`` as a 3-D MXArray of views (blocked along axis 1)."""
         (c0, c1, cshape), (s0, s1, sshape) = self.codes(cut), self.scales(cut)
-        return MXArray(mx.codes.reshape(-1)[c0:c1].reshape(cshape), mx.scales.reshape(-1)[s0:s1].reshape(sshape),
-                       mx.fmt, mx.block_size, 1, self.values(cut)[2], mx.packed)
+        return MXArray(
+            mx.codes.reshape(-1)[c0:c1].reshape(cshape),
+            mx.scales.reshape(-1)[s0:s1].reshape(sshape),
+            mx.fmt,
+            mx.block_size,
+            1,
+            self.values(cut)[2],
+            mx.packed,
+        )
 
 
 def quantization_error(x: Any, mx: MXArray) -> QuantizationError:

@@ -41,8 +41,15 @@ def _member(name: str | None, part: str) -> str:
     return part if name is None else f"{name}/{part}"
 
 
-def layout_error(fmt: Any, block_size: Any, axis: Any, shape: Any, packed: Any, codes: tuple[tuple[int, ...], Any],
-                 scales: tuple[tuple[int, ...], Any]) -> str | None:
+def layout_error(
+    fmt: Any,
+    block_size: Any,
+    axis: Any,
+    shape: Any,
+    packed: Any,
+    codes: tuple[tuple[int, ...], Any],
+    scales: tuple[tuple[int, ...], Any],
+) -> str | None:
     """What is inconsistent in an MX array's metadata and its codes/scales (shape, dtype), or None."""
     from .mx import MX_FORMATS
 
@@ -50,8 +57,11 @@ def layout_error(fmt: Any, block_size: Any, axis: Any, shape: Any, packed: Any, 
         return f"unknown MX format {fmt!r}"
     if isinstance(block_size, bool) or not (isinstance(block_size, int) and block_size >= 1):
         return f"invalid block_size {block_size!r}"
-    if not (isinstance(shape, tuple) and shape
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+    if not (
+        isinstance(shape, tuple)
+        and shape
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+    ):
         return f"invalid shape {shape!r}"
     if isinstance(axis, bool) or not (isinstance(axis, int) and 0 <= axis < len(shape)):
         return f"invalid axis {axis!r} for shape {shape}"
@@ -87,8 +97,16 @@ class StoredMX:
         """The whole array as an :class:`~neuron_kernels.mx.MXArray`."""
         from .mx import MXArray
 
-        return MXArray.from_parts(self.codes.read(), self.scales.read(), self.fmt, self.block_size, self.axis,
-                                  self.shape, self.packed, self.path)
+        return MXArray.from_parts(
+            self.codes.read(),
+            self.scales.read(),
+            self.fmt,
+            self.block_size,
+            self.axis,
+            self.shape,
+            self.packed,
+            self.path,
+        )
 
 
 def read_mx_file(path: str | os.PathLike[str]) -> dict[str | None, StoredMX]:
@@ -123,19 +141,27 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise FileFormatError(f"{where}: corrupt MX metadata ({exc})") from None
     if type(version) is not int or version != FILE_VERSION:
-        raise FileFormatError(f"{where}: MX file version {version!r} is not supported (this package reads "
-                              f"{FILE_VERSION})")
+        raise FileFormatError(
+            f"{where}: MX file version {version!r} is not supported (this package reads {FILE_VERSION})"
+        )
     codes, scales = parts["codes"], parts["scales"]
-    problem = layout_error(fmt, block_size, axis, shape, packed, (codes.shape, codes.dtype),
-                           (scales.shape, scales.dtype))
+    problem = layout_error(
+        fmt, block_size, axis, shape, packed, (codes.shape, codes.dtype), (scales.shape, scales.dtype)
+    )
     if problem:
         raise FileFormatError(f"{where}: {problem}")
     return StoredMX(path, name, fmt, block_size, axis, shape, packed, codes, scales)
 
 
 def _meta_bytes(fmt: str, block_size: int, axis: int, shape: tuple[int, ...], packed: bool) -> np.ndarray:
-    meta = {"version": FILE_VERSION, "fmt": fmt, "block_size": block_size, "axis": axis, "shape": list(shape),
-            "packed": packed}
+    meta = {
+        "version": FILE_VERSION,
+        "fmt": fmt,
+        "block_size": block_size,
+        "axis": axis,
+        "shape": list(shape),
+        "packed": packed,
+    }
     return np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
 
 
@@ -165,8 +191,9 @@ class MXFileWriter:
         self._npz = NpzWriter(path)
 
     @contextlib.contextmanager
-    def array(self, name: str | None, fmt: str, block_size: int, axis: int, shape: tuple[int, ...],
-              packed: bool) -> Iterator[_ArrayPieces]:
+    def array(
+        self, name: str | None, fmt: str, block_size: int, axis: int, shape: tuple[int, ...], packed: bool
+    ) -> Iterator[_ArrayPieces]:
         codes_shape = list(shape)
         if packed:
             codes_shape[axis] = (shape[axis] + 1) // 2

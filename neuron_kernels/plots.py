@@ -103,18 +103,28 @@ def bench_chart(cast_rows: Sequence[BenchRow], mx_rows: Sequence[MXBenchRow], pa
     axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=[h + 1.2 for h, _ in panels])[:, 0]
     for ax, (_, kind) in zip(axes, panels):
         if kind == "cast":
-            _bars(ax, [f"{r.source} -> {r.target}" for r in cast_rows], [
-                ("ours (out=)", "tab:blue", [r.ours_out_gbs for r in cast_rows]),
-                ("peer (ml_dtypes astype, or numpy)", "tab:gray", [r.peer_gbs for r in cast_rows]),
-            ], [r.copy_gbs for r in cast_rows])
+            _bars(
+                ax,
+                [f"{r.source} -> {r.target}" for r in cast_rows],
+                [
+                    ("ours (out=)", "tab:blue", [r.ours_out_gbs for r in cast_rows]),
+                    ("peer (ml_dtypes astype, or numpy)", "tab:gray", [r.peer_gbs for r in cast_rows]),
+                ],
+                [r.copy_gbs for r in cast_rows],
+            )
             ax.set_title("Casts", loc="left", fontweight="bold")
         else:
-            _bars(ax, [f"{r.fmt}\nSQNR {r.sqnr_db:.1f} dB" for r in mx_rows], [
-                ("quantise", "tab:blue", [r.quantize_gbs for r in mx_rows]),
-                ("dequantise (out=)", "tab:orange", [r.dequantize_gbs for r in mx_rows]),
-                ("fake-quantise (out=)", "tab:green", [r.fake_gbs for r in mx_rows]),
-                ("peer (numpy + ml_dtypes)", "tab:gray", [r.peer_gbs for r in mx_rows]),
-            ], [r.copy_gbs for r in mx_rows])
+            _bars(
+                ax,
+                [f"{r.fmt}\nSQNR {r.sqnr_db:.1f} dB" for r in mx_rows],
+                [
+                    ("quantise", "tab:blue", [r.quantize_gbs for r in mx_rows]),
+                    ("dequantise (out=)", "tab:orange", [r.dequantize_gbs for r in mx_rows]),
+                    ("fake-quantise (out=)", "tab:green", [r.fake_gbs for r in mx_rows]),
+                    ("peer (numpy + ml_dtypes)", "tab:gray", [r.peer_gbs for r in mx_rows]),
+                ],
+                [r.copy_gbs for r in mx_rows],
+            )
             ax.set_title("MX block-scale quantisation (floor scale, blocks of 32)", loc="left", fontweight="bold")
     n = cast_rows[0].elements if cast_rows else mx_rows[0].elements
     fig.suptitle(f"neuron_kernels bench: {_elements(n)} float32 elements")
@@ -164,8 +174,14 @@ def error_histogram(samples: Mapping[str, Any], path: str | os.PathLike[str], ti
         bad = np.count_nonzero(~np.isfinite(v))
         if bad:
             note += f", {_percent(bad / total)} non-finite"
-        ax.hist(p, bins=bins, weights=np.full(p.size, 1 / total), histtype="step", linewidth=1.5,
-                label=f"{label} (n={v.size:,}; {note})")
+        ax.hist(
+            p,
+            bins=bins,
+            weights=np.full(p.size, 1 / total),
+            histtype="step",
+            linewidth=1.5,
+            label=f"{label} (n={v.size:,}; {note})",
+        )
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.set_xlabel("relative error |x - dq| / |x|")

@@ -49,14 +49,19 @@ __all__ = [
 
 #: The equal-itemsize precedence ladder, highest first.
 FLOAT_PRECEDENCE: tuple[str, ...] = (
-    "float64", "float32r", "float32", "bfloat16", "float16",
-    "float8_e4m3", "float8_e4m3fn", "float8_e5m2",
+    "float64",
+    "float32r",
+    "float32",
+    "bfloat16",
+    "float16",
+    "float8_e4m3",
+    "float8_e4m3fn",
+    "float8_e5m2",
 )
 
 #: The compiler's custom float types: floating even though numpy does not say so.
 CUSTOM_FLOATS: frozenset[str] = frozenset(
-    name for name, f in FORMATS.items()
-    if f.kind == "float" and name not in ("float16", "float32", "float64")
+    name for name, f in FORMATS.items() if f.kind == "float" and name not in ("float16", "float32", "float64")
 )
 
 _E8M0 = "float8_e8m0fnu"
@@ -143,22 +148,27 @@ def _decide_floats(t0: Any, t1: Any) -> Promotion:
         if t0.name == _E8M0 and t1.name == _E8M0:
             return Promotion(t0, t1, t0, "e8m0-guard", "both operands are the e8m0 scale type")
         other = t1 if t0.name == _E8M0 else t0
-        return Promotion(t0, t1, other, "e8m0-guard",
-                         "float8_e8m0fnu is a block scale, not a value: the other operand wins")
+        return Promotion(
+            t0, t1, other, "e8m0-guard", "float8_e8m0fnu is a block scale, not a value: the other operand wins"
+        )
     if t0.itemsize != t1.itemsize:
         wide = t0 if t0.itemsize > t1.itemsize else t1
-        return Promotion(t0, t1, wide, "wider-itemsize",
-                         f"{wide.name} is wider ({t0.itemsize} vs {t1.itemsize} bytes)")
+        return Promotion(t0, t1, wide, "wider-itemsize", f"{wide.name} is wider ({t0.itemsize} vs {t1.itemsize} bytes)")
     for rung in FLOAT_PRECEDENCE:
         if t0.name == rung or t1.name == rung:
             res = t0 if t0.name == rung else t1
-            return Promotion(t0, t1, res, "precedence-ladder",
-                             f"equal itemsize; {rung} is the highest rung present on the ladder "
-                             + " > ".join(FLOAT_PRECEDENCE))
+            return Promotion(
+                t0,
+                t1,
+                res,
+                "precedence-ladder",
+                f"equal itemsize; {rung} is the highest rung present on the ladder " + " > ".join(FLOAT_PRECEDENCE),
+            )
     err = NoPromotionPathError(
         f"No available implicit dtype promotion path between {t0.name} and {t1.name}: both are "
         f"{t0.itemsize}-byte floats and neither is on the precedence ladder "
-        f"({' > '.join(FLOAT_PRECEDENCE)}); cast one of them explicitly")
+        f"({' > '.join(FLOAT_PRECEDENCE)}); cast one of them explicitly"
+    )
     return Promotion(t0, t1, None, "no-path", "equal itemsize and no ladder rung matches", err)
 
 
@@ -167,18 +177,24 @@ def _decide_ints(t0: np.dtype, t1: np.dtype) -> Promotion:
     u1 = np.issubdtype(t1, np.unsignedinteger)
     if u0 == u1:
         res = t0 if t0.itemsize >= t1.itemsize else t1
-        return Promotion(t0, t1, res, "int-same-sign",
-                         "same signedness: the wider wins (the first on a tie)")
+        return Promotion(t0, t1, res, "int-same-sign", "same signedness: the wider wins (the first on a tie)")
     s, u = (t1, t0) if u0 else (t0, t1)
     if s.itemsize > u.itemsize:
-        return Promotion(t0, t1, s, "int-mixed-signed-wider",
-                         f"{s.name} is wider than {u.name} and holds all its values")
+        return Promotion(
+            t0, t1, s, "int-mixed-signed-wider", f"{s.name} is wider than {u.name} and holds all its values"
+        )
     for cand in (np.dtype("int16"), np.dtype("int32")):
         if cand.itemsize > u.itemsize:
-            return Promotion(t0, t1, cand, "int-mixed-widen",
-                             f"{cand.name} is the smallest of int16/int32 holding {s.name} and {u.name}")
-    return Promotion(t0, t1, np.dtype("float32"), "int-mixed-float32",
-                     f"no integer type holds both {s.name} and {u.name}: float32")
+            return Promotion(
+                t0,
+                t1,
+                cand,
+                "int-mixed-widen",
+                f"{cand.name} is the smallest of int16/int32 holding {s.name} and {u.name}",
+            )
+    return Promotion(
+        t0, t1, np.dtype("float32"), "int-mixed-float32", f"no integer type holds both {s.name} and {u.name}: float32"
+    )
 
 
 def explain_promotion(t0: DTypeLike, t1: DTypeLike) -> Promotion:
@@ -191,20 +207,21 @@ def explain_promotion(t0: DTypeLike, t1: DTypeLike) -> Promotion:
         if is_x4_dtype(d):
             err = TypeError(
                 f"promote_type got the packed container {d.name}; launder it first "
-                f"(launder_x4_dtype({d.name!r}) -> {get_x1_from_x4(d).name}) and promote the elements")
+                f"(launder_x4_dtype({d.name!r}) -> {get_x1_from_x4(d).name}) and promote the elements"
+            )
             return Promotion(d0, d1, None, "x4-operand", "packed containers are not value types", err)
     f0, f1 = is_floating(d0), is_floating(d1)
     if f0 and f1:
         return _decide_floats(d0, d1)
     if f0 or f1:
         res = d0 if f0 else d1
-        return Promotion(d0, d1, res, "float-int",
-                         "exactly one operand is floating: it wins, never widened")
+        return Promotion(d0, d1, res, "float-int", "exactly one operand is floating: it wins, never widened")
     for d in (d0, d1):
         if not _is_integer(d):
             err = TypeError("unexpected dtype: " + repr(d))
-            return Promotion(d0, d1, None, "unexpected-dtype",
-                             "neither operand is floating and one is not an integer", err)
+            return Promotion(
+                d0, d1, None, "unexpected-dtype", "neither operand is floating and one is not an integer", err
+            )
     return _decide_ints(d0, d1)  # type: ignore[arg-type]
 
 
@@ -248,13 +265,31 @@ def can_merge_type(t0: DTypeLike, t1: DTypeLike) -> bool:
 
 #: Short column labels for the printed grid.
 _SHORT = {
-    "float64": "f64", "float32r": "f32r", "float32": "f32", "tfloat32": "tf32",
-    "bfloat16": "bf16", "float16": "f16", "float8_e4m3": "e4m3", "float8_e4m3fn": "e4m3fn",
-    "float8_e4m3fnuz": "e4m3fnuz", "float8_e4m3b11fnuz": "e4m3b11", "float8_e5m2": "e5m2",
-    "float8_e5m2fnuz": "e5m2fnuz", "float8_e3m4": "e3m4", "float6_e2m3fn": "f6e2m3",
-    "float6_e3m2fn": "f6e3m2", "float4_e2m1fn": "f4e2m1", "float8_e8m0fnu": "e8m0",
-    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
-    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+    "float64": "f64",
+    "float32r": "f32r",
+    "float32": "f32",
+    "tfloat32": "tf32",
+    "bfloat16": "bf16",
+    "float16": "f16",
+    "float8_e4m3": "e4m3",
+    "float8_e4m3fn": "e4m3fn",
+    "float8_e4m3fnuz": "e4m3fnuz",
+    "float8_e4m3b11fnuz": "e4m3b11",
+    "float8_e5m2": "e5m2",
+    "float8_e5m2fnuz": "e5m2fnuz",
+    "float8_e3m4": "e3m4",
+    "float6_e2m3fn": "f6e2m3",
+    "float6_e3m2fn": "f6e3m2",
+    "float4_e2m1fn": "f4e2m1",
+    "float8_e8m0fnu": "e8m0",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "uint16": "u16",
+    "uint32": "u32",
+    "uint64": "u64",
 }
 
 

@@ -31,7 +31,12 @@ __all__ = [
 
 #: The rounding modes the package knows (one vocabulary everywhere).
 ROUNDING_MODES: tuple[str, ...] = (
-    "nearest_even", "nearest_away", "toward_zero", "toward_positive", "toward_negative", "stochastic",
+    "nearest_even",
+    "nearest_away",
+    "toward_zero",
+    "toward_positive",
+    "toward_negative",
+    "stochastic",
 )
 
 Impl = Literal["numba", "fallback"]
@@ -68,10 +73,10 @@ class CastKernel:
         if options.rounding not in self.roundings:
             raise NotImplementedError(
                 f"rounding={options.rounding!r} is not implemented for {self.source} -> "
-                f"{self.target}; implemented: {', '.join(sorted(self.roundings))}")
+                f"{self.target}; implemented: {', '.join(sorted(self.roundings))}"
+            )
         if options.saturate and not self.saturate:
-            raise NotImplementedError(
-                f"saturate=True is not implemented for {self.source} -> {self.target}")
+            raise NotImplementedError(f"saturate=True is not implemented for {self.source} -> {self.target}")
 
 
 class UnsupportedCastError(TypeError):
@@ -81,9 +86,16 @@ class UnsupportedCastError(TypeError):
 _REGISTRY: dict[tuple[str, str], CastKernel] = {}
 
 
-def register_cast(source: DTypeLike, target: DTypeLike, *, impl: Impl = "numba",
-                  roundings: tuple[str, ...] = ("nearest_even",), saturate: bool = False,
-                  parallel: bool = True, replace: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
+def register_cast(
+    source: DTypeLike,
+    target: DTypeLike,
+    *,
+    impl: Impl = "numba",
+    roundings: tuple[str, ...] = ("nearest_even",),
+    saturate: bool = False,
+    parallel: bool = True,
+    replace: bool = False,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Decorator registering ``fn(src, dst, options, start)`` as the cast ``source -> target``.
 
     A pair can be registered once; ``replace=True`` lets a compiled kernel take over a
@@ -126,10 +138,12 @@ def lookup_cast(source: DTypeLike, target: DTypeLike) -> CastKernel:
         close = difflib.get_close_matches(dst, targets, n=3, cutoff=0.5)
         hint = f" (closest: {', '.join(close)})" if close else ""
         raise UnsupportedCastError(
-            f"no cast from {src} to {dst}{hint}; from {src} the supported targets are: {', '.join(targets)}")
+            f"no cast from {src} to {dst}{hint}; from {src} the supported targets are: {', '.join(targets)}"
+        )
     sources = sorted({s for s, _ in _REGISTRY})
     raise UnsupportedCastError(
-        f"no cast from {src} to {dst}: nothing casts from {src}; supported sources: {', '.join(sources)}")
+        f"no cast from {src} to {dst}: nothing casts from {src}; supported sources: {', '.join(sources)}"
+    )
 
 
 def supported_casts(impl: Impl | None = None) -> list[CastKernel]:

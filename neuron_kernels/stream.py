@@ -53,14 +53,15 @@ def _budget(chunk_bytes: int, itemsize: int) -> int:
 
 def _check_quantizable(entry: ArrayEntry) -> None:
     if entry.dtype.name not in _FLOATS:
-        raise FileFormatError(f"{entry.where}: dtype {entry.dtype} is not a float array; float32, float16, "
-                              f"bfloat16 and float64 arrays can be quantised")
+        raise FileFormatError(
+            f"{entry.where}: dtype {entry.dtype} is not a float array; float32, float16, "
+            f"bfloat16 and float64 arrays can be quantised"
+        )
     if not entry.shape:
         raise FileFormatError(f"{entry.where}: a 0-d array cannot be MX-quantised (blocks run along an axis)")
 
 
-def _quantized_pieces(entry: ArrayEntry, job: MXJob, chunk_bytes: int
-                      ) -> Iterator[tuple[np.ndarray, MXArray]]:
+def _quantized_pieces(entry: ArrayEntry, job: MXJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, MXArray]]:
     """(input piece, its quantisation) over ``entry``, in C order; ``job`` is for the whole array."""
     pieces = Pieces.of(entry.shape, job.axis, job.block_size, job.pack)
     piece_job = dataclasses.replace(job, axis=1)  # pieces are (rows, block axis, inner)
@@ -70,8 +71,16 @@ def _quantized_pieces(entry: ArrayEntry, job: MXJob, chunk_bytes: int
         yield arr, piece_job.quantize(arr, src, idx0=start)
 
 
-def quantize_file(src: str, dst: str, fmt: str, *, name: str | None = None, chunk_bytes: int = 256 << 20,
-                  progress: Progress = _no_progress, **options: Any) -> dict[str, QuantizationError]:
+def quantize_file(
+    src: str,
+    dst: str,
+    fmt: str,
+    *,
+    name: str | None = None,
+    chunk_bytes: int = 256 << 20,
+    progress: Progress = _no_progress,
+    **options: Any,
+) -> dict[str, QuantizationError]:
     """Quantise every array of ``src`` (or the one called ``name``) into the MX file ``dst``
     (already a temporary path: see :func:`neuron_kernels.files.atomic_output`).
 
@@ -88,8 +97,9 @@ def quantize_file(src: str, dst: str, fmt: str, *, name: str | None = None, chun
     with MXFileWriter(dst) as writer:
         for entry, job in zip(entries, jobs):
             acc = ErrorStats()
-            with writer.array(entry.name if named else None, job.fmt.name, job.block_size, job.axis, entry.shape,
-                              job.pack) as out:
+            with writer.array(
+                entry.name if named else None, job.fmt.name, job.block_size, job.axis, entry.shape, job.pack
+            ) as out:
                 for arr, mx in _quantized_pieces(entry, job, chunk_bytes):
                     out.write(mx.codes, mx.scales)
                     acc.add(arr, mx)
@@ -101,15 +111,18 @@ def quantize_file(src: str, dst: str, fmt: str, *, name: str | None = None, chun
 def _output_kind(path: str) -> str:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in (".npy", ".npz", ".safetensors"):
-        raise FileFormatError(f"{path}: unsupported output file type {suffix or '(none)'!r}; "
-                              f"use one of .npy, .npz, .safetensors")
+        raise FileFormatError(
+            f"{path}: unsupported output file type {suffix or '(none)'!r}; use one of .npy, .npz, .safetensors"
+        )
     return suffix
 
 
 def _one_output(kind: str, dst: str, count: int) -> None:
     if kind == ".npy" and count != 1:
-        raise FileFormatError(f"{dst}: a .npy file holds one array and there are {count}; write .npz or "
-                              f".safetensors, or pick one array by name")
+        raise FileFormatError(
+            f"{dst}: a .npy file holds one array and there are {count}; write .npz or "
+            f".safetensors, or pick one array by name"
+        )
 
 
 def stored_dtype(dtype: Any, path: str) -> np.dtype:
@@ -133,7 +146,7 @@ def _write_arrays(dst: str, kind: str, items: list[_Item]) -> None:
     """Write arrays produced piece by piece. ``items``: (name, shape, dtype, pieces) where
     ``pieces()`` yields consecutive C-order pieces of the array (any shapes)."""
     if kind == ".npy":
-        (_, shape, dtype, pieces), = items
+        ((_, shape, dtype, pieces),) = items
         with NpyWriter(dst, shape, dtype) as w:
             for piece in pieces():
                 w.write(piece)
@@ -144,25 +157,38 @@ def _write_arrays(dst: str, kind: str, items: list[_Item]) -> None:
                     for piece in pieces():
                         m.write(piece)
     else:  # the safetensors package writes whole arrays
-        write_safetensors(dst, {name: np.concatenate([p.reshape(-1) for p in pieces()]).reshape(shape)
-                                for name, shape, dtype, pieces in items})
+        write_safetensors(
+            dst,
+            {
+                name: np.concatenate([p.reshape(-1) for p in pieces()]).reshape(shape)
+                for name, shape, dtype, pieces in items
+            },
+        )
 
 
 def _stored_as(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.view(dtype) if values.dtype != dtype else values
 
 
-def dequantize_file(src: str, dst: str, *, dtype: Any = "float32", name: str | None = None,
-                    chunk_bytes: int = 256 << 20, progress: Progress = _no_progress, shown: str | None = None
-                    ) -> list[str]:
+def dequantize_file(
+    src: str,
+    dst: str,
+    *,
+    dtype: Any = "float32",
+    name: str | None = None,
+    chunk_bytes: int = 256 << 20,
+    progress: Progress = _no_progress,
+    shown: str | None = None,
+) -> list[str]:
     """Dequantise the MX file ``src`` (every array, or ``name``) into ``dst`` (.npy/.npz/.safetensors;
     a temporary path, called ``shown`` in messages). Returns the names written."""
     kind = _output_kind(shown or dst)
     stored = read_mx_file(src)
     if name is not None:
         if name not in stored:
-            raise FileFormatError(f"{src} has no MX array named {name!r}; it has "
-                                  f"{', '.join(sorted(str(k) for k in stored))}")
+            raise FileFormatError(
+                f"{src} has no MX array named {name!r}; it has {', '.join(sorted(str(k) for k in stored))}"
+            )
         stored = {name: stored[name]}
     _one_output(kind, shown or dst, len(stored))
     out_fmt = get_format(dtype)
@@ -173,12 +199,20 @@ def dequantize_file(src: str, dst: str, *, dtype: Any = "float32", name: str | N
             layout = Pieces.of(s.shape, s.axis, s.block_size, s.packed)
             for cut in layout.cuts(_budget(chunk_bytes, 4)):
                 (c0, c1, cshape), (s0, s1, sshape) = layout.codes(cut), layout.scales(cut)
-                part = MXArray.from_parts(s.codes.read_flat(c0, c1).reshape(cshape),
-                                          s.scales.read_flat(s0, s1).reshape(sshape), s.fmt, s.block_size, 1,
-                                          layout.values(cut)[2], s.packed, s.path)
+                part = MXArray.from_parts(
+                    s.codes.read_flat(c0, c1).reshape(cshape),
+                    s.scales.read_flat(s0, s1).reshape(sshape),
+                    s.fmt,
+                    s.block_size,
+                    1,
+                    layout.values(cut)[2],
+                    s.packed,
+                    s.path,
+                )
                 values = part.dequantize(out_fmt.name)
                 progress(part.codes.nbytes + part.scales.nbytes)
                 yield _stored_as(values, out_dtype)
+
         return run
 
     items = [(str(k) if k is not None else "array", s.shape, out_dtype, pieces(s)) for k, s in stored.items()]
@@ -186,9 +220,19 @@ def dequantize_file(src: str, dst: str, *, dtype: Any = "float32", name: str | N
     return [i[0] for i in items]
 
 
-def cast_file(src: str, dst: str, target: Any, *, name: str | None = None, rounding: str = "nearest_even",
-              saturate: bool = False, seed: int | None = None, chunk_bytes: int = 256 << 20,
-              progress: Progress = _no_progress, shown: str | None = None) -> list[str]:
+def cast_file(
+    src: str,
+    dst: str,
+    target: Any,
+    *,
+    name: str | None = None,
+    rounding: str = "nearest_even",
+    saturate: bool = False,
+    seed: int | None = None,
+    chunk_bytes: int = 256 << 20,
+    progress: Progress = _no_progress,
+    shown: str | None = None,
+) -> list[str]:
     """Cast every array of ``src`` (or ``name``) to ``target`` into ``dst`` (a temporary path, called
     ``shown`` in messages), equal to :func:`neuron_kernels.cast` of each whole array (stochastic
     bits included)."""
@@ -219,6 +263,7 @@ def cast_file(src: str, dst: str, target: Any, *, name: str | None = None, round
                 out = _run_cast(piece, source, target_fmt, options, None, index0=start * source.lanes)
                 progress(piece.nbytes)
                 yield _stored_as(out, out_dtype)
+
         return run
 
     items = [(e.label, _out_shape(e.shape, sources[e.label], target_fmt), out_dtype, pieces(e)) for e in entries]
@@ -226,10 +271,17 @@ def cast_file(src: str, dst: str, target: Any, *, name: str | None = None, round
     return [i[0] for i in items]
 
 
-def error_table(src: str, *, name: str | None = None, formats: list[str] | None = None,
-                scale_modes: list[str] | None = None, block_size: int = 32, axis: int = -1,
-                chunk_bytes: int = 256 << 20, progress: Progress = _no_progress
-                ) -> list[tuple[str, str, str, QuantizationError]]:
+def error_table(
+    src: str,
+    *,
+    name: str | None = None,
+    formats: list[str] | None = None,
+    scale_modes: list[str] | None = None,
+    block_size: int = 32,
+    axis: int = -1,
+    chunk_bytes: int = 256 << 20,
+    progress: Progress = _no_progress,
+) -> list[tuple[str, str, str, QuantizationError]]:
     """For each array of ``src``, every MX format x scale mode: (array, format, scale mode, stats),
     best SQNR first within each array."""
     from .mx import MX_FORMATS, SCALE_MODES
@@ -240,8 +292,11 @@ def error_table(src: str, *, name: str | None = None, formats: list[str] | None 
     rows = []
     for entry in entries:
         _check_quantizable(entry)
-        jobs = {(f, m): mx_job(f, len(entry.shape), block_size=block_size, axis=axis, scale_mode=m)
-                for f in formats for m in scale_modes}
+        jobs = {
+            (f, m): mx_job(f, len(entry.shape), block_size=block_size, axis=axis, scale_mode=m)
+            for f in formats
+            for m in scale_modes
+        }
         stats = {key: ErrorStats() for key in jobs}
         # One read of each piece serves every job: cut where every job can (FP4's byte pairs too).
         first = next(iter(jobs.values()))

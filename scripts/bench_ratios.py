@@ -35,21 +35,35 @@ def main(path: str) -> int:
         if pair.startswith("mx "):
             continue
         c = copy.get(n, float("nan"))
-        print(f"{pair:<26}{n:>10}{r.get('ours', 0):>8.1f}{r.get('ours_out', 0):>8.1f}{c:>8.1f}"
-              f"{r.get('peer', 0):>8.2f}{r.get('ours_out', 0) / c:>10.2f}x"
-              f"{r.get('ours', 0) / r.get('peer', float('nan')):>10.1f}x")
+        print(
+            f"{pair:<26}{n:>10}{r.get('ours', 0):>8.1f}{r.get('ours_out', 0):>8.1f}{c:>8.1f}"
+            f"{r.get('peer', 0):>8.2f}{r.get('ours_out', 0) / c:>10.2f}x"
+            f"{r.get('ours', 0) / r.get('peer', float('nan')):>10.1f}x"
+        )
     mx = {key: r for key, r in rows.items() if key[0].startswith("mx ")}
     if mx:
-        print(f"\nMX: GB/s, and ratios to the copy baseline (out = into a reused array)\n"
-              f"{'format':<14}{'n':>10}{'quant':>7}{'dequant':>8}{'fake':>7}{'peer':>7}"
-              f"{'q/copy':>8}{'dq/copy':>8}{'dq out':>8}{'fq/copy':>8}{'fq out':>8}{'q/peer':>8}")
+        print(
+            f"\nMX: GB/s, and ratios to the copy baseline (out = into a reused array)\n"
+            f"{'format':<14}{'n':>10}{'quant':>7}{'dequant':>8}{'fake':>7}{'peer':>7}"
+            f"{'q/copy':>8}{'dq/copy':>8}{'dq out':>8}{'fq/copy':>8}{'fq out':>8}{'q/peer':>8}"
+        )
         for (pair, n), r in sorted(mx.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             c = copy.get(n, float("nan"))
-            q, dq, dqo, fq, fqo, p = (r.get(k, float("nan")) for k in (
-                "ours_quantize", "ours_dequantize", "ours_dequantize_out", "ours_fake_quantize",
-                "ours_fake_quantize_out", "peer"))
-            print(f"{pair[3:]:<14}{n:>10}{q:>7.1f}{dq:>8.1f}{fq:>7.1f}{p:>7.2f}{q / c:>7.2f}x{dq / c:>7.2f}x"
-                  f"{dqo / c:>7.2f}x{fq / c:>7.2f}x{fqo / c:>7.2f}x{q / p:>7.1f}x")
+            q, dq, dqo, fq, fqo, p = (
+                r.get(k, float("nan"))
+                for k in (
+                    "ours_quantize",
+                    "ours_dequantize",
+                    "ours_dequantize_out",
+                    "ours_fake_quantize",
+                    "ours_fake_quantize_out",
+                    "peer",
+                )
+            )
+            print(
+                f"{pair[3:]:<14}{n:>10}{q:>7.1f}{dq:>8.1f}{fq:>7.1f}{p:>7.2f}{q / c:>7.2f}x{dq / c:>7.2f}x"
+                f"{dqo / c:>7.2f}x{fq / c:>7.2f}x{fqo / c:>7.2f}x{q / p:>7.1f}x"
+            )
     for n, gbs in sorted(fresh.items()):
         print(f"copy into a fresh array (x.copy()), n={n}: {gbs:.1f} GB/s, {gbs / copy[n]:.2f}x the copy baseline")
     if small is not None:

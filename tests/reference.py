@@ -23,7 +23,7 @@ def round_float32_to_mbits(x: np.ndarray, mbits: int) -> np.ndarray:
     ulp = np.ldexp(1.0, exp - mbits)
     with np.errstate(invalid="ignore", over="ignore"):
         q = np.rint(x64 / ulp) * ulp
-        largest = np.ldexp(2.0 - 2.0 ** -mbits, 127)
+        largest = np.ldexp(2.0 - 2.0**-mbits, 127)
         q = np.where(np.abs(q) > largest, np.copysign(np.inf, x64), q)
         out = q.astype(np.float32)
     bits = out.view(np.uint32)

@@ -131,20 +131,63 @@ class FormatRef:
         return math.ldexp((1 << self.mbits) + f, e - self.bias - self.mbits)
 
 
-def _ieee(name, ebits, mbits, bias, container, max_code, max_finite, min_normal, min_subnormal,
-          nan_codes, nan_payload_encode=False, nan_payload_decode=False, code_shift=0):
+def _ieee(
+    name,
+    ebits,
+    mbits,
+    bias,
+    container,
+    max_code,
+    max_finite,
+    min_normal,
+    min_subnormal,
+    nan_codes,
+    nan_payload_encode=False,
+    nan_payload_decode=False,
+    code_shift=0,
+):
     """An IEEE-like format: +-inf, NaN with exponent all ones, -0, overflow to +-inf."""
-    return FormatRef(name, ebits, mbits, bias, container, max_code, max_finite, min_normal, min_subnormal,
-                     inf=True, nan="ieee", nan_codes=nan_codes, nan_payload_encode=nan_payload_encode,
-                     nan_payload_decode=nan_payload_decode, signed_zero=True, overflow="inf",
-                     code_shift=code_shift)
+    return FormatRef(
+        name,
+        ebits,
+        mbits,
+        bias,
+        container,
+        max_code,
+        max_finite,
+        min_normal,
+        min_subnormal,
+        inf=True,
+        nan="ieee",
+        nan_codes=nan_codes,
+        nan_payload_encode=nan_payload_encode,
+        nan_payload_decode=nan_payload_decode,
+        signed_zero=True,
+        overflow="inf",
+        code_shift=code_shift,
+    )
 
 
 def _fnuz(name, ebits, mbits, bias, max_finite, min_normal, min_subnormal):
     """A finite, unsigned-zero 8-bit format: NaN is 0x80 only, no -0, overflow to NaN."""
-    return FormatRef(name, ebits, mbits, bias, np.uint8, 0x7F, max_finite, min_normal, min_subnormal,
-                     inf=False, nan="fnuz", nan_codes=(0x80, 0x80), nan_payload_encode=False,
-                     nan_payload_decode=False, signed_zero=False, overflow="nan")
+    return FormatRef(
+        name,
+        ebits,
+        mbits,
+        bias,
+        np.uint8,
+        0x7F,
+        max_finite,
+        min_normal,
+        min_subnormal,
+        inf=False,
+        nan="fnuz",
+        nan_codes=(0x80, 0x80),
+        nan_payload_encode=False,
+        nan_payload_decode=False,
+        signed_zero=False,
+        overflow="nan",
+    )
 
 
 def _small_fn(name, ebits, mbits, bias, max_code, max_finite, min_normal, min_subnormal):
@@ -153,22 +196,75 @@ def _small_fn(name, ebits, mbits, bias, max_code, max_finite, min_normal, min_su
     NaN inputs follow ml_dtypes: +NaN -> the -0 code, -NaN -> the +0 code.
     """
     sign_bit = 1 << (ebits + mbits)
-    return FormatRef(name, ebits, mbits, bias, np.uint8, max_code, max_finite, min_normal, min_subnormal,
-                     inf=False, nan="none", nan_codes=(sign_bit, 0x00), nan_payload_encode=False,
-                     nan_payload_decode=False, signed_zero=True, overflow="max")
+    return FormatRef(
+        name,
+        ebits,
+        mbits,
+        bias,
+        np.uint8,
+        max_code,
+        max_finite,
+        min_normal,
+        min_subnormal,
+        inf=False,
+        nan="none",
+        nan_codes=(sign_bit, 0x00),
+        nan_payload_encode=False,
+        nan_payload_decode=False,
+        signed_zero=True,
+        overflow="max",
+    )
 
 
 FORMATS_REF: dict[str, FormatRef] = {
     f.name: f
     for f in (
-        _ieee("bfloat16", 8, 7, 127, np.uint16, 0x7F7F, (2 - 2.0**-7) * 2.0**127, 2.0**-126, 2.0**-133,
-              nan_codes=(0x7FC0, 0xFFC0), nan_payload_decode=True),
-        _ieee("float16", 5, 10, 15, np.uint16, 0x7BFF, 65504.0, 2.0**-14, 2.0**-24,
-              nan_codes=(0x7E00, 0xFE00), nan_payload_encode=True, nan_payload_decode=True),
+        _ieee(
+            "bfloat16",
+            8,
+            7,
+            127,
+            np.uint16,
+            0x7F7F,
+            (2 - 2.0**-7) * 2.0**127,
+            2.0**-126,
+            2.0**-133,
+            nan_codes=(0x7FC0, 0xFFC0),
+            nan_payload_decode=True,
+        ),
+        _ieee(
+            "float16",
+            5,
+            10,
+            15,
+            np.uint16,
+            0x7BFF,
+            65504.0,
+            2.0**-14,
+            2.0**-24,
+            nan_codes=(0x7E00, 0xFE00),
+            nan_payload_encode=True,
+            nan_payload_decode=True,
+        ),
         _ieee("float8_e4m3", 4, 3, 7, np.uint8, 0x77, 240.0, 2.0**-6, 2.0**-9, nan_codes=(0x7C, 0xFC)),
-        FormatRef("float8_e4m3fn", 4, 3, 7, np.uint8, 0x7E, 448.0, 2.0**-6, 2.0**-9,
-                  inf=False, nan="fn", nan_codes=(0x7F, 0xFF), nan_payload_encode=False,
-                  nan_payload_decode=False, signed_zero=True, overflow="nan"),
+        FormatRef(
+            "float8_e4m3fn",
+            4,
+            3,
+            7,
+            np.uint8,
+            0x7E,
+            448.0,
+            2.0**-6,
+            2.0**-9,
+            inf=False,
+            nan="fn",
+            nan_codes=(0x7F, 0xFF),
+            nan_payload_encode=False,
+            nan_payload_decode=False,
+            signed_zero=True,
+            overflow="nan",
+        ),
         _fnuz("float8_e4m3fnuz", 4, 3, 8, 240.0, 2.0**-7, 2.0**-10),
         _fnuz("float8_e4m3b11fnuz", 4, 3, 11, 30.0, 2.0**-10, 2.0**-13),
         _ieee("float8_e5m2", 5, 2, 15, np.uint8, 0x7B, 57344.0, 2.0**-14, 2.0**-16, nan_codes=(0x7E, 0xFE)),
@@ -177,11 +273,40 @@ FORMATS_REF: dict[str, FormatRef] = {
         _small_fn("float6_e2m3fn", 2, 3, 1, 0x1F, 7.5, 1.0, 0.125),
         _small_fn("float6_e3m2fn", 3, 2, 3, 0x1F, 28.0, 0.25, 0.0625),
         _small_fn("float4_e2m1fn", 2, 1, 1, 0x07, 6.0, 1.0, 0.5),
-        FormatRef("float8_e8m0fnu", 8, 0, 127, np.uint8, 0xFE, 2.0**127, 2.0**-127, 2.0**-127,
-                  inf=False, nan="e8m0", nan_codes=(0xFF, 0xFF), nan_payload_encode=False,
-                  nan_payload_decode=False, signed_zero=False, overflow="nan", signed=False, subnormals=False),
-        _ieee("tfloat32", 8, 10, 127, np.uint32, (254 << 10) | 0x3FF, (2 - 2.0**-10) * 2.0**127,
-              2.0**-126, 2.0**-136, nan_codes=(0x7FC00000, 0xFFC00000), nan_payload_decode=True, code_shift=13),
+        FormatRef(
+            "float8_e8m0fnu",
+            8,
+            0,
+            127,
+            np.uint8,
+            0xFE,
+            2.0**127,
+            2.0**-127,
+            2.0**-127,
+            inf=False,
+            nan="e8m0",
+            nan_codes=(0xFF, 0xFF),
+            nan_payload_encode=False,
+            nan_payload_decode=False,
+            signed_zero=False,
+            overflow="nan",
+            signed=False,
+            subnormals=False,
+        ),
+        _ieee(
+            "tfloat32",
+            8,
+            10,
+            127,
+            np.uint32,
+            (254 << 10) | 0x3FF,
+            (2 - 2.0**-10) * 2.0**127,
+            2.0**-126,
+            2.0**-136,
+            nan_codes=(0x7FC00000, 0xFFC00000),
+            nan_payload_decode=True,
+            code_shift=13,
+        ),
     )
 }
 
@@ -351,8 +476,7 @@ def float64_to_target_ref(x64, name: str) -> np.ndarray:
         return encode_ref(np.asarray(x64, dtype=np.float64).astype(np.float32), name)
 
 
-def encode_float64_ref(x64, name: str, rounding: str = "nearest_even", saturate: bool = False,
-                       rand=None) -> np.ndarray:
+def encode_float64_ref(x64, name: str, rounding: str = "nearest_even", saturate: bool = False, rand=None) -> np.ndarray:
     """Encode float64 values into format ``name`` with one rounding of the exact float64 value.
 
     The rules are those of ``encode_ref`` (same rounding modes, overflow, saturation, signs),

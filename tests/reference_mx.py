@@ -308,8 +308,9 @@ def _nan_block_code(elem: str) -> int:
     return int(FORMATS_REF[elem].nan_codes[0])
 
 
-def quantize_mx_ref(x, fmt: str, block_size: int = 32, scale_mode: str = "floor",
-                    rounding: str = "nearest_even", rand=None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_mx_ref(
+    x, fmt: str, block_size: int = 32, scale_mode: str = "floor", rounding: str = "nearest_even", rand=None
+) -> tuple[np.ndarray, np.ndarray]:
     """Quantise a 1-D float32 array to MX along its only axis.
 
     Blocks are ``x[k*block_size:(k+1)*block_size]``; the last one may be partial (its amax is
@@ -391,8 +392,9 @@ def quantize_mx_ref(x, fmt: str, block_size: int = 32, scale_mode: str = "floor"
                 codes[i] = _int8_code(math.ldexp(xi, INT8_SCALE_BITS - e), rounding, draws[i])
             else:
                 scaled = np.array([math.ldexp(xi, -e)], dtype=np.float64)  # exact; -0.0 stays -0.0
-                code = encode_float64_ref(scaled, elem, rounding, saturate=True,
-                                          rand=np.array([draws[i]], dtype=np.uint32))
+                code = encode_float64_ref(
+                    scaled, elem, rounding, saturate=True, rand=np.array([draws[i]], dtype=np.uint32)
+                )
                 codes[i] = int(code[0])
     return codes, scale_bytes
 

@@ -38,8 +38,7 @@ EXACT = np.tile(np.arange(-7, 9, dtype=F32), 4).reshape(2, 32)
 
 #: The code every element of a block holding a NaN or an infinity gets (spec: the element format's
 #: positive NaN code, or 0 where it has none).
-SPECIAL_CODE = {"mxfp8_e4m3": 0x7F, "mxfp8_e5m2": 0x7E, "mxfp6_e2m3": 0, "mxfp6_e3m2": 0, "mxfp4_e2m1": 0,
-                "mxint8": 0}
+SPECIAL_CODE = {"mxfp8_e4m3": 0x7F, "mxfp8_e5m2": 0x7E, "mxfp6_e2m3": 0, "mxfp6_e3m2": 0, "mxfp4_e2m1": 0, "mxint8": 0}
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -66,7 +65,12 @@ def ml_cast(x, name: str) -> np.ndarray:
 
 def assert_same_mx(got: MXArray, want: MXArray) -> None:
     assert (got.fmt, got.block_size, got.axis, got.shape, got.packed) == (
-        want.fmt, want.block_size, want.axis, want.shape, want.packed)
+        want.fmt,
+        want.block_size,
+        want.axis,
+        want.shape,
+        want.packed,
+    )
     assert_same_bits(got.codes, want.codes)
     assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))
 
@@ -115,8 +119,9 @@ def isolated(name: str, body: str, timeout: float = 180) -> str:
 
 def _run_isolated(body: str, timeout: float):
     try:
-        return subprocess.run([sys.executable, "-c", PRELUDE + body], cwd=ROOT, env=ENV, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-c", PRELUDE + body], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return None
 
@@ -137,7 +142,7 @@ def outcome_of(runs, name: str) -> dict:
     assert proc.returncode == 0, f"{name}: the interpreter died with status {proc.returncode}: {proc.stderr[-800:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("OUTCOME ")]
     assert lines, f"{name}: no outcome; stderr: {proc.stderr[-800:]}"
-    return json.loads(lines[-1][len("OUTCOME "):])
+    return json.loads(lines[-1][len("OUTCOME ") :])
 
 
 def assert_raised(outcome: dict, errors: tuple[type, ...], pattern: str) -> None:
@@ -148,10 +153,32 @@ def assert_raised(outcome: dict, errors: tuple[type, ...], pattern: str) -> None
 
 # ---- cast: dtypes and names --------------------------------------------------------------------
 
-WRONG_DTYPES = [np.complex64, np.complex128, object, "U3", "S3", bool, [("a", "f4"), ("b", "i4")], "V4",
-                "datetime64[s]", "timedelta64[s]", np.longdouble]
-WRONG_IDS = ["complex64", "complex128", "object", "unicode", "bytes", "bool", "structured", "void", "datetime64",
-             "timedelta64", "longdouble"]
+WRONG_DTYPES = [
+    np.complex64,
+    np.complex128,
+    object,
+    "U3",
+    "S3",
+    bool,
+    [("a", "f4"), ("b", "i4")],
+    "V4",
+    "datetime64[s]",
+    "timedelta64[s]",
+    np.longdouble,
+]
+WRONG_IDS = [
+    "complex64",
+    "complex128",
+    "object",
+    "unicode",
+    "bytes",
+    "bool",
+    "structured",
+    "void",
+    "datetime64",
+    "timedelta64",
+    "longdouble",
+]
 
 
 @pytest.mark.parametrize("dtype", WRONG_DTYPES, ids=WRONG_IDS)
@@ -162,16 +189,20 @@ def test_cast_refuses_source_dtype(dtype):
         nk.cast(x, "bfloat16")
 
 
-@pytest.mark.parametrize("target, error, pattern", [
-    *[(dt, TypeError, "unsupported dtype") for dt in WRONG_DTYPES],
-    ("bogus", TypeError, "unknown dtype 'bogus'"),
-    ("", TypeError, "unknown dtype ''"),
-    ("FLOAT32", TypeError, "Did you mean 'float32'"),
-    ("bfloat61", TypeError, "bfloat16"),
-    (5, TypeError, "not a dtype: 5"),
-    (3.5, TypeError, "not a dtype: 3.5"),
-    (None, TypeError, "None"),
-], ids=[*WRONG_IDS, "bogus", "empty", "upper", "typo", "int", "float", "None"])
+@pytest.mark.parametrize(
+    "target, error, pattern",
+    [
+        *[(dt, TypeError, "unsupported dtype") for dt in WRONG_DTYPES],
+        ("bogus", TypeError, "unknown dtype 'bogus'"),
+        ("", TypeError, "unknown dtype ''"),
+        ("FLOAT32", TypeError, "Did you mean 'float32'"),
+        ("bfloat61", TypeError, "bfloat16"),
+        (5, TypeError, "not a dtype: 5"),
+        (3.5, TypeError, "not a dtype: 3.5"),
+        (None, TypeError, "None"),
+    ],
+    ids=[*WRONG_IDS, "bogus", "empty", "upper", "typo", "int", "float", "None"],
+)
 def test_cast_refuses_target(target, error, pattern):
     """An unsupported or unknown target (None included) is a TypeError naming it."""
     with pytest.raises(error, match=pattern):
@@ -205,8 +236,10 @@ def test_cast_bad_options(kwargs, error, pattern):
 def test_cast_numpy_integer_seed(seed):
     """A numpy integer seed is the same seed as the Python int."""
     x = np.linspace(-3, 3, 301, dtype=F32)
-    assert_same_bits(nk.cast(x, "float8_e5m2", rounding="stochastic", seed=seed),
-                     nk.cast(x, "float8_e5m2", rounding="stochastic", seed=5))
+    assert_same_bits(
+        nk.cast(x, "float8_e5m2", rounding="stochastic", seed=seed),
+        nk.cast(x, "float8_e5m2", rounding="stochastic", seed=5),
+    )
 
 
 @pytest.mark.parametrize("saturate", [np.bool_(True), np.bool_(False)])
@@ -224,12 +257,21 @@ MX8_EXACT = nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
 OUT_CALLS = {
     "cast": (lambda out: nk.cast(EXACT, "bfloat16", out=out), BF16, lambda: ml_cast(EXACT, "bfloat16")),
     "dequantize_mx": (lambda out: nk.dequantize_mx(MX8_EXACT, out=out), np.dtype(F32), lambda: EXACT),
-    "dequantize_bf16": (lambda out: nk.dequantize_mx(MX8_EXACT, "bfloat16", out=out), BF16,
-                        lambda: ml_cast(EXACT, "bfloat16")),
-    "MXArray.dequantize": (lambda out: MX8_EXACT.dequantize(np.float64, out=out), np.dtype(np.float64),
-                           lambda: EXACT.astype(np.float64)),
-    "fake_quantize_mx": (lambda out: nk.fake_quantize_mx(EXACT, "mxfp8_e4m3", block_size=8, out=out),
-                         np.dtype(F32), lambda: EXACT),
+    "dequantize_bf16": (
+        lambda out: nk.dequantize_mx(MX8_EXACT, "bfloat16", out=out),
+        BF16,
+        lambda: ml_cast(EXACT, "bfloat16"),
+    ),
+    "MXArray.dequantize": (
+        lambda out: MX8_EXACT.dequantize(np.float64, out=out),
+        np.dtype(np.float64),
+        lambda: EXACT.astype(np.float64),
+    ),
+    "fake_quantize_mx": (
+        lambda out: nk.fake_quantize_mx(EXACT, "mxfp8_e4m3", block_size=8, out=out),
+        np.dtype(F32),
+        lambda: EXACT,
+    ),
 }
 
 
@@ -309,7 +351,9 @@ MATRIX_OUT = {
     "fake_quantize": ("np.float32", "nk.fake_quantize_mx(EXACT, block_size=8, out=out)"),
 }
 for _name, (_dtype, _call) in MATRIX_OUT.items():
-    isolated(f"matrix_out_{_name}", f"""
+    isolated(
+        f"matrix_out_{_name}",
+        f"""
         out = np.asmatrix(np.zeros((2, 32), {_dtype}))
 
         def call():
@@ -317,15 +361,20 @@ for _name, (_dtype, _call) in MATRIX_OUT.items():
             return result.view(f"u{{result.itemsize}}").tolist()
 
         report(call)
-    """)
+    """,
+    )
 
 
-@pytest.mark.parametrize("call, want", [
-    ("cast", lambda: ml_cast(EXACT, "bfloat16")),
-    ("dequantize_bf16", lambda: ml_cast(EXACT, "bfloat16")),
-    ("dequantize_f32", lambda: EXACT),
-    ("fake_quantize", lambda: EXACT),
-], ids=list(MATRIX_OUT))
+@pytest.mark.parametrize(
+    "call, want",
+    [
+        ("cast", lambda: ml_cast(EXACT, "bfloat16")),
+        ("dequantize_bf16", lambda: ml_cast(EXACT, "bfloat16")),
+        ("dequantize_f32", lambda: EXACT),
+        ("fake_quantize", lambda: EXACT),
+    ],
+    ids=list(MATRIX_OUT),
+)
 def test_out_ndarray_subclass(isolated_runs, call, want):
     """An np.matrix out= (an ndarray subclass of the right shape and dtype) gets the right values, or is refused
     with a TypeError/ValueError naming out; it never corrupts memory."""
@@ -339,8 +388,17 @@ def test_out_ndarray_subclass(isolated_runs, call, want):
 # ---- MX: dtypes, names, options ----------------------------------------------------------------
 
 MX_CALLS = {"quantize_mx": nk.quantize_mx, "fake_quantize_mx": nk.fake_quantize_mx}
-MX_WRONG_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint64, ml_dtypes.float8_e4m3fn,
-                   ml_dtypes.float8_e8m0fnu, *WRONG_DTYPES]
+MX_WRONG_DTYPES = [
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint64,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e8m0fnu,
+    *WRONG_DTYPES,
+]
 MX_WRONG_IDS = ["int8", "int16", "int32", "int64", "uint8", "uint64", "float8_e4m3fn", "e8m0", *WRONG_IDS]
 
 
@@ -349,8 +407,11 @@ MX_WRONG_IDS = ["int8", "int16", "int32", "int64", "uint8", "uint64", "float8_e4
 def test_mx_refuses_input_dtype(call, dtype):
     """Only float32/16/64 and bfloat16 arrays are quantised; anything else is a TypeError naming the dtype."""
     x = np.zeros((2, 32), dtype)
-    with pytest.raises(TypeError, match=r"MX quantisation takes float32, float16, bfloat16 or float64 arrays; "
-                                        r"got dtype"):
+    with pytest.raises(
+        TypeError,
+        match=r"MX quantisation takes float32, float16, bfloat16 or float64 arrays; "
+        r"got dtype",
+    ):
         MX_CALLS[call](x)
 
 
@@ -447,14 +508,17 @@ def test_quantize_block_size_beyond_int64(block_size):
 # ---- dequantize_mx: arguments and inconsistent MXArrays ------------------------------------------
 
 
-@pytest.mark.parametrize("dtype, error, pattern", [
-    (np.int32, TypeError, "dequantize_mx writes float32, float64, float16 or bfloat16; got int32"),
-    ("float8_e4m3fn", TypeError, "got float8_e4m3fn"),
-    ("tfloat32", TypeError, "got tfloat32"),
-    (np.complex64, TypeError, "unsupported dtype"),
-    ("bogus", TypeError, "unknown dtype 'bogus'"),
-    (None, TypeError, "None"),
-])
+@pytest.mark.parametrize(
+    "dtype, error, pattern",
+    [
+        (np.int32, TypeError, "dequantize_mx writes float32, float64, float16 or bfloat16; got int32"),
+        ("float8_e4m3fn", TypeError, "got float8_e4m3fn"),
+        ("tfloat32", TypeError, "got tfloat32"),
+        (np.complex64, TypeError, "unsupported dtype"),
+        ("bogus", TypeError, "unknown dtype 'bogus'"),
+        (None, TypeError, "None"),
+    ],
+)
 def test_dequantize_bad_dtype(dtype, error, pattern):
     """The result dtype must be one of the four float types; None is not a dtype."""
     with pytest.raises(error, match=pattern):
@@ -492,15 +556,22 @@ INCONSISTENT = {
     "packed_fp8": ("MXArray(MX8.codes, MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), True)", "packed"),
     "fp4_not_packed": ("MXArray(MX4.codes, MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), False)", "codes|packed"),
     "fp4_codes_unpacked_flagged_packed": (
-        "MXArray(MX4.unpacked_codes(), MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)", "codes|packed"),
-    "codes_float32": ("MXArray(MX8.codes.astype(np.float32), MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), False)",
-                      "codes", (TypeError, ValueError)),
+        "MXArray(MX4.unpacked_codes(), MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)",
+        "codes|packed",
+    ),
+    "codes_float32": (
+        "MXArray(MX8.codes.astype(np.float32), MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), False)",
+        "codes",
+        (TypeError, ValueError),
+    ),
 }
 for _name, (_expr, *_) in INCONSISTENT.items():
     isolated(f"inconsistent_{_name}", f"report(lambda: ({_expr}).dequantize().view(np.uint32).tolist())")
-isolated("inconsistent_unpacked_codes",
-         "report(lambda: MXArray(MX4.codes[:, :2], MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)"
-         ".unpacked_codes().tolist())")
+isolated(
+    "inconsistent_unpacked_codes",
+    "report(lambda: MXArray(MX4.codes[:, :2], MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)"
+    ".unpacked_codes().tolist())",
+)
 
 
 @pytest.mark.parametrize("case", [*INCONSISTENT, "unpacked_codes"])
@@ -511,11 +582,18 @@ def test_inconsistent_mxarray_is_refused(isolated_runs, case):
     assert_raised(outcome_of(isolated_runs, f"inconsistent_{case}"), errors[0] if errors else (ValueError,), pattern)
 
 
-@pytest.mark.parametrize("make, pattern", [
-    (lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp9", 8, 1, (2, 32), False), "unknown MX format 'mxfp9'"),
-    (lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp8_e4m3", 8, 5, (2, 32), False), "axis"),
-    (lambda: MXArray(MX8_EXACT.codes.tolist(), MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False), "codes"),
-], ids=["fmt", "axis", "codes_list"])
+@pytest.mark.parametrize(
+    "make, pattern",
+    [
+        (
+            lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp9", 8, 1, (2, 32), False),
+            "unknown MX format 'mxfp9'",
+        ),
+        (lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp8_e4m3", 8, 5, (2, 32), False), "axis"),
+        (lambda: MXArray(MX8_EXACT.codes.tolist(), MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False), "codes"),
+    ],
+    ids=["fmt", "axis", "codes_list"],
+)
 def test_mxarray_bad_fields(make, pattern):
     """A hand-built MXArray with a bad field is a TypeError/ValueError naming the field, not a KeyError,
     IndexError or AttributeError."""
@@ -532,9 +610,18 @@ def test_to_x4_of_inconsistent_mxarray():
 # ---- 0-d and empty arrays -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("x", [np.float32(1.5), np.array(-2.75, F32), np.array(3.0, ">f4"), np.float64(1e40),
-                               np.array(0.1, np.float16), np.int16(-300)],
-                         ids=["np_scalar", "0d", "0d_big_endian", "float64_overflow", "float16", "int16"])
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.float32(1.5),
+        np.array(-2.75, F32),
+        np.array(3.0, ">f4"),
+        np.float64(1e40),
+        np.array(0.1, np.float16),
+        np.int16(-300),
+    ],
+    ids=["np_scalar", "0d", "0d_big_endian", "float64_overflow", "float16", "int16"],
+)
 @pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn", "float16"])
 def test_cast_0d(x, target):
     """0-d inputs give 0-d results equal to ml_dtypes'."""
@@ -553,16 +640,30 @@ def test_cast_0d_to_packed_is_refused():
 
 
 @pytest.mark.parametrize("call", list(MX_CALLS))
-@pytest.mark.parametrize("x", [np.float32(1.0), np.array(2.0, F32), np.array(2.0, ">f2"), 1.5],
-                         ids=["np_scalar", "0d", "0d_big_endian", "python_float"])
+@pytest.mark.parametrize(
+    "x",
+    [np.float32(1.0), np.array(2.0, F32), np.array(2.0, ">f2"), 1.5],
+    ids=["np_scalar", "0d", "0d_big_endian", "python_float"],
+)
 def test_mx_0d_is_refused(call, x):
     """MX blocks run along an axis: a 0-d input is a ValueError saying so."""
     with pytest.raises(ValueError, match="cannot quantise a 0-d array"):
         MX_CALLS[call](x)
 
 
-EMPTY = [((0,), 0), ((0, 5), 0), ((0, 5), 1), ((3, 0), 0), ((3, 0), 1), ((0, 0), 0), ((0, 0), 1),
-         ((2, 0, 4), 0), ((2, 0, 4), 1), ((2, 0, 4), 2), ((2, 0, 4), -1)]
+EMPTY = [
+    ((0,), 0),
+    ((0, 5), 0),
+    ((0, 5), 1),
+    ((3, 0), 0),
+    ((3, 0), 1),
+    ((0, 0), 0),
+    ((0, 0), 1),
+    ((2, 0, 4), 0),
+    ((2, 0, 4), 1),
+    ((2, 0, 4), 2),
+    ((2, 0, 4), -1),
+]
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1"])
@@ -633,12 +734,16 @@ BASE = (np.random.default_rng(7).standard_normal((8, 48)) * np.exp2(np.arange(48
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("target, kwargs", [
-    ("bfloat16", {}),
-    ("float8_e5m2", {"rounding": "stochastic", "seed": 3}),
-    ("float4_e2m1fn", {"rounding": "toward_zero"}),
-    ("float8_e4m3fn_x4", {"saturate": True}),
-], ids=["bfloat16", "e5m2_stochastic", "fp4_toward_zero", "e4m3fn_x4"])
+@pytest.mark.parametrize(
+    "target, kwargs",
+    [
+        ("bfloat16", {}),
+        ("float8_e5m2", {"rounding": "stochastic", "seed": 3}),
+        ("float4_e2m1fn", {"rounding": "toward_zero"}),
+        ("float8_e4m3fn_x4", {"saturate": True}),
+    ],
+    ids=["bfloat16", "e5m2_stochastic", "fp4_toward_zero", "e4m3fn_x4"],
+)
 def test_cast_layouts(layout, target, kwargs):
     """Strided, negative-stride and big-endian inputs give the result of a native C-contiguous copy (the
     stochastic bits follow the C-order index)."""
@@ -659,10 +764,16 @@ def test_cast_big_endian_integers(dtype, target):
 
 
 MX_LAYOUT_CASES = [
-    *[(layout, fmt, kwargs) for layout in LAYOUTS if "float16" not in layout and "float64" not in layout
-      for fmt, kwargs in (("mxfp4_e2m1", {"block_size": 5}),
-                          ("mxint8", {"block_size": 7, "rounding": "stochastic", "seed": 4}),
-                          ("mxfp8_e4m3", {"block_size": 32, "scale_mode": "rceil"}))],
+    *[
+        (layout, fmt, kwargs)
+        for layout in LAYOUTS
+        if "float16" not in layout and "float64" not in layout
+        for fmt, kwargs in (
+            ("mxfp4_e2m1", {"block_size": 5}),
+            ("mxint8", {"block_size": 7, "rounding": "stochastic", "seed": 4}),
+            ("mxfp8_e4m3", {"block_size": 32, "scale_mode": "rceil"}),
+        )
+    ],
     *[(layout, "mxfp4_e2m1", {"block_size": 5}) for layout in LAYOUTS if "float16" in layout or "float64" in layout],
 ]
 
@@ -674,16 +785,18 @@ def test_mx_layouts(layout, fmt, kwargs):
     x = LAYOUTS[layout](BASE)
     for axis in range(x.ndim):
         assert_same_mx(nk.quantize_mx(x, fmt, axis=axis, **kwargs), nk.quantize_mx(native(x), fmt, axis=axis, **kwargs))
-        assert_same_bits(nk.fake_quantize_mx(x, fmt, axis=axis, **kwargs),
-                         nk.fake_quantize_mx(native(x), fmt, axis=axis, **kwargs))
+        assert_same_bits(
+            nk.fake_quantize_mx(x, fmt, axis=axis, **kwargs), nk.fake_quantize_mx(native(x), fmt, axis=axis, **kwargs)
+        )
 
 
 @pytest.mark.parametrize("layout", ["reversed", "negative_step_2", "big_endian_reversed"])
 def test_auto_cast_layouts(layout):
     """auto_cast of strided and big-endian operands equals the call on native copies, dtype included."""
     half = BASE.astype(np.float16)
-    a = {"reversed": half[::-1], "negative_step_2": half[:, ::-2],
-         "big_endian_reversed": half.astype(">f2")[:, ::-1]}[layout]
+    a = {"reversed": half[::-1], "negative_step_2": half[:, ::-2], "big_endian_reversed": half.astype(">f2")[:, ::-1]}[
+        layout
+    ]
     b = ml_cast(BASE[:, ::-3], "bfloat16")
     got, want = nk.auto_cast(a, b), nk.auto_cast(native(a), native(b))
     for g, w in zip(got, want):
@@ -705,8 +818,9 @@ def test_auto_cast_big_endian_operand_of_the_result_type():
 def test_auto_cast_packed_operand_layouts(layout):
     """A packed x4 operand declared with a_dtype is read right whatever its layout or byte order."""
     packed = nk.cast(BASE[:4, :16], "float8_e4m3fn_x4")
-    a = {"big_endian": lambda p: p.astype(">u4"), "reversed": lambda p: p[::-1],
-         "negative_step": lambda p: p[:, ::-2]}[layout](packed)
+    a = {"big_endian": lambda p: p.astype(">u4"), "reversed": lambda p: p[::-1], "negative_step": lambda p: p[:, ::-2]}[
+        layout
+    ](packed)
     got = nk.auto_cast(a, np.zeros(1, np.float16), a_dtype="float8_e4m3fn_x4")
     want = nk.auto_cast(native(a), np.zeros(1, np.float16), a_dtype="float8_e4m3fn_x4")
     assert_same_bits(got[0], want[0])
@@ -716,23 +830,29 @@ def test_auto_cast_packed_operand_layouts(layout):
 # ---- Python scalars and lists --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [1.5, -3, 2**40, -0.0, 1e40, [[1.5, -2.0], [3.0, 1e40]], [[[1, 2.5]], [[3, -4]]],
-                                   [1, 2, 3], [[]]],
-                         ids=["float", "int", "big_int", "neg_zero", "overflow", "nested", "nested3", "ints", "empty"])
+@pytest.mark.parametrize(
+    "value",
+    [1.5, -3, 2**40, -0.0, 1e40, [[1.5, -2.0], [3.0, 1e40]], [[[1, 2.5]], [[3, -4]]], [1, 2, 3], [[]]],
+    ids=["float", "int", "big_int", "neg_zero", "overflow", "nested", "nested3", "ints", "empty"],
+)
 @pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn", "float16"])
 def test_cast_python_values(value, target):
     """Python scalars and nested lists cast like the numpy array they make."""
     assert_same_bits(nk.cast(value, target), ml_cast(np.asarray(value), target))
 
 
-@pytest.mark.parametrize("value, error, pattern", [
-    (2**70, TypeError, "cannot cast an array of dtype object"),
-    (True, TypeError, "dtype bool"),
-    (1j, TypeError, "dtype complex128"),
-    ("1.5", TypeError, "dtype <U3"),
-    (None, TypeError, "dtype object"),
-    ([[1, 2], [3]], ValueError, "inhomogeneous"),
-], ids=["int_beyond_int64", "bool", "complex", "str", "None", "ragged"])
+@pytest.mark.parametrize(
+    "value, error, pattern",
+    [
+        (2**70, TypeError, "cannot cast an array of dtype object"),
+        (True, TypeError, "dtype bool"),
+        (1j, TypeError, "dtype complex128"),
+        ("1.5", TypeError, "dtype <U3"),
+        (None, TypeError, "dtype object"),
+        ([[1, 2], [3]], ValueError, "inhomogeneous"),
+    ],
+    ids=["int_beyond_int64", "bool", "complex", "str", "None", "ragged"],
+)
 def test_cast_python_values_refused(value, error, pattern):
     """Python values that make no numeric array are refused with the reason."""
     with pytest.raises(error, match=pattern):
@@ -746,8 +866,11 @@ def test_cast_python_int_wraps_like_numpy():
 
 
 @pytest.mark.parametrize("call", list(MX_CALLS))
-@pytest.mark.parametrize("value", [[1.0, 2.0, -3.5], [[0.1] * 33, [-2.0] * 33], [[[1.0, 1e-3]], [[1e3, -0.0]]]],
-                         ids=["list", "nested", "nested3"])
+@pytest.mark.parametrize(
+    "value",
+    [[1.0, 2.0, -3.5], [[0.1] * 33, [-2.0] * 33], [[[1.0, 1e-3]], [[1e3, -0.0]]]],
+    ids=["list", "nested", "nested3"],
+)
 def test_mx_python_lists(call, value):
     """Lists of Python floats are quantised like the float64 array they make."""
     got, want = MX_CALLS[call](value, "mxfp6_e3m2"), MX_CALLS[call](np.asarray(value), "mxfp6_e3m2")
@@ -796,9 +919,9 @@ def test_mx_nonfinite(fmt, case):
     codes, scales = quantize_mx_ref(x, fmt, 32, "floor")
     assert_same_bits(mx.codes, codes)
     assert_same_bits(mx.scales.view(np.uint8), scales)
-    special = np.array([not np.all(np.isfinite(x[i:i + 32])) for i in range(0, x.size, 32)])
+    special = np.array([not np.all(np.isfinite(x[i : i + 32])) for i in range(0, x.size, 32)])
     assert np.all(scales[special] == 0xFF)
-    per_element = np.repeat(special, 32)[:x.size]
+    per_element = np.repeat(special, 32)[: x.size]
     assert np.all(codes[per_element] == SPECIAL_CODE[fmt])
     dq = mx.dequantize()
     assert np.all(np.isnan(dq[per_element])) and np.all(np.isfinite(dq[~per_element]))
@@ -808,10 +931,13 @@ def test_mx_nonfinite(fmt, case):
         np.testing.assert_array_equal(mx.dequantize(dtype).astype(np.float64), dq.astype(np.float64))
 
 
-@pytest.mark.parametrize("scale_mode, rounding", [
-    *[(m, "nearest_even") for m in ("floor", "ceil", "even", "rceil", "neuron")],
-    *[("floor", r) for r in ("nearest_away", "toward_zero", "stochastic")],
-])
+@pytest.mark.parametrize(
+    "scale_mode, rounding",
+    [
+        *[(m, "nearest_even") for m in ("floor", "ceil", "even", "rceil", "neuron")],
+        *[("floor", r) for r in ("nearest_away", "toward_zero", "stochastic")],
+    ],
+)
 def test_mx_nonfinite_every_mode(scale_mode, rounding):
     """No scale mode or rounding changes the special-block rule."""
     for fmt in MX_FORMATS:
@@ -830,18 +956,33 @@ def test_mx_nonfinite_other_input_dtypes(dtype):
     x = NONFINITE["some_blocks"][:96].reshape(16, 6)
     with np.errstate(all="ignore"):
         xd = x.astype(dtype)
-    assert_same_mx(nk.quantize_mx(xd, "mxfp4_e2m1", axis=0, block_size=5),
-                   nk.quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=5))
-    assert_same_bits(nk.fake_quantize_mx(xd, "mxfp4_e2m1", axis=0, block_size=5),
-                     nk.fake_quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=5))
+    assert_same_mx(
+        nk.quantize_mx(xd, "mxfp4_e2m1", axis=0, block_size=5), nk.quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=5)
+    )
+    assert_same_bits(
+        nk.fake_quantize_mx(xd, "mxfp4_e2m1", axis=0, block_size=5),
+        nk.fake_quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=5),
+    )
 
 
 SPECIAL_VALUES = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.0, -0.0, np.nan, np.inf], F32)
 CAST_MODES = ["nearest_even", "nearest_away", "toward_zero", "toward_positive", "toward_negative", "stochastic"]
 
 
-@pytest.mark.parametrize("target", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                                    "float8_e5m2fnuz", "float8_e3m4", "float6_e2m3fn", "float4_e2m1fn"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "bfloat16",
+        "float16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e3m4",
+        "float6_e2m3fn",
+        "float4_e2m1fn",
+    ],
+)
 @pytest.mark.parametrize("rounding", CAST_MODES)
 def test_cast_nonfinite(target, rounding):
     """NaN and infinities encode as ml_dtypes does in every rounding mode; with saturate=True infinities become
@@ -867,12 +1008,37 @@ def test_cast_nonfinite_e8m0():
 # ---- promote_type and auto_cast --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("t0, t1", [
-    (np.complex64, "int8"), ("int8", object), ("U3", "int8"), ("int8", "S3"), (bool, "int8"),
-    ("int8", [("a", "f4")]), ("V4", "uint16"), ("datetime64[s]", "int8"), ("timedelta64[s]", "int8"),
-    ("int32", "timedelta64"), (np.complex64, np.complex64), (bool, bool),
-], ids=["complex", "object", "unicode", "bytes", "bool", "structured", "void", "datetime64", "timedelta64",
-        "timedelta64_second", "complex_pair", "bool_pair"])
+@pytest.mark.parametrize(
+    "t0, t1",
+    [
+        (np.complex64, "int8"),
+        ("int8", object),
+        ("U3", "int8"),
+        ("int8", "S3"),
+        (bool, "int8"),
+        ("int8", [("a", "f4")]),
+        ("V4", "uint16"),
+        ("datetime64[s]", "int8"),
+        ("timedelta64[s]", "int8"),
+        ("int32", "timedelta64"),
+        (np.complex64, np.complex64),
+        (bool, bool),
+    ],
+    ids=[
+        "complex",
+        "object",
+        "unicode",
+        "bytes",
+        "bool",
+        "structured",
+        "void",
+        "datetime64",
+        "timedelta64",
+        "timedelta64_second",
+        "complex_pair",
+        "bool_pair",
+    ],
+)
 def test_promote_unexpected_dtypes(t0, t1):
     """Neither operand floating and one not an integer: TypeError('unexpected dtype: ...'); timedelta64 is no
     integer type of the compiler's."""
@@ -880,33 +1046,39 @@ def test_promote_unexpected_dtypes(t0, t1):
         nk.promote_type(t0, t1)
 
 
-@pytest.mark.parametrize("t0, t1, want", [
-    (np.complex64, "float32", np.float32),
-    ("bfloat16", bool, BF16),
-    ("float16", object, np.float16),
-    (">f2", "int8", np.float16),
-    (">i2", "<u1", np.int16),
-    (np.dtype(">f4"), "bfloat16", np.float32),
-    (float, "int8", np.float64),
-    (" bf16 ", "int64", BF16),
-])
+@pytest.mark.parametrize(
+    "t0, t1, want",
+    [
+        (np.complex64, "float32", np.float32),
+        ("bfloat16", bool, BF16),
+        ("float16", object, np.float16),
+        (">f2", "int8", np.float16),
+        (">i2", "<u1", np.int16),
+        (np.dtype(">f4"), "bfloat16", np.float32),
+        (float, "int8", np.float64),
+        (" bf16 ", "int64", BF16),
+    ],
+)
 def test_promote_documented_answers(t0, t1, want):
     """The float operand wins without the other being inspected (README rule 2); byte order does not matter."""
     got = nk.promote_type(t0, t1)
     assert got == np.dtype(want) and got.isnative
 
 
-@pytest.mark.parametrize("t0, t1, error, pattern", [
-    ("bogus", "int8", TypeError, "unknown dtype 'bogus'"),
-    ("int8", "", TypeError, "unknown dtype ''"),
-    ("FLOAT32", "int8", TypeError, "Did you mean 'float32'"),
-    (5, "int8", TypeError, "not a dtype: 5"),
-    ("int8", 3.5, TypeError, "not a dtype: 3.5"),
-    (None, "int8", TypeError, "None"),
-    ("float32", None, TypeError, "None"),
-    ("float8_e4m3fn_x4", "float32", TypeError, "launder it first"),
-    ("float4_e2m1fn", "float4_e2m1fn", nk.NoPromotionPathError, "No available implicit dtype promotion path"),
-])
+@pytest.mark.parametrize(
+    "t0, t1, error, pattern",
+    [
+        ("bogus", "int8", TypeError, "unknown dtype 'bogus'"),
+        ("int8", "", TypeError, "unknown dtype ''"),
+        ("FLOAT32", "int8", TypeError, "Did you mean 'float32'"),
+        (5, "int8", TypeError, "not a dtype: 5"),
+        ("int8", 3.5, TypeError, "not a dtype: 3.5"),
+        (None, "int8", TypeError, "None"),
+        ("float32", None, TypeError, "None"),
+        ("float8_e4m3fn_x4", "float32", TypeError, "launder it first"),
+        ("float4_e2m1fn", "float4_e2m1fn", nk.NoPromotionPathError, "No available implicit dtype promotion path"),
+    ],
+)
 def test_promote_bad_names(t0, t1, error, pattern):
     """Unknown names, non-dtypes (None included) and packed containers are TypeErrors naming the operand."""
     with pytest.raises(error, match=pattern):
@@ -922,13 +1094,19 @@ def test_auto_cast_refuses_dtype(dtype, other):
             nk.auto_cast(a, b)
 
 
-@pytest.mark.parametrize("kwargs, error, pattern", [
-    ({"a_dtype": "bogus"}, TypeError, "unknown dtype 'bogus'"),
-    ({"a_dtype": np.complex64}, TypeError, "unsupported dtype"),
-    ({"a_dtype": "tfloat32"}, ValueError, "a is declared tfloat32, whose arrays have dtype float32, but a has dtype "
-                                          "float16"),
-    ({"b_dtype": "float8_e4m3fn_x4"}, ValueError, "b is declared float8_e4m3fn_x4"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        ({"a_dtype": "bogus"}, TypeError, "unknown dtype 'bogus'"),
+        ({"a_dtype": np.complex64}, TypeError, "unsupported dtype"),
+        (
+            {"a_dtype": "tfloat32"},
+            ValueError,
+            "a is declared tfloat32, whose arrays have dtype float32, but a has dtype float16",
+        ),
+        ({"b_dtype": "float8_e4m3fn_x4"}, ValueError, "b is declared float8_e4m3fn_x4"),
+    ],
+)
 def test_auto_cast_bad_declared_dtypes(kwargs, error, pattern):
     """A declared dtype that is unknown or does not match the array is refused."""
     with pytest.raises(error, match=pattern):
@@ -952,10 +1130,13 @@ MISSING = object()
 
 def write_mx(path, codes=None, scales=None, meta=None, raw_meta=None, **extra):
     """An MX file as np.savez writes it, with any member replaced."""
-    np.savez(path, codes=MX8_EXACT.codes if codes is None else codes,
-             scales=MX8_EXACT.scales.view(np.uint8) if scales is None else scales,
-             meta=meta_bytes(**(META if meta is None else meta)) if raw_meta is None else
-             np.frombuffer(raw_meta, np.uint8), **extra)
+    np.savez(
+        path,
+        codes=MX8_EXACT.codes if codes is None else codes,
+        scales=MX8_EXACT.scales.view(np.uint8) if scales is None else scales,
+        meta=meta_bytes(**(META if meta is None else meta)) if raw_meta is None else np.frombuffer(raw_meta, np.uint8),
+        **extra,
+    )
     return path
 
 
@@ -1002,8 +1183,12 @@ META_CASES = [
     ("shape_str", _meta(shape="ab"), {}, "invalid shape"),
     ("shape_int", _meta(shape=5), {}, "corrupt MX metadata|invalid shape"),
     ("shape_null", _meta(shape=None), {}, "corrupt MX metadata|invalid shape"),
-    ("shape_bool", _meta(shape=[True, 32]),
-     {"codes": MX8_EXACT.codes[:1], "scales": MX8_EXACT.scales.view(np.uint8)[:1]}, "invalid shape"),
+    (
+        "shape_bool",
+        _meta(shape=[True, 32]),
+        {"codes": MX8_EXACT.codes[:1], "scales": MX8_EXACT.scales.view(np.uint8)[:1]},
+        "invalid shape",
+    ),
     ("shape_missing", _meta(shape=MISSING), {}, "corrupt MX metadata.*shape"),
     ("packed_fp8", _meta(packed=True), {}, "invalid packed flag True for mxfp8_e4m3"),
     ("packed_null", _meta(packed=None), {}, "invalid packed flag None"),
@@ -1022,9 +1207,11 @@ def test_load_bad_metadata(tmp_path, meta, members, pattern):
     assert "bad.npz" in str(info.value)
 
 
-@pytest.mark.parametrize("raw", [b"[1, 2]", b'"hello"', b"3", b"null", b"\xff\xfe", b"", b"{not json",
-                                 b'{"version": 1'],
-                         ids=["list", "string", "number", "null", "not_utf8", "empty", "not_json", "cut_json"])
+@pytest.mark.parametrize(
+    "raw",
+    [b"[1, 2]", b'"hello"', b"3", b"null", b"\xff\xfe", b"", b"{not json", b'{"version": 1'],
+    ids=["list", "string", "number", "null", "not_utf8", "empty", "not_json", "cut_json"],
+)
 def test_load_metadata_not_an_object(tmp_path, raw):
     """Metadata that is not a JSON object is 'corrupt MX metadata'."""
     path = write_mx(tmp_path / "bad.npz", raw_meta=raw)
@@ -1045,8 +1232,11 @@ MEMBER_CASES = [
     ("scales_int8", {"scales": MX8_EXACT.scales.view(np.int8)}, "scales must be e8m0 bytes"),
     ("scales_bool", {"scales": MX8_EXACT.scales.view(np.uint8).astype(bool)}, "scales must be e8m0 bytes"),
     ("scales_float32", {"scales": MX8_EXACT.scales.view(np.uint8).astype(F32)}, "scales must be e8m0 bytes"),
-    ("scales_short", {"scales": MX8_EXACT.scales.view(np.uint8)[:, :3]},
-     r"scales must be e8m0 bytes of shape \(2, 4\)"),
+    (
+        "scales_short",
+        {"scales": MX8_EXACT.scales.view(np.uint8)[:, :3]},
+        r"scales must be e8m0 bytes of shape \(2, 4\)",
+    ),
 ]
 
 
@@ -1078,8 +1268,9 @@ def test_load_unusual_but_valid_files(tmp_path, variant):
     if variant == "fortran_codes":
         write_mx(path, codes=np.asfortranarray(MX8_EXACT.codes))
     elif variant == "compressed":
-        np.savez_compressed(path, codes=MX8_EXACT.codes, scales=MX8_EXACT.scales.view(np.uint8),
-                            meta=meta_bytes(**META))
+        np.savez_compressed(
+            path, codes=MX8_EXACT.codes, scales=MX8_EXACT.scales.view(np.uint8), meta=meta_bytes(**META)
+        )
     elif variant == "extra_member":
         write_mx(path, other=np.zeros(3))
     elif variant == "extra_meta_key":
@@ -1102,7 +1293,7 @@ def good_file(tmp_path_factory):
 def test_load_truncated_zip(tmp_path, good_file, fraction):
     """A saved file cut anywhere is a ValueError naming it ('cannot read')."""
     path = tmp_path / "cut.npz"
-    path.write_bytes(good_file[:int(len(good_file) * fraction)])
+    path.write_bytes(good_file[: int(len(good_file) * fraction)])
     with pytest.raises(ValueError, match=r"cut\.npz: cannot read an MX file"):
         MXArray.load(path)
 
@@ -1145,7 +1336,7 @@ def test_load_corrupt_member_header(tmp_path, good_file, where):
     """Garbage over a member's .npy header is a ValueError naming the file."""
     data = bytearray(good_file)
     offset = data.index(b"\x93NUMPY", 0 if where == "meta_header" else data.index(b"codes.npy"))
-    data[offset + 2:offset + 12] = b"\x00" * 10
+    data[offset + 2 : offset + 12] = b"\x00" * 10
     path = tmp_path / "hdr.npz"
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"hdr\.npz"):
@@ -1170,9 +1361,18 @@ def test_load_paths(tmp_path, good_file):
 def test_load_names(tmp_path):
     """name= picks one array of a file of several; a wrong name lists the ones there are."""
     two = tmp_path / "two.npz"
-    np.savez(two, **{f"{n}/{part}": v for n in ("a", "b") for part, v in
-                     (("codes", MX8_EXACT.codes), ("scales", MX8_EXACT.scales.view(np.uint8)),
-                      ("meta", meta_bytes(**META)))})
+    np.savez(
+        two,
+        **{
+            f"{n}/{part}": v
+            for n in ("a", "b")
+            for part, v in (
+                ("codes", MX8_EXACT.codes),
+                ("scales", MX8_EXACT.scales.view(np.uint8)),
+                ("meta", meta_bytes(**META)),
+            )
+        },
+    )
     assert_same_mx(MXArray.load(two, name="b"), MX8_EXACT)
     with pytest.raises(ValueError, match=r"holds 2 MX arrays; pick one with name= \(a, b\)"):
         MXArray.load(two)
@@ -1193,8 +1393,14 @@ def test_load_name_of_a_single_array_file(tmp_path):
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "neuron_kernels", *map(str, args)], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_cli_quantize_big_endian_fortran_and_nonfinite(tmp_path):
@@ -1203,8 +1409,9 @@ def test_cli_quantize_big_endian_fortran_and_nonfinite(tmp_path):
     be = np.asfortranarray(BASE[:, :40].astype(">f4"))
     special = NONFINITE["some_blocks"]
     np.savez(tmp_path / "in.npz", be=be, special=special)
-    r = run_cli("quantize", "in.npz", "q.npz", "--format", "mxfp8_e5m2", "--block-size", "8", "--chunk-mb", "1",
-                cwd=tmp_path)
+    r = run_cli(
+        "quantize", "in.npz", "q.npz", "--format", "mxfp8_e5m2", "--block-size", "8", "--chunk-mb", "1", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert_same_mx(MXArray.load(tmp_path / "q.npz", name="be"), nk.quantize_mx(native(be), "mxfp8_e5m2", block_size=8))
     got = MXArray.load(tmp_path / "q.npz", name="special")
@@ -1258,10 +1465,14 @@ def test_cli_promote_timedelta(tmp_path):
 # ---- last, so that its subprocess has had its time -------------------------------------------------
 
 
-isolated("fake_quantize_block_2^63-1", """
+isolated(
+    "fake_quantize_block_2^63-1",
+    """
     x = (np.random.default_rng(1).standard_normal((6, 40)) * 4).astype(np.float32)
     report(lambda: nk.fake_quantize_mx(x, "mxint8", block_size=2**63 - 1).view(np.uint32).tolist())
-""", timeout=20)
+""",
+    timeout=20,
+)
 
 
 def test_fake_quantize_block_size_near_int64_max(isolated_runs):

@@ -198,7 +198,12 @@ def test_plot_unavailable_without_matplotlib(tmp_path, monkeypatch, mx_rows):
 
 
 def test_plots_module_does_not_import_matplotlib():
-    r = subprocess.run([sys.executable, "-c", "import sys, neuron_kernels.plots; print('matplotlib' in sys.modules)"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys, neuron_kernels.plots; print('matplotlib' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"

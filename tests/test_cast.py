@@ -106,15 +106,18 @@ def test_any_shape(shape, rng):
     np.testing.assert_array_equal(bits(y), bits(mld_bf16(x)))
 
 
-@pytest.mark.parametrize("make", [
-    lambda a: a[::-1],
-    lambda a: a[:, ::3],
-    lambda a: a[::-2, 1::2],
-    lambda a: a.T,
-    lambda a: np.asfortranarray(a),
-    lambda a: a.astype(">f4"),
-    lambda a: a.astype(">f4")[:, ::-1],
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a: a[::-1],
+        lambda a: a[:, ::3],
+        lambda a: a[::-2, 1::2],
+        lambda a: a.T,
+        lambda a: np.asfortranarray(a),
+        lambda a: a.astype(">f4"),
+        lambda a: a.astype(">f4")[:, ::-1],
+    ],
+)
 def test_non_contiguous_and_big_endian(make, rng):
     base = rng.standard_normal((64, 300)).astype(np.float32)
     x = make(base)
@@ -161,11 +164,14 @@ def test_out_non_contiguous(rng):
     assert not bits(big[:, 1::2]).any()
 
 
-@pytest.mark.parametrize("out, match", [
-    (np.empty((3, 6), BF16), "shape"),
-    (np.empty((4, 6), np.float16), "dtype"),
-    ([0] * 24, "numpy array"),
-])
+@pytest.mark.parametrize(
+    "out, match",
+    [
+        (np.empty((3, 6), BF16), "shape"),
+        (np.empty((4, 6), np.float16), "dtype"),
+        ([0] * 24, "numpy array"),
+    ],
+)
 def test_bad_out(out, match):
     x = np.zeros((4, 6), np.float32)
     with pytest.raises((ValueError, TypeError), match=match):
@@ -193,12 +199,15 @@ def test_unknown_rounding_lists_modes():
         nk.cast(np.zeros(3, np.float32), "bfloat16", rounding="nearest")
 
 
-@pytest.mark.parametrize("source, target, kwargs", [
-    ("int32", "bfloat16", {"rounding": "toward_zero"}),
-    ("int64", "float8_e4m3fn", {"rounding": "stochastic", "seed": 1}),
-    ("float64", "float32", {"saturate": True}),
-    ("float64", "float32", {"rounding": "toward_zero"}),
-])
+@pytest.mark.parametrize(
+    "source, target, kwargs",
+    [
+        ("int32", "bfloat16", {"rounding": "toward_zero"}),
+        ("int64", "float8_e4m3fn", {"rounding": "stochastic", "seed": 1}),
+        ("float64", "float32", {"saturate": True}),
+        ("float64", "float32", {"rounding": "toward_zero"}),
+    ],
+)
 def test_unimplemented_options_raise_not_implemented(source, target, kwargs):
     with pytest.raises(NotImplementedError, match=f"{source} -> {target}"):
         nk.cast(np.zeros(3, source), target, **kwargs)
@@ -226,9 +235,15 @@ def test_non_numeric_target(target):
         nk.cast(np.zeros(3, np.float32), target)
 
 
-@pytest.mark.parametrize("x", [
-    np.zeros(3, np.complex64), np.array(["a"]), np.array([object()]), np.zeros(3, "datetime64[s]"),
-])
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.zeros(3, np.complex64),
+        np.array(["a"]),
+        np.array([object()]),
+        np.zeros(3, "datetime64[s]"),
+    ],
+)
 def test_non_numeric_source(x):
     with pytest.raises(TypeError, match="cannot cast an array of dtype"):
         nk.cast(x, "bfloat16")
@@ -247,11 +262,14 @@ def test_unsupported_pair_names_pair_and_targets():
 # ---- packed containers ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target, element, lane_bits, container", [
-    ("float8_e4m3fn_x4", ml_dtypes.float8_e4m3fn, 8, np.uint32),
-    ("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8, np.uint32),
-    ("float4_e2m1fn_x4", ml_dtypes.float4_e2m1fn, 4, np.uint16),
-])
+@pytest.mark.parametrize(
+    "target, element, lane_bits, container",
+    [
+        ("float8_e4m3fn_x4", ml_dtypes.float8_e4m3fn, 8, np.uint32),
+        ("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8, np.uint32),
+        ("float4_e2m1fn_x4", ml_dtypes.float4_e2m1fn, 4, np.uint16),
+    ],
+)
 def test_pack_x4_layout(target, element, lane_bits, container, rng):
     x = (rng.standard_normal((3, 16)) * 4).astype(np.float32)
     packed = nk.cast(x, target)
@@ -303,11 +321,14 @@ def test_thread_count_from_environment(monkeypatch):
 # ---- pack_x4 / unpack_x4 --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("x4, element, lane_bits, container", [
-    ("float8_e4m3fn_x4", ml_dtypes.float8_e4m3fn, 8, np.uint32),
-    ("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8, np.uint32),
-    ("float4_e2m1fn_x4", ml_dtypes.float4_e2m1fn, 4, np.uint16),
-])
+@pytest.mark.parametrize(
+    "x4, element, lane_bits, container",
+    [
+        ("float8_e4m3fn_x4", ml_dtypes.float8_e4m3fn, 8, np.uint32),
+        ("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8, np.uint32),
+        ("float4_e2m1fn_x4", ml_dtypes.float4_e2m1fn, 4, np.uint16),
+    ],
+)
 def test_pack_and_unpack_every_code(x4, element, lane_bits, container):
     n_codes = 1 << lane_bits
     codes = np.tile(np.arange(n_codes, dtype=np.uint8), 2).reshape(2, n_codes)  # NaN payloads included

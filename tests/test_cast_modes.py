@@ -91,8 +91,10 @@ def assert_same(x: np.ndarray, got: np.ndarray, want: np.ndarray, what: str) -> 
     bad = np.flatnonzero(got != want)
     if bad.size:
         i = int(bad[0])
-        raise AssertionError(f"{what}: {bad.size} of {got.size} differ; first: element {i}, input "
-                             f"{describe(x, i)} -> 0x{int(got[i]):x}, expected 0x{int(want[i]):x}")
+        raise AssertionError(
+            f"{what}: {bad.size} of {got.size} differ; first: element {i}, input "
+            f"{describe(x, i)} -> 0x{int(got[i]):x}, expected 0x{int(want[i]):x}"
+        )
 
 
 def with_neighbours(v: np.ndarray, steps: int = 1) -> np.ndarray:
@@ -141,8 +143,9 @@ def float32_inputs(name: str) -> np.ndarray:
     patterns = rng.integers(0, 1 << 32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
     lo_exp, hi_exp = math.log2(fmt.min_subnormal) - 3, math.log2(fmt.max_finite) + 1
     spread = f32(np.exp2(rng.uniform(lo_exp, hi_exp, 2000)) * rng.choice([-1.0, 1.0], 2000))
-    x = np.concatenate([with_neighbours(p32[finite]), with_neighbours(over, steps=4), f32(specials),
-                        f32(subnormals), patterns, spread])
+    x = np.concatenate(
+        [with_neighbours(p32[finite]), with_neighbours(over, steps=4), f32(specials), f32(subnormals), patterns, spread]
+    )
     return x
 
 
@@ -198,10 +201,21 @@ def float64_inputs(name: str) -> np.ndarray:
     near = [lo, mid, lo * (1 + eps), mid * (1 + eps), mid * (1 - eps), hi * (1 - eps)]
     tiny = fmt.min_subnormal * np.array([2.0**-40, 0.25, 0.5 * (1 - eps), 0.5, 0.5 * (1 + eps), 1 - eps])
     f32max = 3.4028234663852886e38
-    huge = [f32max, f32max * (1 + eps), 2.0**128 * (1 - 2.0**-25), 2.0**128, 1e39, 1e300, np.inf, 5e-324,
-            1e-300, 1e-46, 0.0]
+    huge = [
+        f32max,
+        f32max * (1 + eps),
+        2.0**128 * (1 - 2.0**-25),
+        2.0**128,
+        1e39,
+        1e300,
+        np.inf,
+        5e-324,
+        1e-300,
+        1e-46,
+        0.0,
+    ]
     spread = np.exp2(rng.uniform(math.log2(fmt.min_subnormal) - 3, math.log2(fmt.max_finite) + 1, 3000))
-    spread = spread * (1 + rng.uniform(-2.0**-20, 2.0**-20, spread.size))  # full float64 mantissas
+    spread = spread * (1 + rng.uniform(-(2.0**-20), 2.0**-20, spread.size))  # full float64 mantissas
     patterns = rng.integers(0, 1 << 64, 2000, dtype=np.uint64).view(np.float64)
     patterns = patterns[~np.isnan(patterns)]  # NaN payloads of float64 are not specified
     x = np.concatenate(near + [tiny, np.array(huge), spread, patterns])
@@ -210,8 +224,12 @@ def float64_inputs(name: str) -> np.ndarray:
 
 
 F64_CASES = [(n, m) for n in ("bfloat16", "float8_e4m3fn", "float8_e8m0fnu") for m in DIRECTED_AND_AWAY] + [
-    ("float16", "toward_zero"), ("float16", "nearest_away"), ("float4_e2m1fn", "toward_positive"),
-    ("float4_e2m1fn", "toward_negative"), ("float8_e5m2fnuz", "nearest_away"), ("tfloat32", "toward_positive"),
+    ("float16", "toward_zero"),
+    ("float16", "nearest_away"),
+    ("float4_e2m1fn", "toward_positive"),
+    ("float4_e2m1fn", "toward_negative"),
+    ("float8_e5m2fnuz", "nearest_away"),
+    ("tfloat32", "toward_positive"),
 ]
 
 
@@ -315,9 +333,21 @@ def every_code(name: str) -> np.ndarray:
 def _narrowing_cases() -> list[tuple[str, str, str, bool]]:
     """One target per source (each small format is a target once), rotating modes and saturate;
     plus e8m0 from a few sources (its encoder is separate)."""
-    targets = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e3m4", "float6_e3m2fn",
-               "float4_e2m1fn", "float8_e4m3b11fnuz", "float6_e2m3fn", "float8_e5m2fnuz", "float8_e4m3",
-               "float8_e8m0fnu", "float4_e2m1fn", "float8_e4m3fn"]
+    targets = [
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e3m4",
+        "float6_e3m2fn",
+        "float4_e2m1fn",
+        "float8_e4m3b11fnuz",
+        "float6_e2m3fn",
+        "float8_e5m2fnuz",
+        "float8_e4m3",
+        "float8_e8m0fnu",
+        "float4_e2m1fn",
+        "float8_e4m3fn",
+    ]
     cases = []
     for i, src in enumerate(SMALL_SOURCES):
         target = targets[i] if targets[i] != src else targets[(i + 1) % len(targets)]
@@ -368,10 +398,22 @@ def int_inputs(name: str) -> np.ndarray:
 
 
 INT_CASES = [  # every integer type to two targets; the wide ones to bfloat16 (near-ties) and e8m0 (ties)
-    ("int8", "float4_e2m1fn"), ("int8", "float8_e4m3fn"), ("int16", "float6_e3m2fn"), ("int16", "float8_e8m0fnu"),
-    ("int32", "bfloat16"), ("int32", "float8_e8m0fnu"), ("int64", "bfloat16"), ("int64", "float16"),
-    ("uint8", "float8_e8m0fnu"), ("uint8", "float8_e5m2fnuz"), ("uint16", "float16"), ("uint16", "bfloat16"),
-    ("uint32", "float8_e4m3fn"), ("uint32", "float8_e8m0fnu"), ("uint64", "bfloat16"), ("uint64", "float8_e3m4"),
+    ("int8", "float4_e2m1fn"),
+    ("int8", "float8_e4m3fn"),
+    ("int16", "float6_e3m2fn"),
+    ("int16", "float8_e8m0fnu"),
+    ("int32", "bfloat16"),
+    ("int32", "float8_e8m0fnu"),
+    ("int64", "bfloat16"),
+    ("int64", "float16"),
+    ("uint8", "float8_e8m0fnu"),
+    ("uint8", "float8_e5m2fnuz"),
+    ("uint16", "float16"),
+    ("uint16", "bfloat16"),
+    ("uint32", "float8_e4m3fn"),
+    ("uint32", "float8_e8m0fnu"),
+    ("uint64", "bfloat16"),
+    ("uint64", "float8_e3m4"),
 ]
 
 
@@ -397,10 +439,15 @@ def test_integer_source_to_float32_and_float64_like_numpy(source, target):
     assert_same(x, codes_of(got), codes_of(x.astype(target)), f"{source} -> {target}")
 
 
-@pytest.mark.parametrize("source, target, rounding, saturate", [("int16", "bfloat16", "toward_zero", False),
-                                                                ("int16", "bfloat16", "stochastic", False),
-                                                                ("uint8", "float4_e2m1fn", "toward_positive", False),
-                                                                ("int16", "float8_e4m3fn", "nearest_away", True)])
+@pytest.mark.parametrize(
+    "source, target, rounding, saturate",
+    [
+        ("int16", "bfloat16", "toward_zero", False),
+        ("int16", "bfloat16", "stochastic", False),
+        ("uint8", "float4_e2m1fn", "toward_positive", False),
+        ("int16", "float8_e4m3fn", "nearest_away", True),
+    ],
+)
 def test_narrow_integer_source_other_modes(source, target, rounding, saturate):
     x = int_inputs(source)
     rand = random_bits(SEED, x.size) if rounding == "stochastic" else None
@@ -409,8 +456,9 @@ def test_narrow_integer_source_other_modes(source, target, rounding, saturate):
     assert_same(x, got, want, f"{source} -> {target} {rounding} saturate={saturate}")
 
 
-@pytest.mark.parametrize("source, target", [("int64", "int8"), ("int32", "uint8"), ("uint64", "int16"),
-                                            ("int8", "uint64")])
+@pytest.mark.parametrize(
+    "source, target", [("int64", "int8"), ("int32", "uint8"), ("uint64", "int16"), ("int8", "uint64")]
+)
 def test_integer_to_integer_wraps_like_numpy(source, target):
     x = int_inputs(source)
     got = nk.cast(x, target)
@@ -420,8 +468,13 @@ def test_integer_to_integer_wraps_like_numpy(source, target):
 
 def test_options_a_pair_implements():
     every = set(ROUNDING_MODES)
-    for src, dst in [("float32", "bfloat16"), ("float64", "float8_e4m3fn"), ("int16", "bfloat16"),
-                     ("float8_e5m2", "float4_e2m1fn"), ("float32", "float4_e2m1fn_x4")]:
+    for src, dst in [
+        ("float32", "bfloat16"),
+        ("float64", "float8_e4m3fn"),
+        ("int16", "bfloat16"),
+        ("float8_e5m2", "float4_e2m1fn"),
+        ("float32", "float4_e2m1fn_x4"),
+    ]:
         k = nk.lookup_cast(src, dst)
         assert set(k.roundings) == every and k.saturate, (src, dst)
     for src, dst in [("int32", "bfloat16"), ("uint64", "float8_e4m3fn"), ("float64", "float32")]:
@@ -447,7 +500,11 @@ def test_decode_every_code_to_float32(name):
 
 
 DECODE_WIDE = [(n, ("float64", "float16", "bfloat16")[i % 3]) for i, n in enumerate(SMALL_SOURCES) if i > 1] + [
-    ("bfloat16", "float64"), ("bfloat16", "float16"), ("float16", "float64"), ("float16", "bfloat16")]
+    ("bfloat16", "float64"),
+    ("bfloat16", "float16"),
+    ("float16", "float64"),
+    ("float16", "bfloat16"),
+]
 
 
 @pytest.mark.parametrize("name", [n for n, out in DECODE_WIDE if out == "float64"])
@@ -559,17 +616,25 @@ def test_unpack_gives_the_element_values(packed):
         np.testing.assert_array_equal(nk.cast(values, packed), c)
 
 
-@pytest.mark.parametrize("source, packed, rounding", [("int8", "float4_e2m1fn_x4", "nearest_even"),
-                                                     ("uint16", "float8_e5m2_x4", "toward_negative"),
-                                                     ("float64", "float8_e4m3fn_x4", "nearest_even"),
-                                                     ("float64", "float4_e2m1fn_x4", "toward_zero")])
+@pytest.mark.parametrize(
+    "source, packed, rounding",
+    [
+        ("int8", "float4_e2m1fn_x4", "nearest_even"),
+        ("uint16", "float8_e5m2_x4", "toward_negative"),
+        ("float64", "float8_e4m3fn_x4", "nearest_even"),
+        ("float64", "float4_e2m1fn_x4", "toward_zero"),
+    ],
+)
 def test_pack_from_integer_and_float64_sources(source, packed, rounding):
     element, lane_bits, container = PACKED[packed]
     if source == "float64":
         x = float64_inputs(element)
         x = x[: x.size - x.size % 16].reshape(-1, 16)
-        codes = (float64_to_target_ref(x, element) if rounding == "nearest_even"  # the default rounds twice
-                 else encode_float64_ref(x, element, rounding=rounding))
+        codes = (
+            float64_to_target_ref(x, element)
+            if rounding == "nearest_even"  # the default rounds twice
+            else encode_float64_ref(x, element, rounding=rounding)
+        )
     else:
         x = int_inputs(source)
         x = x[: x.size - x.size % 16].reshape(-1, 16)
@@ -579,17 +644,23 @@ def test_pack_from_integer_and_float64_sources(source, packed, rounding):
     np.testing.assert_array_equal(got, pack_vectorised(codes, lane_bits, container))
 
 
-@pytest.mark.parametrize("source, target, rounding", [("float8_e4m3fn_x4", "float4_e2m1fn_x4", "stochastic"),
-                                                     ("float8_e5m2_x4", "float8_e4m3fn_x4", "toward_positive"),
-                                                     ("float4_e2m1fn_x4", "float8_e8m0fnu", "toward_zero")])
+@pytest.mark.parametrize(
+    "source, target, rounding",
+    [
+        ("float8_e4m3fn_x4", "float4_e2m1fn_x4", "stochastic"),
+        ("float8_e5m2_x4", "float8_e4m3fn_x4", "toward_positive"),
+        ("float4_e2m1fn_x4", "float8_e8m0fnu", "toward_zero"),
+    ],
+)
 def test_packed_source_through_the_registry(source, target, rounding):
     s_el, s_bits, s_container = PACKED[source]
     rng = np.random.default_rng(17)
     c = rng.integers(0, 1 << (4 * s_bits), 3000, dtype=np.uint64).astype(s_container)
     lanes = unpack_lanes(c, s_bits)
     rand = random_bits(SEED, lanes.size, 40) if rounding == "stochastic" else None
-    codes = encode_ref(decode_ref(lanes, s_el), PACKED[target][0] if target in PACKED else target,
-                       rounding=rounding, rand=rand)
+    codes = encode_ref(
+        decode_ref(lanes, s_el), PACKED[target][0] if target in PACKED else target, rounding=rounding, rand=rand
+    )
     if target in PACKED:
         want = pack_vectorised(codes, PACKED[target][1], PACKED[target][2])
         dst = np.empty(c.size, PACKED[target][2])
@@ -654,17 +725,19 @@ def test_stochastic_is_independent_of_threads(threads):
     results = {}
     for t in (1, 2):
         threads(t)
-        results[t] = (codes_of(nk.cast(x, "float8_e4m3fn", rounding="stochastic", seed=SEED)),
-                      nk.cast(x.reshape(-1, 64), "float4_e2m1fn_x4", rounding="stochastic", seed=SEED))
+        results[t] = (
+            codes_of(nk.cast(x, "float8_e4m3fn", rounding="stochastic", seed=SEED)),
+            nk.cast(x.reshape(-1, 64), "float4_e2m1fn_x4", rounding="stochastic", seed=SEED),
+        )
     threads(None)
     np.testing.assert_array_equal(results[1][0], results[2][0])
     np.testing.assert_array_equal(results[1][1], results[2][1])
     elem = results[2][0]
     assert (elem != codes_of(nk.cast(x, "float8_e4m3fn"))).any()
     for start in (0, n // 2 - 4000, n - 8000):  # both chunks, and across their boundary
-        piece = x[start:start + 8000]
+        piece = x[start : start + 8000]
         want = encode_ref(piece, "float8_e4m3fn", rounding="stochastic", rand=random_bits(SEED, piece.size, start))
-        assert_same(piece, elem[start:start + 8000], want, f"elements from {start}")
+        assert_same(piece, elem[start : start + 8000], want, f"elements from {start}")
     # packing uses the element index too: the packed result is the packed elementwise result
     fp4 = codes_of(nk.cast(x, "float4_e2m1fn", rounding="stochastic", seed=SEED)).reshape(-1, 64)
     np.testing.assert_array_equal(results[2][1], pack_vectorised(fp4, 4, np.uint16))
@@ -686,11 +759,16 @@ def test_stochastic_index_is_the_c_order_index_for_any_layout():
     base = (rng.standard_normal((700, 400)) * 3).astype(np.float32)  # more than one buffer of 2^16
     kw = {"rounding": "stochastic", "seed": SEED}
     t = base.T
-    want = encode_ref(np.ascontiguousarray(t), "bfloat16", rounding="stochastic",
-                      rand=random_bits(SEED, t.size).reshape(t.shape))
+    want = encode_ref(
+        np.ascontiguousarray(t), "bfloat16", rounding="stochastic", rand=random_bits(SEED, t.size).reshape(t.shape)
+    )
     assert_same(np.ascontiguousarray(t), codes_of(nk.cast(t, "bfloat16", **kw)), want, "transposed")
-    views = {"reversed": base[::-1, ::-1], "strided": base[:, ::2], "big-endian": base.astype(">f4"),
-             "transposed-3d": base.reshape(70, 10, 400).transpose(2, 0, 1)}
+    views = {
+        "reversed": base[::-1, ::-1],
+        "strided": base[:, ::2],
+        "big-endian": base.astype(">f4"),
+        "transposed-3d": base.reshape(70, 10, 400).transpose(2, 0, 1),
+    }
     for what, v in views.items():
         got = codes_of(nk.cast(v, "bfloat16", **kw))
         assert_same(v, got, codes_of(nk.cast(np.ascontiguousarray(v, dtype=np.float32), "bfloat16", **kw)), what)
@@ -699,13 +777,15 @@ def test_stochastic_index_is_the_c_order_index_for_any_layout():
     assert_same(t, codes_of(np.ascontiguousarray(out)), want, "non-contiguous out")
     # packing from a non-contiguous array: element indices are still the C-order ones
     packed = nk.cast(t, "float8_e4m3fn_x4", **kw)
-    codes = encode_ref(np.ascontiguousarray(t), "float8_e4m3fn", rounding="stochastic",
-                       rand=random_bits(SEED, t.size).reshape(t.shape))
+    codes = encode_ref(
+        np.ascontiguousarray(t), "float8_e4m3fn", rounding="stochastic", rand=random_bits(SEED, t.size).reshape(t.shape)
+    )
     np.testing.assert_array_equal(packed, pack_vectorised(codes, 8, np.uint32))
 
 
-@pytest.mark.parametrize("name", ["bfloat16", "float16", "tfloat32", "float8_e4m3fn", "float8_e5m2fnuz",
-                                  "float4_e2m1fn", "float8_e8m0fnu"])
+@pytest.mark.parametrize(
+    "name", ["bfloat16", "float16", "tfloat32", "float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn", "float8_e8m0fnu"]
+)
 def test_stochastic_far_below_the_smallest_subnormal(name):
     # Discarded fractions of every size: shifts from inside the subnormal range to far beyond 32
     # bits (2^-k of the smallest subnormal, k up to 40), checked bit for bit with many draws.
@@ -722,9 +802,20 @@ def test_stochastic_far_below_the_smallest_subnormal(name):
 
 
 def _unbiased_cases() -> list[tuple[str, str]]:
-    return [(n, where) for n in ["bfloat16", "float16", "tfloat32", "float8_e4m3fn", "float8_e5m2fnuz",
-                                 "float6_e3m2fn", "float4_e2m1fn", "float8_e8m0fnu"]
-            for where in ("one", "lowest")]
+    return [
+        (n, where)
+        for n in [
+            "bfloat16",
+            "float16",
+            "tfloat32",
+            "float8_e4m3fn",
+            "float8_e5m2fnuz",
+            "float6_e3m2fn",
+            "float4_e2m1fn",
+            "float8_e8m0fnu",
+        ]
+        for where in ("one", "lowest")
+    ]
 
 
 @pytest.mark.parametrize("name, where", _unbiased_cases())

@@ -21,8 +21,14 @@ ENV = {**os.environ, "PYTHONWARNINGS": "error"}
 
 
 def run(*args, cwd, check=True):
-    r = subprocess.run([sys.executable, "-m", "neuron_kernels", *map(str, args)], cwd=cwd, capture_output=True,
-                       text=True, env=ENV, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"exit {r.returncode}: {r.stderr}")
     return r
@@ -55,8 +61,24 @@ def files(tmp_path_factory):
 
 def test_quantize_npy_equals_quantize_mx(files):
     d, x = files
-    r = run("quantize", "x.npy", "q.npz", "--format", "mxfp4_e2m1", "--axis", "0", "--block-size", "7",
-            "--rounding", "stochastic", "--seed", "9", "--chunk-mb", "1", cwd=d)
+    r = run(
+        "quantize",
+        "x.npy",
+        "q.npz",
+        "--format",
+        "mxfp4_e2m1",
+        "--axis",
+        "0",
+        "--block-size",
+        "7",
+        "--rounding",
+        "stochastic",
+        "--seed",
+        "9",
+        "--chunk-mb",
+        "1",
+        cwd=d,
+    )
     want = nk.quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=7, rounding="stochastic", seed=9)
     got = MXArray.load(d / "q.npz")
     np.testing.assert_array_equal(got.codes, want.codes)
@@ -80,8 +102,9 @@ def test_quantize_containers_keep_names(files):
     np.testing.assert_array_equal(got.codes, nk.quantize_mx(x.astype(ml_dtypes.bfloat16), "mxint8").codes)
 
 
-@pytest.mark.parametrize("output, dtype", [("dq.npz", "float32"), ("dq.safetensors", "bfloat16"),
-                                           ("dq.npz", "float64")])
+@pytest.mark.parametrize(
+    "output, dtype", [("dq.npz", "float32"), ("dq.safetensors", "bfloat16"), ("dq.npz", "float64")]
+)
 def test_dequantize(files, output, dtype):
     d, x = files
     run("quantize", "m.npz", "deq_in.npz", "--format", "mxfp6_e3m2", "--force", cwd=d)
@@ -109,8 +132,20 @@ def test_dequantize_one_array_to_npy(files):
 
 def test_cast(files):
     d, x = files
-    run("cast", "x.npy", "c.npy", "--to", "float8_e4m3fn", "--rounding", "stochastic", "--seed", "4",
-        "--chunk-mb", "1", cwd=d)
+    run(
+        "cast",
+        "x.npy",
+        "c.npy",
+        "--to",
+        "float8_e4m3fn",
+        "--rounding",
+        "stochastic",
+        "--seed",
+        "4",
+        "--chunk-mb",
+        "1",
+        cwd=d,
+    )
     want = nk.cast(x, "float8_e4m3fn", rounding="stochastic", seed=4)
     np.testing.assert_array_equal(np.load(d / "c.npy"), want.view(np.uint8))
     run("cast", "m.npz", "c.safetensors", "--to", "bfloat16", cwd=d)
@@ -188,9 +223,25 @@ def test_interrupted_run_leaves_no_output(tmp_path):
     """SIGINT and SIGTERM in the middle of a run: exit 130, no output, no partial file."""
     np.save(tmp_path / "big.npy", np.ones(24 << 20, np.float32))  # 96 MiB, read in 1 MiB pieces
     for sig in (signal.SIGINT, signal.SIGTERM):
-        p = subprocess.Popen([sys.executable, "-m", "neuron_kernels", "quantize", "big.npy", "o.npz", "--format",
-                              "mxfp8_e4m3", "--chunk-mb", "1"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "neuron_kernels",
+                "quantize",
+                "big.npy",
+                "o.npz",
+                "--format",
+                "mxfp8_e4m3",
+                "--chunk-mb",
+                "1",
+            ],
+            cwd=tmp_path,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 120
         while not any(n.startswith(".partial-") for n in os.listdir(tmp_path)) and p.poll() is None:
             assert time.monotonic() < deadline, "the run never started writing"
@@ -209,16 +260,42 @@ def test_one_long_row_is_cut_within_the_row(tmp_path):
     """A (1, N) array with --chunk-mb 1: pieces are block ranges of its one row, in all three commands."""
     x = np.random.default_rng(5).standard_normal((1, 3_000_001)).astype(np.float32)
     np.save(tmp_path / "row.npy", x)
-    run("quantize", "row.npy", "q.npz", "--format", "mxfp4_e2m1", "--block-size", "33", "--rounding", "stochastic",
-        "--seed", "2", "--chunk-mb", "1", cwd=tmp_path)
+    run(
+        "quantize",
+        "row.npy",
+        "q.npz",
+        "--format",
+        "mxfp4_e2m1",
+        "--block-size",
+        "33",
+        "--rounding",
+        "stochastic",
+        "--seed",
+        "2",
+        "--chunk-mb",
+        "1",
+        cwd=tmp_path,
+    )
     want = nk.quantize_mx(x, "mxfp4_e2m1", block_size=33, rounding="stochastic", seed=2)
     got = MXArray.load(tmp_path / "q.npz")
     np.testing.assert_array_equal(got.codes, want.codes)
     np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
     run("dequantize", "q.npz", "dq.npy", "--chunk-mb", "1", cwd=tmp_path)
     np.testing.assert_array_equal(np.load(tmp_path / "dq.npy"), want.dequantize())
-    run("cast", "row.npy", "c.npz", "--to", "float8_e5m2", "--rounding", "stochastic", "--seed", "3", "--chunk-mb", "1",
-        cwd=tmp_path)
+    run(
+        "cast",
+        "row.npy",
+        "c.npz",
+        "--to",
+        "float8_e5m2",
+        "--rounding",
+        "stochastic",
+        "--seed",
+        "3",
+        "--chunk-mb",
+        "1",
+        cwd=tmp_path,
+    )
     want = nk.cast(x, "float8_e5m2", rounding="stochastic", seed=3).view(np.uint8)
     np.testing.assert_array_equal(np.load(tmp_path / "c.npz")["row.npy"], want)
 

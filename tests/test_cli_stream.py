@@ -43,9 +43,29 @@ def test_quantize_a_1gib_npy_in_bounded_memory(tmp_path):
             w.write(rows)
     assert src.stat().st_size >= 1 << 30
 
-    child = subprocess.run([sys.executable, "-c", REPORT_PEAK, "quantize", "big.npy", "q.npz", "--format", "mxfp4_e2m1",
-                            "--rounding", "stochastic", "--seed", "7", "--chunk-mb", "64", "--quiet"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            REPORT_PEAK,
+            "quantize",
+            "big.npy",
+            "q.npz",
+            "--format",
+            "mxfp4_e2m1",
+            "--rounding",
+            "stochastic",
+            "--seed",
+            "7",
+            "--chunk-mb",
+            "64",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert child.returncode == 0, child.stderr
     peak_mib = int(re.search(r"VmHWM:\s*(\d+) kB", child.stderr).group(1)) / 1024
     assert peak_mib < PEAK_LIMIT_MIB, f"peak RSS {peak_mib:.0f} MiB"

@@ -55,26 +55,33 @@ def _jobs() -> dict[str, Callable[[], object]]:
         x64 = x.astype(np.float64) * (1 + 2.0**-30)
         xb = x.astype(ml_dtypes.bfloat16)
         mx = nk.quantize_mx(x, "mxfp8_e4m3", axis=0, block_size=7, scale_mode="rceil")
-        jobs.update({
-            f"{label}/bfloat16": lambda x=x: nk.cast(x, "bfloat16"),
-            f"{label}/e4m3fn-saturate": lambda x=x: nk.cast(x, "float8_e4m3fn", saturate=True),
-            f"{label}/e5m2-stochastic": lambda x=x: nk.cast(x, "float8_e5m2", rounding="stochastic", seed=7),
-            f"{label}/fp4x4-stochastic": lambda x=x: nk.cast(x, "float4_e2m1fn_x4", rounding="stochastic",
-                                                             seed=2**63 + 11),
-            f"{label}/tfloat32-toward-zero": lambda x=x: nk.cast(x, "tfloat32", rounding="toward_zero"),
-            f"{label}/float64-e4m3-stochastic": lambda x64=x64: nk.cast(x64, "float8_e4m3", rounding="stochastic",
-                                                                        seed=3),
-            f"{label}/bfloat16-decode": lambda xb=xb: nk.cast(xb, np.float32),
-            f"{label}/strided-float16": lambda x=x: nk.cast(x[:, ::-3], "float16", rounding="nearest_away"),
-            f"{label}/mxfp4-stochastic": lambda x=x: nk.quantize_mx(x, "mxfp4_e2m1", rounding="stochastic", seed=5),
-            f"{label}/mxfp8-axis0": lambda x=x: nk.quantize_mx(x, "mxfp8_e4m3", axis=0, block_size=7,
-                                                               scale_mode="rceil"),
-            f"{label}/dequantize": lambda mx=mx: nk.dequantize_mx(mx),
-            f"{label}/fake-mxint8-stochastic": lambda x=x: nk.fake_quantize_mx(x, "mxint8", axis=0, block_size=5,
-                                                                               rounding="stochastic", seed=9),
-            f"{label}/fake-mxfp6-even": lambda x=x: nk.fake_quantize_mx(x, "mxfp6_e3m2", scale_mode="even",
-                                                                        rounding="toward_zero"),
-        })
+        jobs.update(
+            {
+                f"{label}/bfloat16": lambda x=x: nk.cast(x, "bfloat16"),
+                f"{label}/e4m3fn-saturate": lambda x=x: nk.cast(x, "float8_e4m3fn", saturate=True),
+                f"{label}/e5m2-stochastic": lambda x=x: nk.cast(x, "float8_e5m2", rounding="stochastic", seed=7),
+                f"{label}/fp4x4-stochastic": lambda x=x: nk.cast(
+                    x, "float4_e2m1fn_x4", rounding="stochastic", seed=2**63 + 11
+                ),
+                f"{label}/tfloat32-toward-zero": lambda x=x: nk.cast(x, "tfloat32", rounding="toward_zero"),
+                f"{label}/float64-e4m3-stochastic": lambda x64=x64: nk.cast(
+                    x64, "float8_e4m3", rounding="stochastic", seed=3
+                ),
+                f"{label}/bfloat16-decode": lambda xb=xb: nk.cast(xb, np.float32),
+                f"{label}/strided-float16": lambda x=x: nk.cast(x[:, ::-3], "float16", rounding="nearest_away"),
+                f"{label}/mxfp4-stochastic": lambda x=x: nk.quantize_mx(x, "mxfp4_e2m1", rounding="stochastic", seed=5),
+                f"{label}/mxfp8-axis0": lambda x=x: nk.quantize_mx(
+                    x, "mxfp8_e4m3", axis=0, block_size=7, scale_mode="rceil"
+                ),
+                f"{label}/dequantize": lambda mx=mx: nk.dequantize_mx(mx),
+                f"{label}/fake-mxint8-stochastic": lambda x=x: nk.fake_quantize_mx(
+                    x, "mxint8", axis=0, block_size=5, rounding="stochastic", seed=9
+                ),
+                f"{label}/fake-mxfp6-even": lambda x=x: nk.fake_quantize_mx(
+                    x, "mxfp6_e3m2", scale_mode="even", rounding="toward_zero"
+                ),
+            }
+        )
     return jobs
 
 
@@ -144,10 +151,11 @@ def test_concurrent_writes_into_one_out_array(threads):
     x = BIG.reshape(-1)[: BIG.size // rows * rows].reshape(rows, -1)
     mx_rows = [nk.quantize_mx(x[i], "mxfp4_e2m1", block_size=16) for i in range(rows)]
     kinds = {
-        "cast": (lambda i, out: nk.cast(x[i], "bfloat16", rounding="stochastic", seed=i, out=out),
-                 ml_dtypes.bfloat16),
-        "fake_quantize_mx": (lambda i, out: nk.fake_quantize_mx(x[i], "mxfp8_e5m2", rounding="stochastic", seed=i,
-                                                                out=out), np.float32),
+        "cast": (lambda i, out: nk.cast(x[i], "bfloat16", rounding="stochastic", seed=i, out=out), ml_dtypes.bfloat16),
+        "fake_quantize_mx": (
+            lambda i, out: nk.fake_quantize_mx(x[i], "mxfp8_e5m2", rounding="stochastic", seed=i, out=out),
+            np.float32,
+        ),
         "dequantize_mx": (lambda i, out: nk.dequantize_mx(mx_rows[i], out=out), np.float32),
     }
     for kind, (call, dtype) in kinds.items():
@@ -191,8 +199,12 @@ def test_first_calls_race_in_a_fresh_process(tmp_path):
     np.save(tmp_path / "x.npy", x)
     root = os.path.dirname(os.path.dirname(os.path.abspath(nk.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "x.npy"), str(tmp_path / "out.npz")],
-                   check=True, env=env, timeout=300)
+    subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "x.npy"), str(tmp_path / "out.npz")],
+        check=True,
+        env=env,
+        timeout=300,
+    )
     want = [
         nk.cast(x, "float8_e5m2", rounding="stochastic", seed=7),
         nk.cast(x, "bfloat16"),

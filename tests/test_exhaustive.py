@@ -18,8 +18,9 @@ from neuron_kernels.formats import FORMATS
 from .reference import round_float32_to_mbits
 
 CHUNK = 1 << 24
-ORACLE_TARGETS = [n for n, f in FORMATS.items()
-                  if f.kind == "float" and n not in ("float32", "float64", "float32r", "tfloat32")]
+ORACLE_TARGETS = [
+    n for n, f in FORMATS.items() if f.kind == "float" and n not in ("float32", "float64", "float32r", "tfloat32")
+]
 
 
 def _patterns(start: int) -> np.ndarray:
@@ -54,8 +55,10 @@ def _check_chunk(target: str, start: int) -> str | None:
     if bad.size == 0:
         return None
     i = bad[0]
-    return (f"{target}: {bad.size} mismatches in chunk 0x{start:08x}; first: input 0x{u[i]:08x} -> "
-            f"0x{int(ours[i]):x}, expected 0x{int(ref[i]):x}")
+    return (
+        f"{target}: {bad.size} mismatches in chunk 0x{start:08x}; first: input 0x{u[i]:08x} -> "
+        f"0x{int(ours[i]):x}, expected 0x{int(ref[i]):x}"
+    )
 
 
 @pytest.mark.slow
@@ -69,8 +72,9 @@ def test_every_float32_pattern(target):
 
 def test_e8m0_expected_rule_on_named_values():
     # The corrections of e8m0_expected, checked on values whose codes casts.md names.
-    x = np.array([3.0, 6.0, 12.0, 0.75, 1.5 * 2.0**127, 1.25 * 2.0**-127, 1.5 * 2.0**-127,
-                  1.75 * 2.0**-127], dtype=np.float32)
+    x = np.array(
+        [3.0, 6.0, 12.0, 0.75, 1.5 * 2.0**127, 1.25 * 2.0**-127, 1.5 * 2.0**-127, 1.75 * 2.0**-127], dtype=np.float32
+    )
     u = x.view(np.uint32)
     ml = np.zeros_like(u, dtype=np.uint8)
     assert list(e8m0_expected(u, ml)) == [0x80, 0x82, 0x82, 0x7E, 0xFE, 0x00, 0x00, 0x01]

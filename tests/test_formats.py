@@ -41,8 +41,10 @@ def test_invariants(name):
 def test_codes_decode_as_ml_dtypes_says(name):
     f = FORMATS[name]
     t = np.dtype(getattr(ml_dtypes, name))
+
     def value(code):
         return float(np.array([code], np.uint8 if f.itemsize == 1 else np.uint16).view(t).astype(np.float64)[0])
+
     assert value(f.max_code) == f.max
     if f.inf_code is not None:
         assert value(f.inf_code) == np.inf

@@ -31,8 +31,10 @@ def _available_gib() -> float:
         return 0.0
 
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(_available_gib() < NEEDED_GIB, reason=f"needs {NEEDED_GIB} GiB of free memory")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_available_gib() < NEEDED_GIB, reason=f"needs {NEEDED_GIB} GiB of free memory"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +60,9 @@ def test_quantize_past_2_to_31(big):
     mx = nk.quantize_mx(big, "mxfp4_e2m1", rounding="stochastic", seed=seed, pack=False)
     first = -(-(N - TAIL) // 32) * 32  # the first whole block inside the tail
     tail = big[first:].astype(np.float32)
-    codes, scales = quantize_mx_ref(tail, "mxfp4_e2m1", 32, "floor", "stochastic",
-                                    rand=random_bits(seed, tail.size, first))
+    codes, scales = quantize_mx_ref(
+        tail, "mxfp4_e2m1", 32, "floor", "stochastic", rand=random_bits(seed, tail.size, first)
+    )
     np.testing.assert_array_equal(mx.codes[first:], codes)
-    np.testing.assert_array_equal(mx.scales.view(np.uint8)[first // 32:], scales)
+    np.testing.assert_array_equal(mx.scales.view(np.uint8)[first // 32 :], scales)
     assert mx.scales.view(np.uint8)[-1] == 0xFF  # the last block holds a NaN

@@ -91,8 +91,9 @@ def test_other_axes_equal_the_transposed_last_axis(fmt, axis):
 def test_stochastic_index_is_the_c_order_index():
     x = _data(512, seed=4)[:256].reshape(4, 64)
     a = nk.quantize_mx(x, "mxfp8_e5m2", rounding="stochastic", seed=9, axis=0, block_size=4)
-    codes, _ = quantize_mx_ref(np.ascontiguousarray(x[:, 3]), "mxfp8_e5m2", 4, "floor", "stochastic",
-                               rand=random_bits(9, x.size)[3::64])
+    codes, _ = quantize_mx_ref(
+        np.ascontiguousarray(x[:, 3]), "mxfp8_e5m2", 4, "floor", "stochastic", rand=random_bits(9, x.size)[3::64]
+    )
     np.testing.assert_array_equal(a.codes[:, 3], codes)
 
 
@@ -197,24 +198,46 @@ def test_load_rejects_bad_files(tmp_path):
     (tmp_path / "trunc.npz").write_bytes(data[: len(data) // 2])
     (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
-    np.savez(tmp_path / "shape.npz", codes=mx.codes[:-1], scales=mx.scales.view(np.uint8),
-             meta=np.frombuffer(b'{"version": 1, "fmt": "mxfp8_e4m3", "block_size": 32, "axis": 0, '
-                                b'"shape": [1000], "packed": false}', np.uint8))
-    np.savez(tmp_path / "meta.npz", codes=mx.codes, scales=mx.scales.view(np.uint8),
-             meta=np.frombuffer(b"{not json", np.uint8))
-    np.savez(tmp_path / "fmt.npz", codes=mx.codes, scales=mx.scales.view(np.uint8),
-             meta=np.frombuffer(b'{"version": 1, "fmt": "mxfp9", "block_size": 32, "axis": 0, '
-                                b'"shape": [1000], "packed": false}', np.uint8))
-    for name, message in [("trunc", "cannot read"), ("junk", "cannot read"), ("other", "not an MX file"),
-                          ("shape", "codes must be"), ("meta", "corrupt MX metadata"), ("fmt", "unknown MX format")]:
+    np.savez(
+        tmp_path / "shape.npz",
+        codes=mx.codes[:-1],
+        scales=mx.scales.view(np.uint8),
+        meta=np.frombuffer(
+            b'{"version": 1, "fmt": "mxfp8_e4m3", "block_size": 32, "axis": 0, "shape": [1000], "packed": false}',
+            np.uint8,
+        ),
+    )
+    np.savez(
+        tmp_path / "meta.npz",
+        codes=mx.codes,
+        scales=mx.scales.view(np.uint8),
+        meta=np.frombuffer(b"{not json", np.uint8),
+    )
+    np.savez(
+        tmp_path / "fmt.npz",
+        codes=mx.codes,
+        scales=mx.scales.view(np.uint8),
+        meta=np.frombuffer(
+            b'{"version": 1, "fmt": "mxfp9", "block_size": 32, "axis": 0, "shape": [1000], "packed": false}', np.uint8
+        ),
+    )
+    for name, message in [
+        ("trunc", "cannot read"),
+        ("junk", "cannot read"),
+        ("other", "not an MX file"),
+        ("shape", "codes must be"),
+        ("meta", "corrupt MX metadata"),
+        ("fmt", "unknown MX format"),
+    ]:
         with pytest.raises(ValueError, match=message):
             M.MXArray.load(tmp_path / f"{name}.npz")
     with pytest.raises(FileNotFoundError):
         M.MXArray.load(tmp_path / "missing.npz")
 
 
-@pytest.mark.parametrize("fmt, x4, container", [("mxfp8_e4m3", "float8_e4m3fn_x4", np.uint32),
-                                                  ("mxfp4_e2m1", "float4_e2m1fn_x4", np.uint16)])
+@pytest.mark.parametrize(
+    "fmt, x4, container", [("mxfp8_e4m3", "float8_e4m3fn_x4", np.uint32), ("mxfp4_e2m1", "float4_e2m1fn_x4", np.uint16)]
+)
 def test_to_x4(fmt, x4, container):
     mx = nk.quantize_mx(X[:992].reshape(4, 248), fmt)
     packed = mx.to_x4()
@@ -267,8 +290,10 @@ def test_quantization_error_equals_a_direct_computation(shape, axis, block_size,
     x = nk.cast(x, dtype) if dtype == "bfloat16" else x.astype(dtype)
     mx = nk.quantize_mx(x, "mxfp4_e2m1", axis=axis, block_size=block_size)
     got = nk.quantization_error(x, mx)
-    xv, dq = nk.cast(x, np.float32).astype(np.float64) if dtype == "bfloat16" else x.astype(np.float64), \
-        mx.dequantize().astype(np.float64)
+    xv, dq = (
+        nk.cast(x, np.float32).astype(np.float64) if dtype == "bfloat16" else x.astype(np.float64),
+        mx.dequantize().astype(np.float64),
+    )
     scale = np.take(np.repeat(mx.scales.astype(np.float64), block_size, axis=axis), np.arange(shape[axis]), axis=axis)
     keep = np.isfinite(xv) & np.isfinite(scale)  # the blocks of the NaN and of the inf are left out
     assert keep.sum() < x.size - 2
@@ -294,9 +319,10 @@ def test_pieces_cut_on_blocks_and_byte_pairs():
     assert M.Pieces.of((0, 4), 1, 32, False).cuts(10) == [(0, 0, 0, 4)]
 
 
-@pytest.mark.parametrize("shape, axis, block_size, fmt", [((1, 5000), 1, 32, "mxfp4_e2m1"),
-                                                         ((3, 9, 70), 1, 7, "mxfp4_e2m1"),
-                                                         ((4, 301), 0, 5, "mxint8")])
+@pytest.mark.parametrize(
+    "shape, axis, block_size, fmt",
+    [((1, 5000), 1, 32, "mxfp4_e2m1"), ((3, 9, 70), 1, 7, "mxfp4_e2m1"), ((4, 301), 0, 5, "mxint8")],
+)
 def test_pieces_reassemble_the_whole(shape, axis, block_size, fmt):
     """Quantising piece by piece (as the files are) gives the whole array's codes and scales."""
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
@@ -318,25 +344,36 @@ def test_pieces_reassemble_the_whole(shape, axis, block_size, fmt):
 # ---- bad input --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"fmt": "mxfp9"}, ValueError, "unknown MX format 'mxfp9'; accepted: mxfp8_e4m3"),
-    ({"scale_mode": "round"}, ValueError, "unknown scale mode 'round'; accepted: floor, ceil, even, rceil, neuron"),
-    ({"rounding": "toward_positive"}, ValueError, "unknown rounding mode"),
-    ({"block_size": 0}, ValueError, "block_size must be a positive int"),
-    ({"block_size": -3}, ValueError, "block_size must be a positive int"),
-    ({"block_size": 1.5}, TypeError, "block_size must be a positive int"),
-    ({"block_size": True}, TypeError, "block_size must be a positive int"),
-    ({"axis": 2}, ValueError, "axis 2 is out of range"),
-    ({"axis": "0"}, TypeError, "axis must be an int"),
-    ({"seed": -1}, ValueError, "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"fmt": "mxfp9"}, ValueError, "unknown MX format 'mxfp9'; accepted: mxfp8_e4m3"),
+        ({"scale_mode": "round"}, ValueError, "unknown scale mode 'round'; accepted: floor, ceil, even, rceil, neuron"),
+        ({"rounding": "toward_positive"}, ValueError, "unknown rounding mode"),
+        ({"block_size": 0}, ValueError, "block_size must be a positive int"),
+        ({"block_size": -3}, ValueError, "block_size must be a positive int"),
+        ({"block_size": 1.5}, TypeError, "block_size must be a positive int"),
+        ({"block_size": True}, TypeError, "block_size must be a positive int"),
+        ({"axis": 2}, ValueError, "axis 2 is out of range"),
+        ({"axis": "0"}, TypeError, "axis must be an int"),
+        ({"seed": -1}, ValueError, "seed"),
+    ],
+)
 def test_bad_options(kwargs, error, message):
     with pytest.raises(error, match=message):
         nk.quantize_mx(np.zeros((2, 32), np.float32), **kwargs)
 
 
-@pytest.mark.parametrize("x", [np.zeros(32, np.int32), np.zeros(32, np.complex64), np.array(["a"] * 32),
-                               np.zeros(32, bool), np.array([object()] * 32)])
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.zeros(32, np.int32),
+        np.zeros(32, np.complex64),
+        np.array(["a"] * 32),
+        np.zeros(32, bool),
+        np.array([object()] * 32),
+    ],
+)
 def test_bad_input_dtypes(x):
     with pytest.raises(TypeError, match="MX quantisation takes float32"):
         nk.quantize_mx(x)
@@ -359,8 +396,11 @@ def test_extra_memory_is_the_output(call):
 
     x = np.ones((256, 1024), np.float32)
     q = nk.quantize_mx(x, "mxfp4_e2m1")
-    run = {"quantize": lambda: nk.quantize_mx(x, "mxfp4_e2m1"), "fake_quantize": lambda: nk.fake_quantize_mx(x),
-           "dequantize": lambda: nk.dequantize_mx(q)}[call]
+    run = {
+        "quantize": lambda: nk.quantize_mx(x, "mxfp4_e2m1"),
+        "fake_quantize": lambda: nk.fake_quantize_mx(x),
+        "dequantize": lambda: nk.dequantize_mx(q),
+    }[call]
     run()  # compile first
     tracemalloc.start()
     try:

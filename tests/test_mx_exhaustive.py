@@ -34,7 +34,7 @@ def _codes_at_unit_scale(v: np.ndarray, fmt: str) -> np.ndarray:
     padded = np.zeros(nblocks * 31, np.float32)
     padded[: v.size] = v
     x = np.empty((nblocks, 32), np.float32)
-    x[:, 0] = np.float32(2.0 ** mxf.emax_elem)
+    x[:, 0] = np.float32(2.0**mxf.emax_elem)
     x[:, 1:] = padded.reshape(nblocks, 31)
     mx = nk.quantize_mx(x, fmt, pack=False)
     assert (mx.scales.view(np.uint8) == 127).all()

@@ -17,13 +17,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=full_env,
+    )
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "neuron_kernels", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_kernels", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def test_import_compiles_nothing_and_skips_numba():
@@ -94,23 +101,34 @@ def test_works_without_a_writable_cache(tmp_path):
     """A read-only install (no __pycache__ can be made) and an unusable NUMBA_CACHE_DIR: the
     kernels compile in memory and the results are right."""
     pkg = tmp_path / "site"
-    shutil.copytree(os.path.join(ROOT, "neuron_kernels"), pkg / "neuron_kernels",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        os.path.join(ROOT, "neuron_kernels"), pkg / "neuron_kernels", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for folder in (pkg / "neuron_kernels", pkg / "neuron_kernels" / "kernels"):
         (folder / "__pycache__").write_text("a file where the cache folder would go")
     (tmp_path / "blocked").write_text("not a folder")
-    env = {"NUMBA_CACHE_DIR": str(tmp_path / "blocked" / "cache"), "PYTHONPATH": str(pkg),
-           "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        "NUMBA_CACHE_DIR": str(tmp_path / "blocked" / "cache"),
+        "PYTHONPATH": str(pkg),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     code = textwrap.dedent(_CAST_AND_QUANTIZE) + f"assert nk.__file__.startswith({str(pkg)!r}), nk.__file__\n"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path, env={**os.environ, **env})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     assert "Traceback" not in r.stderr
     assert not list(pkg.rglob("*.nbi"))
 
 
 def test_threads_after_fork_do_not_hang():
-    r = run_python("""
+    r = run_python(
+        """
         import multiprocessing as mp, numpy as np, neuron_kernels as nk
         from neuron_kernels import _parallel
         x = np.ones(_parallel.PARALLEL_MIN_ELEMENTS * 2, np.float32)
@@ -121,7 +139,9 @@ def test_threads_after_fork_do_not_hang():
         ctx = mp.get_context("fork")
         q = ctx.Queue(); p = ctx.Process(target=child, args=(q,)); p.start()
         print(q.get(timeout=120)); p.join(60)
-    """, timeout=200)
+    """,
+        timeout=200,
+    )
     assert r.returncode == 0, r.stderr
     assert float(r.stdout.strip()) == 2 * float(2**21)
 
@@ -164,13 +184,16 @@ def test_cli_promote_and_formats():
     assert r.returncode == 0 and "float8_e4m3fn" in r.stdout and "448" in r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (("promote", "float9", "int8"), "unknown dtype 'float9'"),
-    (("promote", "int8"), "needs two dtypes"),
-    (("bench", "--size", "lots"), "invalid size"),
-    (("bench", "--repeat", "0"), "--repeat"),
-    (("frobnicate",), "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("promote", "float9", "int8"), "unknown dtype 'float9'"),
+        (("promote", "int8"), "needs two dtypes"),
+        (("bench", "--size", "lots"), "invalid size"),
+        (("bench", "--repeat", "0"), "--repeat"),
+        (("frobnicate",), "invalid choice"),
+    ],
+)
 def test_cli_bad_input(args, message):
     r = run_cli(*args)
     assert r.returncode == 2

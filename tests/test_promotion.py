@@ -118,14 +118,33 @@ def parse_grid(text: str) -> tuple[list[str], dict[tuple[str, str], str | None]]
 
 GRID_DTYPES, GRID = parse_grid(PROMOTION_GRID)
 
-NUMPY_NAMES = {"float64", "float32", "float16", "int8", "int16", "int32", "int64",
-               "uint8", "uint16", "uint32", "uint64"}
+NUMPY_NAMES = {
+    "float64",
+    "float32",
+    "float16",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+}
 PACKAGE_ONLY_NAMES = {"float32r", "tfloat32"}
 INT_NAMES = [n for n in GRID_DTYPES if n.startswith(("int", "uint"))]
 FLOAT_NAMES = [n for n in GRID_DTYPES if n not in INT_NAMES]
 E8M0 = "float8_e8m0fnu"
-NO_RUNG_NAMES = ["tfloat32", "float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2fnuz",
-                 "float8_e3m4", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"]
+NO_RUNG_NAMES = [
+    "tfloat32",
+    "float8_e4m3fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e5m2fnuz",
+    "float8_e3m4",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+    "float4_e2m1fn",
+]
 
 X4_ELEMENT = {
     "float8_e4m3fn_x4": "float8_e4m3fn",
@@ -172,8 +191,7 @@ def test_grid_covers_every_dtype():
     assert len(GRID) == 25 * 25
 
 
-@pytest.mark.parametrize(("t0", "t1"), sorted(GRID, key=lambda k: (GRID_DTYPES.index(k[0]),
-                                                                   GRID_DTYPES.index(k[1]))))
+@pytest.mark.parametrize(("t0", "t1"), sorted(GRID, key=lambda k: (GRID_DTYPES.index(k[0]), GRID_DTYPES.index(k[1]))))
 def test_grid_cell(t0, t1):
     expected = GRID[t0, t1]
     if expected is None:
@@ -318,8 +336,7 @@ def _spellings(name: str) -> list[tuple[str, object]]:
 SPELLING_CASES = [(name, kind, value) for name in GRID_DTYPES for kind, value in _spellings(name)]
 
 
-@pytest.mark.parametrize(("name", "kind", "value"), SPELLING_CASES,
-                         ids=[f"{n}-{k}" for n, k, _ in SPELLING_CASES])
+@pytest.mark.parametrize(("name", "kind", "value"), SPELLING_CASES, ids=[f"{n}-{k}" for n, k, _ in SPELLING_CASES])
 def test_every_spelling_gives_the_same_answer(name, kind, value):
     for other in GRID_DTYPES:
         for t0, t1, key in ((value, other, (name, other)), (other, value, (other, name))):
@@ -335,8 +352,7 @@ def test_ml_dtypes_and_numpy_scalar_types():
     assert promote_type(ml_dtypes.bfloat16, np.float16) == np.dtype(ml_dtypes.bfloat16)
     assert promote_type(np.float16, ml_dtypes.bfloat16) == np.dtype(ml_dtypes.bfloat16)
     assert promote_type(np.uint8, np.int8) == np.dtype(np.int16)
-    assert promote_type(ml_dtypes.float8_e8m0fnu, ml_dtypes.float4_e2m1fn) == np.dtype(
-        ml_dtypes.float4_e2m1fn)
+    assert promote_type(ml_dtypes.float8_e8m0fnu, ml_dtypes.float4_e2m1fn) == np.dtype(ml_dtypes.float4_e2m1fn)
 
 
 @pytest.mark.parametrize("position", [0, 1])
@@ -412,8 +428,9 @@ def test_launder_x4_dtype_leaves_scalars_alone(name):
 
 
 @pytest.mark.parametrize("x4", X4_NAMES)
-@pytest.mark.parametrize("other", ["float32", "bfloat16", "float8_e4m3fn", "int8", "uint32",
-                                   "float8_e4m3fn_x4", "float4_e2m1fn_x4"])
+@pytest.mark.parametrize(
+    "other", ["float32", "bfloat16", "float8_e4m3fn", "int8", "uint32", "float8_e4m3fn_x4", "float4_e2m1fn_x4"]
+)
 def test_promote_type_rejects_x4_operands(x4, other):
     for t0, t1 in ((x4, other), (other, x4), (as_dtype(x4), other), (other, as_dtype(x4))):
         with pytest.raises(TypeError) as excinfo:
@@ -437,21 +454,42 @@ def test_merge_type_equal_gives_t0(name):
     assert_is(merge_type(name, name), name)
 
 
-@pytest.mark.parametrize(("t0", "t1"), [
-    ("int32", "uint32"), ("uint32", "int32"), ("int8", "uint8"), ("uint8", "int8"),
-    ("int16", "uint16"), ("uint16", "int16"), ("int64", "uint64"), ("uint64", "int64"),
-])
+@pytest.mark.parametrize(
+    ("t0", "t1"),
+    [
+        ("int32", "uint32"),
+        ("uint32", "int32"),
+        ("int8", "uint8"),
+        ("uint8", "int8"),
+        ("int16", "uint16"),
+        ("uint16", "int16"),
+        ("int64", "uint64"),
+        ("uint64", "int64"),
+    ],
+)
 def test_merge_type_same_itemsize_integers_give_t0(t0, t1):
     assert_is(merge_type(t0, t1), t0)
     assert_is(merge_type(np.dtype(t0), np.dtype(t1)), t0)
 
 
-@pytest.mark.parametrize(("t0", "t1"), [
-    ("int32", "int64"), ("uint8", "uint16"), ("int8", "uint16"),
-    ("float32", "int32"), ("int32", "float32"), ("float16", "int16"), ("uint8", "float8_e4m3fn"),
-    ("float8_e8m0fnu", "uint8"), ("float16", "bfloat16"), ("float32", "float32r"),
-    ("float32", "tfloat32"), ("float8_e4m3fn", "float8_e5m2"), ("float64", "float32"),
-])
+@pytest.mark.parametrize(
+    ("t0", "t1"),
+    [
+        ("int32", "int64"),
+        ("uint8", "uint16"),
+        ("int8", "uint16"),
+        ("float32", "int32"),
+        ("int32", "float32"),
+        ("float16", "int16"),
+        ("uint8", "float8_e4m3fn"),
+        ("float8_e8m0fnu", "uint8"),
+        ("float16", "bfloat16"),
+        ("float32", "float32r"),
+        ("float32", "tfloat32"),
+        ("float8_e4m3fn", "float8_e5m2"),
+        ("float64", "float32"),
+    ],
+)
 def test_merge_type_otherwise_raises_assertion_error(t0, t1):
     with pytest.raises(AssertionError) as excinfo:
         merge_type(t0, t1)
@@ -489,14 +527,14 @@ def test_is_floating_false_for_ints(name):
         assert not is_floating(value)
 
 
-@pytest.mark.parametrize("value", [np.float16, np.float32, np.float64, np.longdouble,
-                                   np.dtype("float32"), np.dtype(">f8")], ids=str)
+@pytest.mark.parametrize(
+    "value", [np.float16, np.float32, np.float64, np.longdouble, np.dtype("float32"), np.dtype(">f8")], ids=str
+)
 def test_is_floating_true_for_numpy_floats(value):
     assert is_floating(value)
 
 
-@pytest.mark.parametrize("value", [bool, np.bool_, np.dtype(bool), np.dtype(np.complex64),
-                                   np.dtype(object)], ids=str)
+@pytest.mark.parametrize("value", [bool, np.bool_, np.dtype(bool), np.dtype(np.complex64), np.dtype(object)], ids=str)
 def test_is_floating_false_for_non_floats(value):
     assert not is_floating(value)
 
@@ -511,8 +549,7 @@ RULE_CASES = {
     "ladder": ("float32", "float32r"),
     "no path": ("float4_e2m1fn", "float4_e2m1fn"),
 }
-INT_RULE_CASES = [("int8", "int32"), ("uint8", "uint64"), ("int64", "uint32"), ("uint8", "int8"),
-                  ("uint64", "int8")]
+INT_RULE_CASES = [("int8", "int32"), ("uint8", "uint64"), ("int64", "uint32"), ("uint8", "int8"), ("uint64", "int8")]
 
 
 @pytest.mark.parametrize("pair", INT_RULE_CASES, ids=str)

@@ -35,8 +35,12 @@ from .reference_mx import (
 from .test_cast_modes import random_bits
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BF16,
-          "float64": np.dtype(np.float64)}
+DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": BF16,
+    "float64": np.dtype(np.float64),
+}
 DTYPE_NAMES = list(DTYPES)
 MX_NAMES = list(MX_FORMATS_REF)
 
@@ -56,8 +60,22 @@ CONFIGS = _configs()
 
 #: float32 bit patterns planted into the data: signed zeros, subnormals, the normal boundary, the
 #: top of float32, powers of two and their neighbours.
-FINITE_SPECIALS = [0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF,
-                   0xFF7FFFFF, 0x7F000000, 0x3F800000, 0x3F7FFFFF, 0x40C00000, 0x43E00000, 0xC3E00000]
+FINITE_SPECIALS = [
+    0x00000000,
+    0x80000000,
+    0x00000001,
+    0x80000001,
+    0x007FFFFF,
+    0x00800000,
+    0x7F7FFFFF,
+    0xFF7FFFFF,
+    0x7F000000,
+    0x3F800000,
+    0x3F7FFFFF,
+    0x40C00000,
+    0x43E00000,
+    0xC3E00000,
+]
 NONFINITE = [0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001]
 
 
@@ -168,11 +186,12 @@ def _check_equal(got: np.ndarray, want: np.ndarray, what: str, x32: np.ndarray, 
     if bad.size:
         pos = tuple(int(i) for i in bad[0])
         k = pos[-1] * per // size
-        block = x32[pos[:-1]][k * size:(k + 1) * size]
+        block = x32[pos[:-1]][k * size : (k + 1) * size]
         raise AssertionError(
             f"{what}: {len(bad)} differ; first at {pos}: got 0x{int(got.view(unsigned)[pos]):x}, "
             f"want 0x{int(want.view(unsigned)[pos]):x}; block input bits "
-            f"{[hex(int(b)) for b in block.view(np.uint32)]}")
+            f"{[hex(int(b)) for b in block.view(np.uint32)]}"
+        )
 
 
 @pytest.mark.parametrize("fmt", MX_NAMES)
@@ -249,7 +268,7 @@ def test_quantization_error_bound(fmt, data):
     nearest = rounding.startswith("nearest")
     for r in np.ndindex(*x32.shape[:-1]):
         for k in range(scales[r].size):
-            block = x32[r][k * size:(k + 1) * size]
+            block = x32[r][k * size : (k + 1) * size]
             if not np.all(np.isfinite(block)):
                 continue
             byte = int(scales[r][k])
@@ -271,8 +290,10 @@ def test_quantization_error_bound(fmt, data):
                     assert err == 0, (r, j, xv, got)
                     continue
                 ulp = _element_ulp(fmt, abs(xq) / scale) * scale
-                where = (f"x={xv!r} (0x{int(np.float32(xv).view(np.uint32)):08x}) -> {got!r}, X=2^{byte - 127}, "
-                         f"{kwargs}, shape {x.shape}")
+                where = (
+                    f"x={xv!r} (0x{int(np.float32(xv).view(np.uint32)):08x}) -> {got!r}, X=2^{byte - 127}, "
+                    f"{kwargs}, shape {x.shape}"
+                )
                 if nearest:
                     assert err <= ulp / 2, where
                 else:
@@ -284,11 +305,20 @@ def test_quantization_error_bound(fmt, data):
 
 # ---- cast round trips ----------------------------------------------------------------------------
 
-ROUND_TRIP_FORMATS = [n for n, f in FORMATS.items()
-                      if f.kind == "float" and n not in ("float32", "float64", "float32r")]
-EXACT_MODES = [("nearest_even", None), ("nearest_away", None), ("toward_zero", None), ("toward_positive", None),
-               ("toward_negative", None), ("stochastic", 0), ("stochastic", 1), ("stochastic", 0xDEADBEEF),
-               ("stochastic", 2**63 + 12345)]
+ROUND_TRIP_FORMATS = [
+    n for n, f in FORMATS.items() if f.kind == "float" and n not in ("float32", "float64", "float32r")
+]
+EXACT_MODES = [
+    ("nearest_even", None),
+    ("nearest_away", None),
+    ("toward_zero", None),
+    ("toward_positive", None),
+    ("toward_negative", None),
+    ("stochastic", 0),
+    ("stochastic", 1),
+    ("stochastic", 0xDEADBEEF),
+    ("stochastic", 2**63 + 12345),
+]
 
 
 def _all_codes(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -324,7 +354,8 @@ def test_every_code_round_trips(name, saturate):
             assert bad.size == 0, (
                 f"{name} via {np.dtype(source).name}, {rounding} seed={seed} saturate={saturate}: "
                 f"{bad.size} codes change; first 0x{int(codes[bad[0]]):x} -> 0x{int(got[bad[0]]):x}, "
-                f"want 0x{int(want[bad[0]]):x}")
+                f"want 0x{int(want[bad[0]]):x}"
+            )
             if nan.any():
                 with np.errstate(invalid="ignore"):
                     back = got.view(values.dtype).astype(np.float32)

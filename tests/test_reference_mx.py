@@ -93,8 +93,7 @@ def test_table_values():
 def test_element_mantissa_bits():
     # mxint8: c/64, |c| <= 127 = 0b1111111 -> 1.xxxxxx at the top binade: 6 bits (decided here).
     got = {f: element_mantissa_bits_ref(f) for f in MX_FORMATS_REF}
-    assert got == {"mxfp8_e4m3": 3, "mxfp8_e5m2": 2, "mxfp6_e2m3": 3, "mxfp6_e3m2": 2,
-                   "mxfp4_e2m1": 1, "mxint8": 6}
+    assert got == {"mxfp8_e4m3": 3, "mxfp8_e5m2": 2, "mxfp6_e2m3": 3, "mxfp6_e3m2": 2, "mxfp4_e2m1": 1, "mxint8": 6}
 
 
 @pytest.mark.parametrize(
@@ -413,10 +412,22 @@ def test_saturation_with_a_scale_below_amax():
 
 def test_signed_zeros():
     # -0.0 next to the max element (X = 1): e4m3 0x80, e5m2 0x80, fp6 0x20, fp4 0x8, int8 0.
-    tops = {"mxfp8_e4m3": 448.0, "mxfp8_e5m2": 57344.0, "mxfp6_e2m3": 7.5, "mxfp6_e3m2": 28.0,
-            "mxfp4_e2m1": 6.0, "mxint8": 1.5}
-    want = {"mxfp8_e4m3": 0x80, "mxfp8_e5m2": 0x80, "mxfp6_e2m3": 0x20, "mxfp6_e3m2": 0x20,
-            "mxfp4_e2m1": 0x8, "mxint8": 0x00}
+    tops = {
+        "mxfp8_e4m3": 448.0,
+        "mxfp8_e5m2": 57344.0,
+        "mxfp6_e2m3": 7.5,
+        "mxfp6_e3m2": 28.0,
+        "mxfp4_e2m1": 6.0,
+        "mxint8": 1.5,
+    }
+    want = {
+        "mxfp8_e4m3": 0x80,
+        "mxfp8_e5m2": 0x80,
+        "mxfp6_e2m3": 0x20,
+        "mxfp6_e3m2": 0x20,
+        "mxfp4_e2m1": 0x8,
+        "mxint8": 0x00,
+    }
     for fmt, top in tops.items():
         codes, scales = q([top, -0.0, 0.0], fmt, block_size=3)
         assert scales.tolist() == [127], fmt
@@ -460,8 +471,7 @@ def test_float32_subnormal_inputs_are_not_flushed():
     assert q(x, "mxint8", block_size=3, rounding="nearest_away")[0].tolist() == [64, 1, 1]
 
 
-NAN_CODE = {"mxfp8_e4m3": 0x7F, "mxfp8_e5m2": 0x7E, "mxfp6_e2m3": 0, "mxfp6_e3m2": 0,
-            "mxfp4_e2m1": 0, "mxint8": 0}
+NAN_CODE = {"mxfp8_e4m3": 0x7F, "mxfp8_e5m2": 0x7E, "mxfp6_e2m3": 0, "mxfp6_e3m2": 0, "mxfp4_e2m1": 0, "mxint8": 0}
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, f32([0xFFC00000])[0], f32([0x7F800001])[0]])
@@ -550,8 +560,7 @@ def test_stochastic_threshold_is_exact():
     # e4m3, X = 1: 1.03125 = 1 + 1/32 lies a quarter of the way from 1.0 (0x38) to 1.125 (0x39):
     # up iff rand < floor(2^32 / 4) = 2^30.
     def code(x, r):
-        return q([448.0, x], block_size=2, rounding="stochastic",
-                 rand=np.array([0, r], dtype=np.uint32))[0].tolist()[1]
+        return q([448.0, x], block_size=2, rounding="stochastic", rand=np.array([0, r], dtype=np.uint32))[0].tolist()[1]
 
     assert [code(1.03125, r) for r in (0, 2**30 - 1, 2**30, 2**32 - 1)] == [0x39, 0x39, 0x38, 0x38]
     assert [code(-1.03125, r) for r in (0, 2**30 - 1, 2**30)] == [0xB9, 0xB9, 0xB8]  # on the magnitude
@@ -559,8 +568,12 @@ def test_stochastic_threshold_is_exact():
     # 470 lies between 448 and the virtual 480: going up overflows and saturates: always 0x7E.
     assert [code(470.0, r) for r in (0, 2**31, 2**32 - 1)] == [0x7E, 0x7E, 0x7E]
     # mxint8, X = 1: c = 64 * 10.25 / 64 = 10.25 -> 11 iff rand < 2^30.
-    got = [q([1.5, 10.25 / 64], "mxint8", block_size=2, rounding="stochastic",
-             rand=np.array([0, r], dtype=np.uint32))[0].tolist()[1] for r in (2**30 - 1, 2**30)]
+    got = [
+        q([1.5, 10.25 / 64], "mxint8", block_size=2, rounding="stochastic", rand=np.array([0, r], dtype=np.uint32))[
+            0
+        ].tolist()[1]
+        for r in (2**30 - 1, 2**30)
+    ]
     assert got == [11, 10]
 
 
@@ -622,8 +635,7 @@ def test_dequantize_scale_extremes():
     dq = dequantize_mx_ref(np.array([0x38], np.uint8), np.array([254], np.uint8), "mxfp8_e4m3", 1)
     assert u32(dq).tolist() == [0x7F000000]
     # byte 0xff: the whole block is NaN, zero codes included; the next block is not.
-    dq = dequantize_mx_ref(np.array([0x00, 0x38, 0x38], np.uint8), np.array([0xFF, 127], np.uint8),
-                           "mxfp8_e4m3", 2)
+    dq = dequantize_mx_ref(np.array([0x00, 0x38, 0x38], np.uint8), np.array([0xFF, 127], np.uint8), "mxfp8_e4m3", 2)
     assert np.isnan(dq[:2]).all() and dq[2] == 1.0
     # mxint8 code 0x81 = -127 -> -127/64 * X; fp4 code 0xF = -6.
     dq = dequantize_mx_ref(np.array([0x81, 0x40], np.uint8), np.array([127 + 3], np.uint8), "mxint8", 2)

@@ -76,8 +76,7 @@ def _sample(fmt_name, rng):
     f = FORMATS[fmt_name]
     x = (rng.standard_normal(64) * np.exp2(rng.integers(-8, 8, 64))).astype(np.float32)
     if f.kind == "int":
-        return rng.integers(np.iinfo(fmt_name).min // 2, np.iinfo(fmt_name).max // 2, 64, dtype=fmt_name,
-                            endpoint=True)
+        return rng.integers(np.iinfo(fmt_name).min // 2, np.iinfo(fmt_name).max // 2, 64, dtype=fmt_name, endpoint=True)
     if f.kind == "packed":
         element = np.dtype(getattr(ml_dtypes, f.element))
         codes = x.astype(element).view(np.uint8)
@@ -95,8 +94,9 @@ def _values(arr, fmt_name):
     f = FORMATS[fmt_name]
     if f.kind == "packed":
         lane = 8 * f.itemsize // 4
-        codes = np.stack([(arr.astype(np.uint64) >> np.uint64(lane * i)) & np.uint64((1 << lane) - 1)
-                          for i in range(4)], axis=-1).reshape(arr.shape[:-1] + (-1,))
+        codes = np.stack(
+            [(arr.astype(np.uint64) >> np.uint64(lane * i)) & np.uint64((1 << lane) - 1) for i in range(4)], axis=-1
+        ).reshape(arr.shape[:-1] + (-1,))
         return codes.astype(np.uint8).view(getattr(ml_dtypes, f.element)).astype(np.float64)
     return arr.astype(np.float64)
 
@@ -104,15 +104,15 @@ def _values(arr, fmt_name):
 @pytest.mark.parametrize("src, dst", sorted({(s, r.name) for t0, t1, r in _promotable_pairs() for s in (t0, t1)}))
 def test_promotion_casts_agree_with_ml_dtypes(src, dst, rng):
     x = _sample(src, rng)
-    y = nk.auto_cast(x, np.zeros(0, FORMATS[dst].result_dtype), a_dtype=src, b_dtype=dst)[0] \
-        if src != dst else x
+    y = nk.auto_cast(x, np.zeros(0, FORMATS[dst].result_dtype), a_dtype=src, b_dtype=dst)[0] if src != dst else x
     t = FORMATS[dst]
     values = _values(x, src)
     with np.errstate(over="ignore", invalid="ignore"):
         if t.kind == "packed":
             element = np.dtype(getattr(ml_dtypes, t.element))
-            expected = pack_lanes(values.astype(np.float32).astype(element).view(np.uint8),
-                                  8 * t.itemsize // 4, t.result_dtype.type)
+            expected = pack_lanes(
+                values.astype(np.float32).astype(element).view(np.uint8), 8 * t.itemsize // 4, t.result_dtype.type
+            )
         elif dst == "tfloat32":
             expected = round_float32_to_mbits(values.astype(np.float32), 10)
         elif dst == "float32r":

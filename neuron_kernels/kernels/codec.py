@@ -139,8 +139,9 @@ def _round_significand(m, s, neg, rnd, mode):  # pragma: no cover - compiled
 
 
 @jit
-def _encode(u, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, payload, mode,
-            saturate):  # pragma: no cover - compiled
+def _encode(
+    u, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, payload, mode, saturate
+):  # pragma: no cover - compiled
     """Code of the float32 pattern ``u`` in a format with a mantissa (every format but e8m0).
 
     The exponent bias B enters as ``kc = max(128 - B, 0)`` (the float32 biased exponent of the
@@ -161,8 +162,9 @@ def _encode(u, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code
     mag = u32_add(u32_shl(expo, mbits), q)
 
     # Overflow: saturate, or IEEE's rule for directed modes, or the format's overflow code.
-    toward_zero = (mode == TOWARD_ZERO) | ((mode == TOWARD_POSITIVE) & (neg == 1)) | (
-        (mode == TOWARD_NEGATIVE) & (neg == 0))
+    toward_zero = (
+        (mode == TOWARD_ZERO) | ((mode == TOWARD_POSITIVE) & (neg == 1)) | ((mode == TOWARD_NEGATIVE) & (neg == 0))
+    )
     sign_bit = 1 << (bits - 1)
     if specials == IEEE:
         inf_out = inf_code
@@ -333,8 +335,15 @@ def _store(x, u, rnd, out):  # pragma: no cover - compiled
 
 
 @cache
-def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_codec: Codec | None,
-                     mode: int, saturate: bool, layout: int = ELEMENTWISE) -> Any:
+def make_cast_kernel(
+    source: int,
+    src_codec: Codec | None,
+    target: int,
+    dst_codec: Codec | None,
+    mode: int,
+    saturate: bool,
+    layout: int = ELEMENTWISE,
+) -> Any:
     """Kernel ``(src, dst, key, start)`` casting 1-D arrays.
 
     ``source`` is one of ``SOURCE_*`` (codes need ``src_codec``), ``target`` one of ``TARGET_*``
@@ -344,16 +353,32 @@ def make_cast_kernel(source: int, src_codec: Codec | None, target: int, dst_code
     stochastic rounding: element ``start + i`` uses the hash of (key, start + i), so results do not
     depend on how the array was split.
     """
-    s_m, s_b, s_bits, s_sp = (0, 0, 0, 0) if src_codec is None else (
-        src_codec.mbits, src_codec.bias, src_codec.bits, src_codec.specials)
+    s_m, s_b, s_bits, s_sp = (
+        (0, 0, 0, 0) if src_codec is None else (src_codec.mbits, src_codec.bias, src_codec.bits, src_codec.specials)
+    )
     s_pay = src_codec is not None and src_codec.payload_decode
     d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay = _codec_args(dst_codec)
     d_shift = 0 if dst_codec is None else dst_codec.shift
     is_e8m0 = dst_codec is not None and dst_codec.specials == E8M0
     stochastic = mode == STOCHASTIC
     inp = (source, s_m, s_b, s_bits, s_sp, s_pay)
-    out = (source, target, is_e8m0, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, bool(saturate),
-           d_shift)
+    out = (
+        source,
+        target,
+        is_e8m0,
+        d_m,
+        d_kc,
+        d_off,
+        d_bits,
+        d_sp,
+        d_max,
+        d_nan,
+        d_inf,
+        d_pay,
+        mode,
+        bool(saturate),
+        d_shift,
+    )
 
     # One loop per kernel, chosen here rather than inside the kernel: with a single call site
     # LLVM inlines the helpers into the loop and vectorises it (inlining them in numba's IR

@@ -53,8 +53,13 @@ def _is_exact(source: Format, target: Format) -> bool:
         return s.name == t.name
     if s.name == "float8_e8m0fnu":
         return t.emin - t.mbits <= s.emin and t.emax >= s.emax
-    return s.mbits <= t.mbits and t.emax >= s.emax and t.emin - t.mbits <= s.emin - s.mbits and (
-        t.has_inf or not s.has_inf) and (t.has_nan or not s.has_nan)
+    return (
+        s.mbits <= t.mbits
+        and t.emax >= s.emax
+        and t.emin - t.mbits <= s.emin - s.mbits
+        and (t.has_inf or not s.has_inf)
+        and (t.has_nan or not s.has_nan)
+    )
 
 
 def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndarray, CastOptions, int], None]:
@@ -90,8 +95,16 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
     return cast_kernel
 
 
-def _build(source: Format, target: Format, s_el: Format, t_el: Format, fp4_in: bool, fp4_out: bool,
-           rounding: str, saturate: bool) -> Any:
+def _build(
+    source: Format,
+    target: Format,
+    s_el: Format,
+    t_el: Format,
+    fp4_in: bool,
+    fp4_out: bool,
+    rounding: str,
+    saturate: bool,
+) -> Any:
     c = _codec()
     if s_el.name == t_el.name and not saturate:
         # The same values in another container: move the bits (NaN payloads included).
@@ -131,8 +144,11 @@ def _options_for(source: Format, target: Format) -> dict[str, Any]:
     if _is_exact(source, target):
         return {"roundings": _ALL_MODES, "saturate": True}
     s, t = _element(source), _element(target)
-    if t.kind == "int" or (s.kind == "int" and s.bits > 16) or (
-            s.name == "float64" and t.name in ("float32", "float32r")):
+    if (
+        t.kind == "int"
+        or (s.kind == "int" and s.bits > 16)
+        or (s.name == "float64" and t.name in ("float32", "float32r"))
+    ):
         return {"roundings": ("nearest_even",), "saturate": False}
     return {"roundings": _ALL_MODES, "saturate": True}
 

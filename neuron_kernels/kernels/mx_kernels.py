@@ -190,9 +190,15 @@ def _element_args(fmt: str, rounding: str) -> tuple[Any, ...]:
     if mxf.is_int:
         return (0, 0, 0, 8, _INT8, 127, 0, 0, mode, (0, np.float32(0), np.float32(0), np.float32(0), 0, 0, 0))
     c = C.codec_of(FORMATS[mxf.element])
-    ne = (c.mbits, np.float32(mxf.max_element), np.float32(2.0 ** (1 - c.bias)),
-          np.float32(2.0 ** (1 - c.bias - c.mbits + 23)), ((127 - c.bias) << c.mbits) & 0xFFFFFFFF,
-          32 - c.bits, 1 << (c.bits - 1))
+    ne = (
+        c.mbits,
+        np.float32(mxf.max_element),
+        np.float32(2.0 ** (1 - c.bias)),
+        np.float32(2.0 ** (1 - c.bias - c.mbits + 23)),
+        ((127 - c.bias) << c.mbits) & 0xFFFFFFFF,
+        32 - c.bits,
+        1 << (c.bits - 1),
+    )
     return (c.mbits, *C.bias_args(c.bias), c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, mode, ne)
 
 
@@ -476,5 +482,4 @@ def unpack_fp4_axis(codes: np.ndarray, shape: tuple[int, ...], axis: int) -> np.
     out = np.empty(moved.shape[:-1] + (2 * moved.shape[-1],), np.uint8)
     out[..., 0::2] = moved & 0xF
     out[..., 1::2] = moved >> 4
-    return np.ascontiguousarray(np.moveaxis(out[..., :shape[axis]], -1, axis))
-
+    return np.ascontiguousarray(np.moveaxis(out[..., : shape[axis]], -1, axis))
