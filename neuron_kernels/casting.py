@@ -5,13 +5,12 @@ They validate, allocate and pick the kernel from the registry; the kernels only 
 
 from __future__ import annotations
 
-import numbers
-import secrets
 from typing import Any
 
 import numpy as np
 
 from ._parallel import run_chunked
+from ._random import check_seed, draw_seed
 from .formats import FORMATS, DTypeLike, Format, get_format
 from .promotion import get_x4_from_x1, is_x4_dtype, launder_x4_dtype, promote_type
 from .registry import ROUNDING_MODES, CastKernel, CastOptions, lookup_cast
@@ -22,14 +21,6 @@ __all__ = ["cast", "auto_cast", "pack_x4", "unpack_x4"]
 _BUFFER_ELEMENTS = 1 << 16
 
 
-def check_seed(seed: Any) -> None:
-    """``TypeError`` unless ``seed`` is None or an int; ``ValueError`` if it is negative."""
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be None or a non-negative int, got {seed!r}")
-    if seed is not None and seed < 0:
-        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
-
-
 def _options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
     if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
         raise ValueError(f"unknown rounding mode {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
@@ -37,7 +28,7 @@ def _options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
         raise TypeError(f"saturate must be True or False, got {saturate!r}")
     check_seed(seed)
     if rounding == "stochastic" and seed is None:
-        seed = secrets.randbits(63)
+        seed = draw_seed()
     return CastOptions(rounding, bool(saturate), None if seed is None else int(seed))
 
 

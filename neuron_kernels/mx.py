@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,8 @@ import ml_dtypes
 import numpy as np
 
 from ._parallel import run_tasks
-from .casting import check_out, check_seed
+from ._random import check_seed, draw_seed, stream_key
+from .casting import check_out
 from .formats import FORMATS, Format, get_format
 
 __all__ = [
@@ -151,11 +151,12 @@ def _input_array(x: Any) -> tuple[np.ndarray, Format]:
     return np.asarray(arr, order="C"), fmt
 
 
-def _seed(rounding: str, seed: Any) -> int:
+def _key(rounding: str, seed: Any) -> int:
+    """The kernels' key of the random bits (see :mod:`neuron_kernels._random`)."""
     check_seed(seed)
     if rounding == "stochastic" and seed is None:
-        return secrets.randbits(63)
-    return 0 if seed is None else int(seed) & 0x7FFFFFFFFFFFFFFF
+        seed = draw_seed()
+    return stream_key(0 if seed is None else seed)
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ def mx_job(
         _axis(axis, ndim),
         _choice(scale_mode, SCALE_MODES, "scale mode"),
         rnd,
-        _seed(rnd, seed),
+        _key(rnd, seed),
         bool(pack) and mxf.packable,
     )
 

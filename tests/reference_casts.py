@@ -351,12 +351,13 @@ def _round_magnitude(a: float, values: list[float], beyond: float, mode: str, r:
     """Round the exact magnitude ``a >= 0`` to a magnitude code.
 
     Returns an index into ``values``, or ``len(values)`` meaning "overflow" (rounded past the
-    largest finite value). ``mode`` is "down", "up", "nearest_even", "nearest_away" or
+    largest finite value), or -1 when rounding down finds no value (e8m0 below its smallest).
+    ``mode`` is "down", "up", "nearest_even", "nearest_away" or
     "stochastic" (with ``r`` the uint32 random draw).
     """
     n = len(values)
     if a < values[0]:  # only e8m0 has a smallest value above zero: nothing smaller exists
-        return 0
+        return -1 if mode == "down" else 0  # rounding down finds no value (-1), the others the smallest
     i = bisect.bisect_right(values, a) - 1  # values[i] <= a < values[i + 1]
     lo = values[i]
     if a == lo:
@@ -413,6 +414,8 @@ def _encode_one(fmt: FormatRef, bits: int, x: float, mode: str, saturate: bool, 
         return _overflow_code(fmt, negative, saturate)
     values, beyond = _magnitude_table(fmt.name)
     c = _round_magnitude(abs(x), values, beyond, _magnitude_direction(mode, negative), r)
+    if c < 0:
+        return fmt.nan_codes[0]  # e8m0 has no zero: a value rounded down below 2^-127 is NaN, as 0 is
     if c > fmt.max_code:
         return _overflow_code(fmt, negative, saturate)
     sign = fmt.sign_bit if negative and (c != 0 or fmt.signed_zero) else 0
@@ -436,7 +439,9 @@ def encode_ref(x, name: str, rounding: str = "nearest_even", saturate: bool = Fa
         the neighbouring magnitudes, |x| goes up to hi iff ``rand < floor(2^32 (|x|-lo)/(hi-lo))``.
         A finite value rounded toward zero never overflows (gives +-max); one rounded away from
         zero past the max gives the overflow code. Above the max, ``hi`` is the value the next
-        code would have if the exponent range continued (max + ulp; 2^128 for e8m0).
+        code would have if the exponent range continued (max + ulp; 2^128 for e8m0). e8m0 has no
+        value below 2^-127: a positive value below it rounded down (toward zero or negative)
+        gives 0xff, as zero does; every other mode gives 0x00.
     saturate:
         Every finite overflow and +-inf becomes +-max finite. NaN stays NaN (float6/float4 keep
         ml_dtypes' NaN encoding); e8m0 still maps 0, negatives and NaN to 0xff.

@@ -2,8 +2,8 @@
 
 The oracle is ``tests/reference_casts.py`` (independent of the package). The random bits of
 stochastic rounding are recomputed here from the hash that the package documents:
-``mix32(((mix32(idx_lo ^ key_lo) + idx_hi) mod 2^32) ^ key_hi)`` with ``key = seed mod 2^63``
-and ``idx`` the element's index in the C-order flattened array.
+``mix32(((mix32(idx_lo ^ key_lo) + idx_hi) mod 2^32) ^ key_hi)`` with ``key`` = SplitMix64's
+output function of the seed and ``idx`` the element's index in the C-order flattened array.
 """
 
 from __future__ import annotations
@@ -50,9 +50,18 @@ def mix32(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(16))
 
 
+def splitmix64(seed: int) -> int:
+    """SplitMix64's output function (Steele, Lea and Flood 2014), in Python integers."""
+    mask = (1 << 64) - 1
+    z = (seed + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
 def random_bits(seed: int, n: int, start: int = 0) -> np.ndarray:
     """The uint32 draws of elements ``start .. start + n - 1`` for ``seed``."""
-    key = seed % (1 << 63)
+    key = splitmix64(seed)
     key_lo, key_hi = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
     idx = np.arange(n, dtype=np.uint64) + np.uint64(start)
     h = mix32((idx & np.uint64(0xFFFFFFFF)) ^ key_lo)
@@ -301,6 +310,40 @@ def test_float64_named_double_rounding():
     # tie, so nearest_away of the float64 value -> 0x80 (through float32 it would be 0x81)
     assert codes_of(nk.cast(np.array([3 + 2.0**-30]), "float8_e8m0fnu")).tolist() == [0x80]
     assert codes_of(nk.cast(np.array([3 - 2.0**-30]), "float8_e8m0fnu", rounding="nearest_away")).tolist() == [0x80]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["bfloat16", "float16", "tfloat32", "float8_e4m3fn", "float8_e5m2fnuz", "float6_e3m2fn", "float4_e2m1fn",
+     "float8_e8m0fnu"],
+)  # fmt: skip
+def test_float64_source_stochastic_rounds_once(name):
+    # The float64 value itself is rounded (no float32 on the way), bit for bit with the reference,
+    # for values next to every representable value and midpoint, beyond float32's range and below
+    # its subnormals.
+    x = float64_inputs(name)
+    got = codes_of(nk.cast(x, name, rounding="stochastic", seed=SEED))
+    want = encode_float64_ref(x, name, rounding="stochastic", rand=random_bits(SEED, x.size))
+    assert_same(x, got, want, f"float64 -> {name} stochastic")
+    got = codes_of(nk.cast(x, name, rounding="stochastic", seed=SEED, saturate=True))
+    want = encode_float64_ref(x, name, rounding="stochastic", saturate=True, rand=random_bits(SEED, x.size))
+    assert_same(x, got, want, f"float64 -> {name} stochastic, saturate")
+
+
+def test_float64_source_stochastic_resolves_2_to_the_minus_32():
+    # 1 + 2^-30 lies 2^-23 of a bfloat16 ulp above 1: it rounds up with probability 2^-23, about
+    # 0.5 times in 4 Mi draws (a float32 rounded to odd on the way made it 71 times: 2^-16 each).
+    n = 1 << 22
+    ups = int((codes_of(nk.cast(np.full(n, 1 + 2.0**-30), "bfloat16", rounding="stochastic", seed=3)) != 0x3F80).sum())
+    assert ups <= 6  # Poisson(0.5) exceeds 6 with probability below 1e-6
+    # 2^-12 of an ulp: 1024 expected
+    x = np.full(n, 1 + 2.0**-19)
+    ups = int((codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=4)) == 0x3F81).sum())
+    assert abs(ups - 1024) <= 5 * 32
+    # e8m0 binades: 2^-20 of the way from 2 to 4 rounds up 4 times in 4 Mi draws on average
+    x = np.full(n, 2 + 2.0**-19)
+    ups = int((codes_of(nk.cast(x, "float8_e8m0fnu", rounding="stochastic", seed=5)) == 0x81).sum())
+    assert ups <= 20
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn"])
@@ -699,9 +742,14 @@ def test_stochastic_seed_rules():
     assert 0.4 < (a == 0x3F81).mean() < 0.6
     np.testing.assert_array_equal(a, codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=5)))
     assert (a != codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=6))).any()
-    # key = seed mod 2^63
-    np.testing.assert_array_equal(a, codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=5 + (1 << 63))))
-    np.testing.assert_array_equal(a, codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=5 + (3 << 63))))
+    # every seed in [0, 2^64) is its own: 2^63 + 5 is not 5 (the bits were once keyed on seed mod 2^63)
+    for other in (5 + (1 << 63), (1 << 64) - 1, np.uint64((1 << 64) - 1)):
+        b = codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=other))
+        assert 0.4 < (b == 0x3F81).mean() < 0.6
+        assert 0.4 < (a == b).mean() < 0.6, other  # independent coin flips agree half the time
+    for bad in (1 << 64, 5 + (3 << 63), -1):
+        with pytest.raises(ValueError, match=r"seed must be None or an int in \[0, 2\*\*64\)"):
+            nk.cast(x, "bfloat16", rounding="stochastic", seed=bad)
     # seed=None: fresh entropy each call
     n1 = codes_of(nk.cast(x, "bfloat16", rounding="stochastic"))
     n2 = codes_of(nk.cast(x, "bfloat16", rounding="stochastic"))
@@ -838,6 +886,91 @@ def test_stochastic_is_unbiased(name, where):
             sigma = math.sqrt(n * p_up * (1 - p_up))
             assert abs(ups - n * p_up) <= 5 * sigma, (name, float(x32), sign, ups, n * p_up)
             assert abs(v.mean() - float(x32)) <= 5 * (hi - lo) * sigma / n, (name, float(x32), sign)
+
+
+@pytest.mark.parametrize("name, sign_bit", [("float6_e2m3fn", 0x20), ("float6_e3m2fn", 0x20), ("float4_e2m1fn", 0x8)])
+def test_float6_float4_nan_is_the_default_code_in_every_mode(name, sign_bit):
+    # These formats have no NaN. The default mode gives ml_dtypes' codes (+NaN -> the -0 code,
+    # -NaN -> +0); the other modes and saturation give the same codes (one rule, documented),
+    # from every source, packed containers included.
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF], np.uint32).view(np.float32)
+    want = [sign_bit, 0, sign_bit, 0]
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        sources = [nans, nans.astype(np.float64), nk.cast(nans, "bfloat16")]
+    for rounding in ROUNDING_MODES:
+        for saturate in (False, True):
+            kw = {"rounding": rounding, "saturate": saturate, **stochastic_kwargs(rounding)}
+            for x in sources:
+                assert codes_of(nk.cast(x, name, **kw)).tolist() == want, (x.dtype, rounding, saturate)
+    if name == "float4_e2m1fn":
+        packed = nk.cast(nans.reshape(1, 4), "float4_e2m1fn_x4", rounding="toward_zero")
+        assert packed.tolist() == [[sign_bit | sign_bit << 8]]
+
+
+# ---- 6b. the streams of different seeds are independent --------------------------------------
+
+
+def _chi_square(observed: np.ndarray, expected: np.ndarray, variance: np.ndarray) -> float:
+    return float((((observed - expected) ** 2) / variance).sum())
+
+
+# A chi-square statistic with 64 degrees of freedom lies in [30, 110] with probability above 0.999;
+# the seeds below are fixed, so these tests are deterministic.
+CHI2_64 = (30.0, 110.0)
+
+
+def test_round_up_counts_across_seeds_are_binomial():
+    # Each seed must give its own coin flips: the number of round-ups of one value over an array
+    # varies from seed to seed as binomial draws. (When the seed was XORed into the index, every
+    # seed of a small range gave the same bits in another order, hence the same count.)
+    n = 1 << 16
+    x = np.full(n, np.uint32(0x3F804CCD)).view(np.float32)  # rounds up with p = 0x4ccd / 2^16
+    p = 0x4CCD / 65536
+    for seeds in (range(64), [s << 40 for s in range(64)], [(1 << 64) - 1 - s for s in range(64)]):
+        counts = np.array(
+            [int((codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=s)) == 0x3F81).sum()) for s in seeds]
+        )
+        stat = _chi_square(counts, np.full(64, n * p), np.full(64, n * p * (1 - p)))
+        assert CHI2_64[0] < stat < CHI2_64[1], (stat, counts[:8])
+
+
+@pytest.mark.parametrize("pair", [(0, 1), (5, 5 ^ (1 << 20)), (7, 7 + (1 << 63)), (123, 123 ^ 0xFFFF), (2, 3 << 32)])
+def test_streams_of_two_seeds_are_not_a_permutation_and_uncorrelated(pair):
+    # random_bits is the package's documented hash; every stochastic test above checks the
+    # package against it bit for bit.
+    n = 1 << 16
+    a, b = (random_bits(s, n).astype(np.float64) for s in pair)
+    assert len(np.intersect1d(a, b)) < 16  # about n^2 / 2^32 = 1 shared value by chance
+    assert abs(np.corrcoef(a, b)[0, 1]) < 5 / math.sqrt(n)
+    # and through the package: the round-up decisions of a tie agree half of the time
+    x = np.full(n, 1 + 2.0**-8, np.float32)
+    da, db = (codes_of(nk.cast(x, "bfloat16", rounding="stochastic", seed=s)) for s in pair)
+    assert abs((da == db).mean() - 0.5) < 5 * 0.5 / math.sqrt(n)
+
+
+@pytest.mark.parametrize(
+    "name, source",
+    [("bfloat16", "float32"), ("float8_e4m3fn", "float32"), ("float4_e2m1fn", "float32"), ("float8_e8m0fnu", "float32"),
+     ("bfloat16", "float64"), ("float16", "float64")],
+)  # fmt: skip
+def test_probability_of_rounding_up_is_the_discarded_fraction(name, source):
+    # Dense inputs between two neighbours lo < hi whose discarded fractions f cover [0, 1): the
+    # round-up counts of 64 bins of f against their expectation (sum of f), chi-square.
+    mags = magnitudes_ref(name)
+    i = int(np.searchsorted(mags, 1.0))
+    lo, hi = float(mags[i]), float(mags[i + 1])
+    m, reps = 1 << 14, 64
+    frac = (np.arange(m) + (1 / 3 if source == "float64" else 0.5)) / m
+    x = (lo + frac * (hi - lo)).astype(source)
+    exact = (x.astype(np.float64) - lo) / (hi - lo)  # the fraction of the value actually cast
+    got = codes_of(nk.cast(np.tile(x, reps), name, rounding="stochastic", seed=SEED)).reshape(reps, m)
+    up = np.abs(decode_ref(got, name).astype(np.float64)) == hi
+    bins = np.arange(m) * 64 // m
+    observed = np.bincount(bins, up.sum(axis=0), 64)
+    expected = np.bincount(bins, reps * exact, 64)
+    variance = np.bincount(bins, reps * exact * (1 - exact), 64)
+    stat = _chi_square(observed, expected, variance)
+    assert CHI2_64[0] < stat < CHI2_64[1], stat
 
 
 # ---- 7. directed-mode overflow and saturation, by hand -----------------------------------------
@@ -994,8 +1127,14 @@ NAMED = [
     ("float8_e8m0fnu", 1.5 * 2.0**-127, "nearest_even", False, 0x00),
     ("float8_e8m0fnu", 1.75 * 2.0**-127, "nearest_even", False, 0x01),
     ("float8_e8m0fnu", 1.25 * 2.0**-127, "toward_positive", False, 0x01),
-    ("float8_e8m0fnu", 2.0**-140, "toward_negative", False, 0x00),  # nothing below 2^-127
+    # nothing below 2^-127: rounding down finds no value (NaN, as for 0), the other modes 2^-127
+    ("float8_e8m0fnu", 2.0**-140, "toward_negative", False, 0xFF),
+    ("float8_e8m0fnu", 2.0**-140, "toward_zero", False, 0xFF),
+    ("float8_e8m0fnu", 0.99 * 2.0**-127, "toward_zero", True, 0xFF),
+    ("float8_e8m0fnu", 2.0**-127, "toward_zero", False, 0x00),
     ("float8_e8m0fnu", 2.0**-140, "toward_positive", False, 0x00),
+    ("float8_e8m0fnu", 2.0**-140, "nearest_even", False, 0x00),
+    ("float8_e8m0fnu", 2.0**-140, "nearest_away", False, 0x00),
 ]
 
 

@@ -63,6 +63,33 @@ def test_stochastic_matches_reference(fmt):
     np.testing.assert_array_equal(fq.view(np.uint32), mx.dequantize().view(np.uint32))
 
 
+@pytest.mark.parametrize("fmt, axis", [("mxfp8_e4m3", -1), ("mxfp4_e2m1", -1), ("mxint8", 0)])
+def test_stochastic_seeds_give_independent_roundings(fmt, axis):
+    # Blocks of one amax (4.0) and 31 copies of v: each copy rounds up with the same probability p,
+    # and the number of round-ups must vary from seed to seed as binomial draws (chi-square over 64
+    # seeds), for quantise and fake-quantise alike. (Seeds once gave the same bits reordered.)
+    v = np.float32(1.3)
+    block = np.full(32, v, np.float32)
+    block[0] = 4.0
+    x = np.tile(block, 2048).reshape(2048, 32)
+    x = np.ascontiguousarray(x.T) if axis == 0 else x
+    seen = np.unique(nk.fake_quantize_mx(x, fmt, axis=axis, rounding="stochastic", seed=99)).tolist()
+    lo, hi = sorted(set(seen) - {4.0})  # the neighbours of v in its block's grid
+    p = (float(v) - lo) / (hi - lo)
+    n = 2048 * 31
+    for run in ("quantize", "fake_quantize"):
+        counts = []
+        for seed in range(64):
+            if run == "quantize":
+                dq = nk.quantize_mx(x, fmt, axis=axis, rounding="stochastic", seed=seed).dequantize()
+            else:
+                dq = nk.fake_quantize_mx(x, fmt, axis=axis, rounding="stochastic", seed=seed)
+            assert set(np.unique(dq).tolist()) == {lo, hi, 4.0}
+            counts.append(int((dq == hi).sum()))
+        stat = float(((np.array(counts) - n * p) ** 2).sum() / (n * p * (1 - p)))
+        assert 30 < stat < 110, (run, stat, counts[:8])  # chi-square, 64 degrees of freedom
+
+
 @pytest.mark.parametrize("block_size", [32, 7, 1])
 def test_fp4_packing(block_size):
     x = X[:999]  # odd length: the tail is padded with a zero nibble

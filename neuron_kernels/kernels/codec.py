@@ -23,6 +23,7 @@ has its own encoder (ties to the even code).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -62,6 +63,7 @@ SOURCE_F64_NEAREST = 1  # float64, rounded to float32 to nearest even first (ml_
 SOURCE_F64_ODD = 2  # float64, rounded to float32 "to odd": one correct rounding follows
 SOURCE_CODES = 3  # codes of a small format, decoded exactly
 SOURCE_INT = 4  # integers, converted to float32 (round to nearest even), as ml_dtypes does
+SOURCE_F64_SPLIT = 5  # float64 truncated to float32, the rest kept as 32 more bits (stochastic rounding)
 TARGET_F32 = 0
 TARGET_F64 = 1
 TARGET_CODES = 2
@@ -107,12 +109,14 @@ def codec_of(fmt: Format) -> Codec:
 
 
 @jit
-def _round_significand(m, s, neg, rnd, mode):  # pragma: no cover - compiled
+def _round_significand(m, s, neg, rnd, ext, mode):  # pragma: no cover - compiled
     """``m`` shifted right by ``s`` bits and rounded by ``mode`` (a carry may add a bit).
 
     ``m`` < 2^24, so adding a rounding increment below 2^31 never overflows 32 bits. ``s`` may
     exceed 31 (the value is far below the smallest subnormal): the result is then 0 or 1.
-    ``rnd`` is 32 uniformly random bits (stochastic mode only).
+    Stochastic mode only: ``rnd`` is 32 uniformly random bits and ``ext`` the value's bits below
+    ``m``'s last one as a 32-bit fraction of it (non-zero only for float64 sources); the magnitude
+    rounds up when ``rnd < floor(2^32 * f)``, ``f`` the discarded fraction of the target's ulp.
     """
     sc = s if s < 31 else u32_or(u32_and(s, 0), 31)
     if mode == NEAREST_EVEN:
@@ -130,7 +134,7 @@ def _round_significand(m, s, neg, rnd, mode):  # pragma: no cover - compiled
     q = u32_shr(m, sc)
     r = u32_sub(m, u32_shl(q, sc))
     if s <= 31:
-        frac = u32_shl(r, u32_sub(32, s))
+        frac = u32_add(u32_shl(r, u32_sub(32, s)), u32_shr(ext, s))
     elif s < 64:
         frac = u32_shr(r, u32_sub(s, 32))
     else:
@@ -140,7 +144,7 @@ def _round_significand(m, s, neg, rnd, mode):  # pragma: no cover - compiled
 
 @jit
 def _encode(
-    u, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, payload, mode, saturate
+    u, rnd, ext, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, payload, mode, saturate
 ):  # pragma: no cover - compiled
     """Code of the float32 pattern ``u`` in a format with a mantissa (every format but e8m0).
 
@@ -156,7 +160,7 @@ def _encode(
     m = u32_or(frac, 0x800000) if e_bits > 0 else frac
     extra = u32_sub(kc, e1) if e1 < kc else u32_and(e1, 0)  # extra shift below the smallest normal
     s = u32_add(23 - mbits, extra)
-    q = _round_significand(m, s, neg, rnd, mode)
+    q = _round_significand(m, s, neg, rnd, ext, mode)
     t = u32_add(e1, off)  # e + B - 1, the code's exponent field before rounding, if positive
     expo = t if i32_positive(t) else u32_and(t, 0)
     mag = u32_add(u32_shl(expo, mbits), q)
@@ -195,19 +199,23 @@ def _encode(
 
 
 @jit
-def _encode_e8m0(u, rnd, mode, saturate):  # pragma: no cover - compiled
+def _encode_e8m0(u, rnd, ext, mode, saturate):  # pragma: no cover - compiled
     """Code of the float32 pattern ``u`` in float8_e8m0fnu: the nearest power of two, ties to even.
 
     Consecutive codes are a binade apart, so the decision is about the significand's position
     in its own binade (midpoint 1.5 * 2^e); float32 subnormals above 2^-127 are placed in the
     binade [2^-127, 2^-126) the same way. 0, negatives, NaN -> 0xff; overflow -> 0xff, or 0xfe
-    under ``saturate``.
+    under ``saturate``. Below 2^-127 there is no smaller value: every mode gives 0x00 (2^-127),
+    except the two that round such a positive value down (toward zero, toward negative), which
+    give 0xff as for zero itself, since a directed rounding never moves past its direction.
+    ``rnd`` and ``ext`` are those of :func:`_round_significand`.
     """
     e_bits = u32_shr(u, 23)  # the sign is bit 8 of this: negatives are >= 256
     frac = u32_and(u, 0x7FFFFF)
     # float32 subnormals: (2^-127, 2^-126) maps onto code 0 with a significand twice the excess
     sub_frac = u32_shl(u32_sub(frac, 0x400000), 1) if frac > 0x400000 else u32_and(frac, 0)
     f = frac if e_bits > 0 else sub_frac
+    below = (e_bits == 0) & (frac < 0x400000)  # 0 < x < 2^-127 (x = 0 is refused below)
     if mode == NEAREST_EVEN:
         up = (f > 0x400000) | ((f == 0x400000) & (u32_and(e_bits, 1) == 1))
     elif mode == NEAREST_AWAY:
@@ -215,14 +223,19 @@ def _encode_e8m0(u, rnd, mode, saturate):  # pragma: no cover - compiled
     elif mode == TOWARD_POSITIVE:
         up = f != 0
     elif mode == STOCHASTIC:
-        up = rnd < u32_shl(f, 9)
+        # the fraction of the binade as 32 bits: f has 23 (normal) or 22 (subnormal) of them
+        sub_ext = u32_shr(ext, 22) if frac >= 0x400000 else u32_and(ext, 0)
+        up = rnd < u32_add(u32_shl(f, 9), u32_shr(ext, 23) if e_bits > 0 else sub_ext)
     else:
         up = f != f
     code = u32_add(e_bits, up)
     top = 0xFE if saturate else 0xFF
     code = top if code > 0xFE else code
     code = top if u == 0x7F800000 else code
-    invalid = (e_bits > 0xFF) | (u32_and(u, 0x7FFFFFFF) == 0) | (u32_and(u, 0x7FFFFFFF) > 0x7F800000)
+    if mode == TOWARD_ZERO or mode == TOWARD_NEGATIVE:
+        code = 0xFF if below else code
+    zero = (u32_and(u, 0x7FFFFFFF) == 0) & (ext == 0)  # ext != 0: a float64 below float32's range
+    invalid = (e_bits > 0xFF) | zero | (u32_and(u, 0x7FFFFFFF) > 0x7F800000)
     return 0xFF if invalid else code
 
 
@@ -280,6 +293,29 @@ def _f64_to_f32_odd(x):  # pragma: no cover - compiled
     return u32_or(b, 1) if (back != x) & (x == x) else b
 
 
+@jit
+def _f64_to_f32_truncated(x):  # pragma: no cover - compiled
+    """float64 -> float32 pattern rounded toward zero; +-inf from 2^128 on (past every target's
+    largest value, as float32's own infinity is); NaN as numpy converts it."""
+    y = np.float32(x)
+    b = f32_bits(y)
+    b = u32_sub(b, 1) if abs(np.float64(y)) > abs(x) else b
+    return u32_or(u32_and(b, 0x80000000), 0x7F800000) if abs(x) >= 2.0**128 else b
+
+
+@jit
+def _f64_rest(x, u):  # pragma: no cover - compiled
+    """The part of ``|x|`` below its truncation ``u`` (:func:`_f64_to_f32_truncated`), as a 32-bit
+    fraction of the float32 ulp at ``u``: ``floor(2^32 * (|x| - |u|) / ulp)``. The difference is
+    exact in float64 and the scaling is by a power of two, so this is exact; 0 for inf and NaN.
+    A non-zero ``x`` that truncates to zero gets at least 1 (a sticky bit, too small to change any
+    rounding) so that e8m0, which has no zero, can tell it from zero."""
+    e1 = max(u32_and(u32_shr(u, 23), 0xFF), 1)
+    rest = math.ldexp(abs(x) - abs(np.float64(f32_from_bits(u))), 182 - np.int64(e1))  # ulp = 2^(e1 - 150)
+    bits = np.uint32(rest) if (rest >= 0.0) & (rest < 4294967296.0) else np.uint32(0)
+    return u32_or(bits, 1) if (u32_and(u, 0x7FFFFFFF) == 0) & (x != 0) else bits
+
+
 def bias_args(bias: int) -> tuple[int, int]:
     """The two forms in which :func:`_encode` takes an exponent bias."""
     return max(128 - bias, 0), (bias - 128) & 0xFFFFFFFF
@@ -295,8 +331,9 @@ def _codec_args(c: Codec | None) -> tuple[Any, ...]:
 def _random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
     """32 random bits for element ``idx`` of an array: a hash of (key, idx), nothing else.
 
-    With ``key = seed mod 2^63`` split into 32-bit halves ``key_lo``/``key_hi`` and ``idx`` into
-    ``idx_lo``/``idx_hi``: ``mix32(((mix32(idx_lo ^ key_lo) + idx_hi) mod 2^32) ^ key_hi)``.
+    With the key (:func:`neuron_kernels._random.stream_key` of the seed) split into 32-bit halves
+    ``key_lo``/``key_hi`` and ``idx`` into ``idx_lo``/``idx_hi``:
+    ``mix32(((mix32(idx_lo ^ key_lo) + idx_hi) mod 2^32) ^ key_hi)``.
     Stochastic rounding rounds a magnitude up when these bits, read as an unsigned integer, are
     below ``floor(2^32 * f)``, ``f`` being the discarded fraction of an ulp.
     """
@@ -314,6 +351,8 @@ def _load(x, inp):  # pragma: no cover - compiled
         return f32_bits(np.float32(x))
     if source == SOURCE_F64_ODD:
         return _f64_to_f32_odd(x)
+    if source == SOURCE_F64_SPLIT:
+        return _f64_to_f32_truncated(x)
     return _decode(x, s_m, s_b, s_bits, s_sp, s_pay)
 
 
@@ -328,9 +367,10 @@ def _store(x, u, rnd, out):  # pragma: no cover - compiled
         return u
     if target == TARGET_F64:
         return np.float64(x) if source == SOURCE_INT else np.float64(f32_from_bits(u))
+    ext = _f64_rest(x, u) if source == SOURCE_F64_SPLIT else np.uint32(0)
     if is_e8m0:
-        return _encode_e8m0(u, rnd, mode, saturate)
-    code = _encode(u, rnd, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate)
+        return _encode_e8m0(u, rnd, ext, mode, saturate)
+    code = _encode(u, rnd, ext, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate)
     return u32_shl(code, d_shift)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._random import stream_key
 from ..formats import FORMATS, Format
 from ..registry import ROUNDING_MODES, CastOptions, register_cast
 
@@ -87,7 +88,7 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
         return a.view(np.uint8 if target.kind == "packed" else t_el.storage_dtype)
 
     def cast_kernel(src: np.ndarray, dst: np.ndarray, options: CastOptions, start: int) -> None:
-        key = (options.seed or 0) & 0x7FFFFFFFFFFFFFFF
+        key = stream_key(options.seed or 0)
         kernel_for(options)(view_in(src), view_out(dst), key, start)
 
     cast_kernel.__name__ = f"{source.name}_to_{target.name}"
@@ -120,9 +121,13 @@ def _build(
         src_kind, src_codec = c.SOURCE_F32, None
     elif s_el.name == "float64":
         # ml_dtypes (and the default) round float64 to float32 first; numpy's float16 and every
-        # other mode round once, which rounding to odd first preserves.
+        # other mode round once, which rounding to odd first preserves. Stochastic rounding needs
+        # every bit below the target's ulp (to 2^-32 of it), which a float32 rounded to odd loses.
         nearest = rounding == "nearest_even" and t_el.name != "float16"
-        src_kind, src_codec = (c.SOURCE_F64_NEAREST if nearest else c.SOURCE_F64_ODD), None
+        src_kind = (
+            c.SOURCE_F64_NEAREST if nearest else c.SOURCE_F64_SPLIT if rounding == "stochastic" else c.SOURCE_F64_ODD
+        )
+        src_codec = None
         if target.name == "float64":
             return c.copy_items
     else:

@@ -165,10 +165,12 @@ def _element(u, inv, rnd, el):  # pragma: no cover - compiled
         neg = u32_shr(v, 31)
         big = e1 >= np.uint32(144)  # |v| * 64 >= 2^23: saturates
         s = u32_sub(144, e1 if e1 < np.uint32(143) else np.uint32(143))  # leaves the integer part of |v| * 64
-        q = C._round_significand(m, s, neg, rnd, mode)
+        q = C._round_significand(m, s, neg, rnd, np.uint32(0), mode)
         c = np.uint32(127) if big or q > np.uint32(127) else q
         return u32_and(u32_sub(0, c), 0xFF) if neg == np.uint32(1) else c
-    return C._encode(v, rnd, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, False, mode, True)
+    return C._encode(
+        v, rnd, np.uint32(0), mbits, kc, off, bits, specials, max_code, nan_code, inf_code, False, mode, True
+    )
 
 
 @jit(inline="always")
