@@ -105,12 +105,9 @@ def _execute(
     if x.flags.c_contiguous and native and out.flags.c_contiguous:
         if x.size:
             fn = kernel.function
-            if kernel.parallel:
-                run_chunked(
-                    fn, x.reshape(-1), out.reshape(-1), options, *group, elements_per_item=source.lanes, base=index0
-                )
-            else:
-                fn(x.reshape(-1), out.reshape(-1), options, index0)
+            run_chunked(
+                fn, x.reshape(-1), out.reshape(-1), options, *group, elements_per_item=source.lanes, base=index0
+            )
         return
     if group != (1, 1):
         # Packing needs whole groups of the last axis: work on contiguous copies.
