@@ -66,7 +66,7 @@ def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[
     return shape
 
 
-def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.ndarray) -> np.ndarray:
+def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.ndarray) -> np.ndarray:
     """``out`` as a plain ndarray view to write into, if it can receive a result of ``shape`` and
     ``dtype`` computed from ``inputs`` (subclasses such as numpy.matrix are written through a view
     of their memory; the caller returns the object it was given)."""
@@ -80,7 +80,8 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.nda
     if not out.flags.writeable:
         raise ValueError("out is read-only; pass a writeable array")
     for x in inputs:
-        if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):
+        # numpy's stubs admit only max_work -1 or 0; any non-negative bound is valid at run time
+        if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):  # type: ignore[arg-type]
             raise ValueError("out overlaps the input; pass a separate array")
     return out
 
