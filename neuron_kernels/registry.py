@@ -140,14 +140,16 @@ def register_cast(
         Whether ``fn`` implements ``saturate=True``.
     replace
         Put ``fn`` in place of the kernel the pair already has (the package's or one registered
-        before). Without it, registering a pair that has a kernel raises ``ValueError``.
+        before), or add it if there is none. Without it, registering a pair that has a kernel
+        raises ``ValueError`` and changes nothing.
 
     Returns
     -------
-    The decorator; it registers ``fn`` and returns it unchanged. ``fn`` must be a plain function
-    ``fn(src, dst, options, start)`` as the module docstring describes: from then on
-    :func:`~neuron_kernels.cast`, :func:`~neuron_kernels.auto_cast` and
-    :func:`lookup_cast` use it for the pair, whether or not anything was cast before.
+    Callable
+        The decorator: it registers ``fn``, a plain function ``fn(src, dst, options, start)`` as
+        the module docstring describes, and returns it unchanged. From then on
+        :func:`~neuron_kernels.cast`, :func:`~neuron_kernels.auto_cast` and :func:`lookup_cast`
+        use it for the pair, whether or not anything was cast before.
     """
     src, dst = canonical_name(source), canonical_name(target)
     unknown = set(roundings) - set(ROUNDING_MODES)
