@@ -57,7 +57,7 @@ def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[
     return shape
 
 
-def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.ndarray) -> np.ndarray:
+def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.ndarray) -> np.ndarray:
     """``out`` as a plain ndarray view to write into, if it can receive a result of ``shape`` and
     ``dtype`` computed from ``inputs`` (subclasses such as numpy.matrix are written through a view
     of their memory; the caller returns the object it was given)."""
@@ -71,7 +71,8 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.nda
     if not out.flags.writeable:
         raise ValueError("out is read-only; pass a writeable array")
     for x in inputs:
-        if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):
+        # numpy's stubs admit only max_work -1 or 0; any non-negative bound is valid at run time
+        if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):  # type: ignore[arg-type]
             raise ValueError("out overlaps the input; pass a separate array")
     return out
 
@@ -96,12 +97,9 @@ def _execute(
     if x.flags.c_contiguous and native and out.flags.c_contiguous:
         if x.size:
             fn = kernel.function
-            if kernel.parallel:
-                run_chunked(
-                    fn, x.reshape(-1), out.reshape(-1), options, *group, elements_per_item=source.lanes, base=index0
-                )
-            else:
-                fn(x.reshape(-1), out.reshape(-1), options, index0)
+            run_chunked(
+                fn, x.reshape(-1), out.reshape(-1), options, *group, elements_per_item=source.lanes, base=index0
+            )
         return
     if group != (1, 1):
         # Packing needs whole groups of the last axis: work on contiguous copies.

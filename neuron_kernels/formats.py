@@ -345,7 +345,10 @@ ALIASES: dict[str, str] = {
     "e8m0": "float8_e8m0fnu",
 }
 
-DTypeLike = Union[np.dtype, NKDType, str, type, Any]
+#: What the functions taking a dtype accept: a numpy dtype, the package's own dtype object, a
+#: name (canonical, an alias, or anything ``numpy.dtype()`` reads) or a scalar type such as
+#: ``np.float32`` or ``ml_dtypes.bfloat16``.
+DTypeLike = Union[np.dtype[Any], NKDType, str, type[Any]]
 
 
 def _unknown(name: str) -> TypeError:

@@ -7,20 +7,32 @@ A kernel is a plain function ``kernel(src, dst, options, start)`` on 1-D C-conti
 ``src`` holds the source values (in the source format's array dtype), ``dst`` receives the
 target's (one container per four elements for packed ``*_x4`` targets); ``start`` is the index
 of ``src[0]`` in the whole flattened input, for kernels whose result depends on the position
-(stochastic rounding). Kernels do not validate; the public functions do.
+(stochastic rounding). Large arrays are split into disjoint pieces that run on several threads
+at once, so a kernel must not keep state between calls. Kernels do not validate; the public
+functions do (a kernel only ever sees the options it declared).
+
+The package's own kernels are loaded on first use (the first lookup or registration), which
+imports no numba. :func:`register_cast` adds a kernel for a pair the package does not have, or
+with ``replace=True`` puts one in place of the kernel a pair has; because registering loads the
+package's kernels first, the outcome is the same whether it happens before or after the first
+cast.
 """
 
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TypeVar
+
+import numpy as np
 
 from .formats import DTypeLike, canonical_name
 
 __all__ = [
     "ROUNDING_MODES",
+    "CastFunction",
     "CastKernel",
     "CastOptions",
     "UnsupportedCastError",
@@ -39,8 +51,6 @@ ROUNDING_MODES: tuple[str, ...] = (
     "stochastic",
 )
 
-Impl = Literal["numba", "fallback"]
-
 
 @dataclass(frozen=True)
 class CastOptions:
@@ -51,22 +61,27 @@ class CastOptions:
     seed: int | None = None
 
 
+#: The signature of a kernel: ``fn(src, dst, options, start)`` (see the module docstring).
+CastFunction = Callable[[np.ndarray, np.ndarray, CastOptions, int], None]
+
+_F = TypeVar("_F", bound=CastFunction)
+
+
 @dataclass(frozen=True)
 class CastKernel:
     """One registered cast.
 
-    ``impl`` is ``"numba"`` for the package's compiled kernels and ``"fallback"`` for an explicitly
-    registered numpy/ml_dtypes implementation. ``roundings`` and ``saturate`` say which options the
-    kernel implements; ``parallel`` that it may be run on disjoint chunks at once.
+    ``function`` is called as ``function(src, dst, options, start)``. ``roundings`` and
+    ``saturate`` say which options it implements. ``builtin`` is True for the package's own
+    compiled kernels, False for a kernel registered with :func:`register_cast`.
     """
 
     source: str
     target: str
-    impl: Impl
-    function: Callable[[Any, Any, CastOptions, int], None] = field(repr=False)
+    function: CastFunction = field(repr=False)
     roundings: frozenset[str] = frozenset({"nearest_even"})
     saturate: bool = False
-    parallel: bool = True
+    builtin: bool = False
 
     def check_options(self, options: CastOptions) -> None:
         """Raise ``NotImplementedError`` for an option this kernel does not implement."""
@@ -84,46 +99,74 @@ class UnsupportedCastError(TypeError):
 
 
 _REGISTRY: dict[tuple[str, str], CastKernel] = {}
+_loaded = False
+_lock = threading.RLock()
+
+
+def _ensure_loaded() -> None:
+    """Put the package's kernels in the registry, once (before any registration of a user's)."""
+    global _loaded
+    if _loaded:
+        return
+    with _lock:
+        if _loaded:
+            return
+        from .kernels.compiled import builtin_kernels
+
+        kernels = {(k.source, k.target): k for k in builtin_kernels()}
+        _REGISTRY.update(kernels)
+        _loaded = True
 
 
 def register_cast(
     source: DTypeLike,
     target: DTypeLike,
     *,
-    impl: Impl = "numba",
     roundings: tuple[str, ...] = ("nearest_even",),
     saturate: bool = False,
-    parallel: bool = True,
     replace: bool = False,
-) -> Callable[[Callable[..., None]], Callable[..., None]]:
+) -> Callable[[_F], _F]:
     """Decorator registering ``fn(src, dst, options, start)`` as the cast ``source -> target``.
 
-    A pair can be registered once; ``replace=True`` lets a compiled kernel take over a
-    fallback's pair.
+    Parameters
+    ----------
+    source, target
+        The pair, as any dtype description the package accepts (``"float32"``, ``np.float16``,
+        ``ml_dtypes.bfloat16``, ``"float8_e4m3fn_x4"``, ...).
+    roundings
+        The rounding modes ``fn`` implements; a cast asking for another raises
+        ``NotImplementedError`` before ``fn`` is called.
+    saturate
+        Whether ``fn`` implements ``saturate=True``.
+    replace
+        Put ``fn`` in place of the kernel the pair already has (the package's or one registered
+        before), or add it if there is none. Without it, registering a pair that has a kernel
+        raises ``ValueError`` and changes nothing.
+
+    Returns
+    -------
+    Callable
+        The decorator: it registers ``fn``, a plain function ``fn(src, dst, options, start)`` as
+        the module docstring describes, and returns it unchanged. From then on
+        :func:`~neuron_kernels.cast`, :func:`~neuron_kernels.auto_cast` and :func:`lookup_cast`
+        use it for the pair, whether or not anything was cast before.
     """
-    key = (canonical_name(source), canonical_name(target))
+    src, dst = canonical_name(source), canonical_name(target)
     unknown = set(roundings) - set(ROUNDING_MODES)
     if unknown:
         raise ValueError(f"unknown rounding modes {sorted(unknown)}; known: {', '.join(ROUNDING_MODES)}")
 
-    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
-        if key in _REGISTRY and not replace:
-            raise ValueError(f"a cast {key[0]} -> {key[1]} is already registered")
-        _REGISTRY[key] = CastKernel(key[0], key[1], impl, fn, frozenset(roundings), saturate, parallel)
+    def decorate(fn: _F) -> _F:
+        if not callable(fn):
+            raise TypeError(f"a cast kernel must be a function fn(src, dst, options, start), got {fn!r}")
+        _ensure_loaded()
+        with _lock:
+            if (src, dst) in _REGISTRY and not replace:
+                raise ValueError(f"a cast {src} -> {dst} is already registered; pass replace=True to use yours instead")
+            _REGISTRY[src, dst] = CastKernel(src, dst, fn, frozenset(roundings), bool(saturate))
         return fn
 
     return decorate
-
-
-_loaded = False
-
-
-def _ensure_loaded() -> None:
-    global _loaded
-    if not _loaded:
-        from . import kernels  # noqa: F401  (registers every kernel on first import)
-
-        _loaded = True
 
 
 def lookup_cast(source: DTypeLike, target: DTypeLike) -> CastKernel:
@@ -133,20 +176,21 @@ def lookup_cast(source: DTypeLike, target: DTypeLike) -> CastKernel:
     entry = _REGISTRY.get((src, dst))
     if entry is not None:
         return entry
-    targets = sorted(t for s, t in _REGISTRY if s == src)
+    pairs = list(_REGISTRY.copy())  # a registration in another thread must not break the iteration
+    targets = sorted(t for s, t in pairs if s == src)
     if targets:
         close = difflib.get_close_matches(dst, targets, n=3, cutoff=0.5)
         hint = f" (closest: {', '.join(close)})" if close else ""
         raise UnsupportedCastError(
             f"no cast from {src} to {dst}{hint}; from {src} the supported targets are: {', '.join(targets)}"
         )
-    sources = sorted({s for s, _ in _REGISTRY})
+    sources = sorted({s for s, _ in pairs})
     raise UnsupportedCastError(
         f"no cast from {src} to {dst}: nothing casts from {src}; supported sources: {', '.join(sources)}"
     )
 
 
-def supported_casts(impl: Impl | None = None) -> list[CastKernel]:
-    """Every registered cast (optionally only one implementation kind), sorted by pair."""
+def supported_casts() -> list[CastKernel]:
+    """Every registered cast, the package's and the user's, sorted by (source, target)."""
     _ensure_loaded()
-    return [k for _, k in sorted(_REGISTRY.items()) if impl is None or k.impl == impl]
+    return [k for _, k in sorted(_REGISTRY.copy().items())]

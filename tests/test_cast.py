@@ -90,11 +90,6 @@ def test_tfloat32_named_results():
     np.testing.assert_array_equal(bits(nk.cast(x, "tf32")), np.array(list(cases.values()), np.uint32))
 
 
-def test_every_registered_kernel_is_compiled():
-    assert {k.impl for k in nk.supported_casts()} == {"numba"}
-    assert nk.lookup_cast(np.float32, ml_dtypes.bfloat16).impl == "numba"
-
-
 # ---- shapes, strides, byte order ----------------------------------------------------------
 
 

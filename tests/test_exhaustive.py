@@ -28,7 +28,8 @@ def _patterns(start: int) -> np.ndarray:
 
 
 def e8m0_expected(u: np.ndarray, ml: np.ndarray) -> np.ndarray:
-    """ml_dtypes' codes with casts.md's two corrections applied (ties to even; the lowest binade)."""
+    """ml_dtypes' codes with casts.md's rule in place of them on ties (to even) and on the lowest
+    binade: there the expectation is the package's rule, whatever ml_dtypes does."""
     e = (u >> np.uint32(23)).astype(np.int64)  # includes the sign: negatives are >= 256
     f = u & np.uint32(0x7FFFFF)
     out = ml.copy()

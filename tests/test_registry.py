@@ -1,12 +1,18 @@
-"""The dispatch registry and auto_cast: every promotion result resolves to a kernel."""
+"""The dispatch registry and auto_cast: every promotion result resolves to a kernel; users'
+kernels for new pairs and in place of the package's, registered before or after the first cast."""
 
 import itertools
+import os
+import subprocess
+import sys
+import textwrap
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import neuron_kernels as nk
+from neuron_kernels import registry
 from neuron_kernels.formats import FORMATS
 from neuron_kernels.promotion import grid_dtypes
 
@@ -47,10 +53,10 @@ def test_every_promotion_result_has_a_kernel():
     assert not missing
 
 
-def test_kernels_are_marked():
-    assert all(k.impl == "numba" for k in nk.supported_casts("numba"))
-    assert nk.supported_casts("fallback") == []
-    assert nk.lookup_cast("float64", "bfloat16").impl == "numba"
+def test_package_kernels_are_builtin():
+    kernels = nk.supported_casts()
+    assert len(kernels) > 500 and all(k.builtin for k in kernels)
+    assert nk.lookup_cast("float64", "bfloat16").builtin
 
 
 def test_lookup_error_names_pair_and_targets():
@@ -61,14 +67,116 @@ def test_lookup_error_names_pair_and_targets():
         nk.lookup_cast("float32", "nope")
 
 
-def test_register_twice_is_refused():
-    with pytest.raises(ValueError, match="already registered"):
-        nk.register_cast("float32", "bfloat16")(lambda *a: None)
+# ---- users' kernels ---------------------------------------------------------------------------
 
 
-def test_register_unknown_rounding_is_refused():
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """The registry as a new process has it (empty, the package's kernels not loaded yet); the
+    real one is put back after the test, whatever the test registered."""
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_loaded", False)
+    return registry
+
+
+def _before_or_after(order):
+    """``after``: the package's kernels load (a first lookup) before the user registers."""
+    assert not registry._loaded
+    if order == "after":
+        nk.lookup_cast("float32", "float16")
+        assert registry._loaded
+
+
+def truncate_to_bfloat16(src, dst, options, start):
+    """A user's float32 -> bfloat16 kernel: drop the low 16 bits (round toward zero, NaN kept)."""
+    dst.view(np.uint16)[...] = src.view(np.uint32) >> np.uint32(16)
+
+
+def round_to_int8(src, dst, options, start):
+    """A user's kernel for a pair the package does not have: float32 -> int8, saturating."""
+    dst[...] = np.clip(np.rint(src), -128, 127)
+
+
+ORDERS = ["before", "after"]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_user_kernel_replaces_a_pair(fresh_registry, order, rng):
+    _before_or_after(order)
+    fn = nk.register_cast("float32", ml_dtypes.bfloat16, roundings=("toward_zero",), replace=True)(truncate_to_bfloat16)
+    assert fn is truncate_to_bfloat16
+    k = nk.lookup_cast(np.float32, "bf16")
+    assert (k.function, k.builtin, k.roundings, k.saturate) == (fn, False, {"toward_zero"}, False)
+    x = rng.standard_normal((3, 50)).astype(np.float32)[:, ::2]  # non-contiguous too
+    y = nk.cast(x, "bfloat16", rounding="toward_zero")
+    np.testing.assert_array_equal(y.view(np.uint16), x.view(np.uint32) >> 16)
+    with pytest.raises(NotImplementedError, match="rounding='nearest_even' is not implemented"):
+        nk.cast(x, "bfloat16")  # only what the user's kernel declares reaches it
+    with pytest.raises(NotImplementedError, match="saturate=True"):
+        nk.cast(x, "bfloat16", rounding="toward_zero", saturate=True)
+    # every other pair keeps the package's kernel
+    assert nk.lookup_cast("float32", "float16").builtin
+    assert nk.lookup_cast("bfloat16", "float32").builtin
+    np.testing.assert_array_equal(nk.cast(x, "float16"), x.astype(np.float16))
+    assert [k for k in nk.supported_casts() if not k.builtin] == [nk.lookup_cast("float32", "bfloat16")]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_user_kernel_for_a_new_pair(fresh_registry, order):
+    _before_or_after(order)
+    nk.register_cast("float32", "int8")(round_to_int8)
+    x = np.array([[-300.0, -1.5, 0.4], [2.5, 126.6, 1e9]], np.float32)
+    y = nk.cast(x, "int8")
+    assert y.dtype == np.int8
+    np.testing.assert_array_equal(y, [[-128, -2, 0], [2, 127, 127]])
+    assert nk.lookup_cast("float32", "bfloat16").builtin
+    assert "int8" in {k.target for k in nk.supported_casts() if k.source == "float32"}
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_register_an_existing_pair_is_refused_without_replace(fresh_registry, order):
+    _before_or_after(order)
+    with pytest.raises(ValueError, match="float32 -> bfloat16 is already registered; pass replace=True"):
+        nk.register_cast("float32", "bfloat16")(truncate_to_bfloat16)
+    assert nk.lookup_cast("float32", "bfloat16").builtin  # the refusal changed nothing
+    assert len(nk.supported_casts()) > 500
+    nk.register_cast("float32", "int8")(round_to_int8)
+    with pytest.raises(ValueError, match="already registered"):  # a user's kernel is kept the same way
+        nk.register_cast("float32", "int8")(round_to_int8)
+    nk.register_cast("float32", "int8", replace=True)(truncate_to_bfloat16)
+    assert nk.lookup_cast("float32", "int8").function is truncate_to_bfloat16
+
+
+def test_register_refuses_bad_arguments(fresh_registry):
     with pytest.raises(ValueError, match="unknown rounding"):
         nk.register_cast("float32", "bfloat16", roundings=("up",))
+    with pytest.raises(TypeError, match="unknown dtype"):
+        nk.register_cast("float32", "bfloat17")
+    with pytest.raises(TypeError, match=r"fn\(src, dst, options, start\)"):
+        nk.register_cast("float32", "int8")("not a function")
+    assert all(k.builtin for k in nk.supported_casts())
+
+
+def test_user_kernel_first_in_a_new_process():
+    """The reported sequence, as a user's program runs it: register before anything was cast."""
+    code = textwrap.dedent("""
+        import numpy as np, neuron_kernels as nk
+
+        @nk.register_cast("float32", "bfloat16", replace=True)
+        def zeros(src, dst, options, start):
+            dst.view(np.uint16)[...] = 0
+
+        x = np.float32([1.5, -2.0])
+        assert (nk.cast(x, "bfloat16").view(np.uint16) == 0).all()
+        assert nk.lookup_cast("float32", "float16").builtin
+        assert not nk.lookup_cast("float32", "bfloat16").builtin
+        print(len(nk.supported_casts()))
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(nk.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == len(nk.supported_casts())
 
 
 def _sample(fmt_name, rng):

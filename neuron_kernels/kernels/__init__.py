@@ -1,7 +1,6 @@
-"""Cast kernels, registered in the dispatch registry when this package is first imported.
+"""Compiled kernels: casts and MX block formats.
 
-``codec`` holds the generic encoder and decoder (numba); ``compiled`` registers one entry per
-(source, target) pair of the format table, compiled lazily on its first call.
+``codec`` holds the generic encoder and decoder (numba); ``compiled`` lists one registry entry per
+(source, target) pair of the format table (the registry loads them on its first use), each
+compiled lazily on its first call; ``mx_kernels`` computes the MX formats.
 """
-
-from . import compiled  # noqa: F401  (registers every pair)

@@ -1,10 +1,12 @@
-"""Registry entries of the compiled kernels: every pair of the format table that has a meaning.
+"""The package's compiled kernels: one registry entry for every pair of the format table that has a meaning.
 
 Sources: every float format, the packed ``*_x4`` containers and the integers. Targets: every float
 format and the packed containers; integers also go to integers. Each entry is a thin wrapper that
 views the arrays as the kernel wants them (codes and float32 patterns as unsigned ints) and picks
-the specialisation for the call's rounding mode and saturation. The numba modules are imported
-on the first call, so registering costs nothing and ``import neuron_kernels`` compiles nothing.
+the specialisation for the call's rounding mode and saturation. The registry asks
+:func:`builtin_kernels` for the entries on its first use; the numba modules are imported on an
+entry's first call, so loading the entries costs nothing and ``import neuron_kernels`` compiles
+nothing.
 
 Which options an entry implements:
 
@@ -16,14 +18,14 @@ Which options an entry implements:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from .._random import stream_key
 from ..formats import FORMATS, Format
-from ..registry import ROUNDING_MODES, CastOptions, register_cast
+from ..registry import ROUNDING_MODES, CastKernel, CastOptions
 
 _ALL_MODES = ROUNDING_MODES
 _F32_LIKE = ("float32", "float32r", "tfloat32")
@@ -144,26 +146,26 @@ def _build(
     return c.make_cast_kernel(src_kind, src_codec, tgt_kind, tgt_codec, mode, bool(saturate), layout)
 
 
-def _options_for(source: Format, target: Format) -> dict[str, Any]:
-    """Which rounding modes and saturation an entry implements (see the module docstring)."""
+def _options_for(source: Format, target: Format) -> tuple[tuple[str, ...], bool]:
+    """Which rounding modes and whether saturation an entry implements (see the module docstring)."""
     if _is_exact(source, target):
-        return {"roundings": _ALL_MODES, "saturate": True}
+        return _ALL_MODES, True
     s, t = _element(source), _element(target)
     if (
         t.kind == "int"
         or (s.kind == "int" and s.bits > 16)
         or (s.name == "float64" and t.name in ("float32", "float32r"))
     ):
-        return {"roundings": ("nearest_even",), "saturate": False}
-    return {"roundings": _ALL_MODES, "saturate": True}
+        return ("nearest_even",), False
+    return _ALL_MODES, True
 
 
-def _register_all() -> None:
+def builtin_kernels() -> Iterator[CastKernel]:
+    """The registry entry of every pair: floats and packed containers to each other, integers to
+    everything (nothing casts a float to an integer)."""
     for s in FORMATS.values():
         for t in FORMATS.values():
             if t.kind == "int" and s.kind != "int":
                 continue
-            register_cast(s.name, t.name, **_options_for(s, t))(_make_entry(s, t))
-
-
-_register_all()
+            roundings, saturate = _options_for(s, t)
+            yield CastKernel(s.name, t.name, _make_entry(s, t), frozenset(roundings), saturate, builtin=True)
