@@ -11,6 +11,8 @@ arguments are converted to ``uint32`` first, so literals can be passed as they a
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import warnings
 from collections.abc import Callable
@@ -44,10 +46,59 @@ __all__ = [
 JIT_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
 
 
+#: The package's files that compiled code, or a constant compiled into it, comes from (folders:
+#: every ``.py`` file in them). A kernel inlines helpers of other files than its own, and numba's
+#: cache sees only the kernel's own file, so the cache keys carry a digest of all of these.
+KERNEL_SOURCES = ("_jit.py", "kernels", "formats.py", "mx.py", "registry.py")
+
+
+@functools.cache
+def _sources_digest() -> str | None:
+    """SHA-256 of the names and bytes of the files of :data:`KERNEL_SOURCES`, read once per process
+    (so it describes the code this process imported, even if the files change later); ``None``
+    where one of them cannot be read (then nothing is cached on disk)."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    names: list[str] = []
+    for entry in KERNEL_SOURCES:
+        path = os.path.join(root, entry)
+        if not os.path.isdir(path):
+            names.append(entry)
+            continue
+        for folder, subfolders, files in os.walk(path):
+            subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+            rel = os.path.relpath(folder, root)
+            names.extend(os.path.join(rel, f).replace(os.sep, "/") for f in files if f.endswith(".py"))
+    digest = hashlib.sha256()
+    try:
+        for name in sorted(names):
+            with open(os.path.join(root, name), "rb") as f:
+                data = f.read()
+            digest.update(f"{name}\0{len(data)}\0".encode())
+            digest.update(data)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
 class _TolerantCache(FunctionCache):
-    """numba's on-disk cache, except that an unreadable entry (a corrupted or truncated file) is
+    """numba's on-disk cache, keyed on the package's kernel sources as well (see
+    :data:`KERNEL_SOURCES`), and tolerant: an unreadable entry (a corrupted or truncated file) is
     a miss with a warning, not an exception in the user's call: the kernel is recompiled and the
     bad index removed so that the new compilation can be saved."""
+
+    def __init__(self, py_func: Callable[..., Any]) -> None:
+        super().__init__(py_func)
+        digest = _sources_digest()
+        if digest is None:
+            self.disable()
+        # numba ignores an index whose stamp is not the current one and overwrites it at the next
+        # save: with the digest in the stamp, an edit of any kernel source empties the indexes
+        # instead of leaving entries behind that no key will match again.
+        self._cache_file._source_stamp = (self._cache_file._source_stamp, digest)
+
+    def _index_key(self, sig: Any, codegen: Any) -> Any:
+        # Both load_overload and save_overload look entries up by this key.
+        return (*super()._index_key(sig, codegen), _sources_digest())
 
     def _qualname(self) -> str:
         return getattr(self._py_func, "__qualname__", "a kernel")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,58 @@ def test_works_without_a_writable_cache(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     assert "Traceback" not in r.stderr
     assert not list(pkg.rglob("*.nbi"))
+
+
+_SIGN_FLIPPING_LOAD = """
+
+_load_as_it_was = _load
+
+
+@jit
+def _load(x, inp):  # pragma: no cover - compiled
+    return u32_xor(_load_as_it_was(x, inp), 0x80000000)  # every source item with its sign flipped
+"""
+
+
+def test_cache_follows_edits_of_inlined_helpers(tmp_path):
+    """An MX kernel (defined in mx_kernels.py) inlines codec's ``_load``: after an edit of codec.py
+    that leaves mx_kernels.py as it was, the cached kernel must not run the old ``_load``."""
+    pkg = tmp_path / "site"
+    shutil.copytree(
+        os.path.join(ROOT, "neuron_kernels"), pkg / "neuron_kernels", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = {
+        **os.environ,
+        "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+        "NUMBA_DEBUG_CACHE": "1",  # prints what is loaded from the cache
+        "PYTHONPATH": str(pkg),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    code = textwrap.dedent(f"""
+        import numpy as np, neuron_kernels as nk
+        assert nk.__file__.startswith({str(pkg)!r}), nk.__file__
+        print(nk.fake_quantize_mx(np.arange(1, 65, dtype=np.float32), "mxfp8_e4m3").tolist())
+    """)
+
+    def fake_quantize() -> tuple[list[float], str]:
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+        )
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.splitlines()[-1]), r.stdout
+
+    before, _ = fake_quantize()  # compiles, and fills the cache
+    assert min(before) > 0
+    again, log = fake_quantize()  # nothing edited: the kernel comes from the cache
+    assert again == before
+    assert re.search(r"data loaded from .*mx_kernels\.fake_quantize_kernel", log), log
+    kernel_file = pkg / "neuron_kernels" / "kernels" / "mx_kernels.py"
+    kernel_stat = kernel_file.stat()
+    codec = pkg / "neuron_kernels" / "kernels" / "codec.py"
+    codec.write_text(codec.read_text() + _SIGN_FLIPPING_LOAD)
+    assert kernel_file.stat().st_mtime_ns == kernel_stat.st_mtime_ns
+    after, log = fake_quantize()
+    assert after == [-v for v in before], log
 
 
 def test_threads_after_fork_do_not_hang():
