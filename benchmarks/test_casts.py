@@ -6,14 +6,15 @@
 GB/s = (bytes read + bytes written) / time, recorded in ``extra_info["gbs"]`` of every entry.
 Entries per (size): ``copy`` (np.copyto float32, preallocated). Per (pair, size): ``ours``
 (cast, allocating), ``ours_out`` (cast with out=), ``peer`` (ml_dtypes astype, or the numpy
-implementation where ml_dtypes lacks the target).
+implementation where ml_dtypes lacks the target); a few pairs again under stochastic rounding
+(no peer: none rounds stochastically).
 """
 
 import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import _peer, default_pairs
+from neuron_kernels.bench import STOCHASTIC_PAIRS, _peer, default_pairs
 
 from .conftest import SIZES, float32_input
 
@@ -66,6 +67,23 @@ def test_cast(benchmark, source, target, kind, n):
         name, fn = _peer(source, target)
         benchmark.extra_info["peer"] = name
         benchmark(fn, x)
+    _record(benchmark, x.nbytes + out.nbytes)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", ["ours", "ours_out"])
+@pytest.mark.parametrize("source, target", STOCHASTIC_PAIRS)
+def test_cast_stochastic(benchmark, source, target, kind, n):
+    """Stochastic rounding (seed 0): the random bits are a hash per element; the ceiling is the same."""
+    x = _source(source, n)
+    out = nk.cast(x, target, rounding="stochastic", seed=0)
+    pair = f"{source}->{target} (stochastic)"
+    benchmark.group = f"{pair} n={n}"
+    benchmark.extra_info.update(kind=kind, n=n, pair=pair)
+    if kind == "ours":
+        benchmark(nk.cast, x, target, rounding="stochastic", seed=0)
+    else:
+        benchmark(nk.cast, x, target, rounding="stochastic", seed=0, out=out)
     _record(benchmark, x.nbytes + out.nbytes)
 
 

@@ -12,6 +12,9 @@ Casts (:func:`bench_casts`, one :class:`BenchRow` per (source, target) pair):
 - the peer: ml_dtypes ``astype`` (where ml_dtypes has the target), else numpy code (tfloat32
   rounding, packing of ml_dtypes codes).
 
+A few pairs are measured again under ``rounding="stochastic"`` (:data:`STOCHASTIC_PAIRS`); no peer
+rounds stochastically, so their peer is ml_dtypes' round-to-nearest ``astype`` ("ml_dtypes RNE").
+
 MX block-scale quantisation (:func:`bench_mx`, one :class:`MXBenchRow` per MX format, floor
 scale, blocks of 32 along the last axis):
 
@@ -63,6 +66,12 @@ class BenchRow:
     copy_gbs: float
     peer: str
     peer_gbs: float
+    rounding: str = "nearest_even"
+
+    @property
+    def label(self) -> str:
+        mode = "" if self.rounding == "nearest_even" else f" ({self.rounding})"
+        return f"{self.source} -> {self.target}{mode}"
 
     @property
     def vs_copy(self) -> float:
@@ -106,10 +115,11 @@ def _numpy_tfloat32(values: np.ndarray) -> np.ndarray:
     return np.where((u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000), nan, r).view(np.float32)
 
 
-def _peer(source: str, target: str) -> tuple[str, Callable[[np.ndarray], Any]]:
+def _peer(source: str, target: str, rounding: str = "nearest_even") -> tuple[str, Callable[[np.ndarray], Any]]:
     """The peer of a pair: ml_dtypes ``astype``, or numpy code where ml_dtypes lacks the target.
 
-    Packed targets: ml_dtypes ``astype`` to the element, then numpy packing of the codes.
+    Packed targets: ml_dtypes ``astype`` to the element, then numpy packing of the codes. Other
+    rounding modes: the same peer, which rounds to nearest (none rounds otherwise).
     """
     t = get_format(target)
     if t.numpy_name is not None:
@@ -118,7 +128,7 @@ def _peer(source: str, target: str) -> tuple[str, Callable[[np.ndarray], Any]]:
             with np.errstate(over="ignore", invalid="ignore"):
                 return a.astype(t.result_dtype)
 
-        return "ml_dtypes", astype
+        return ("ml_dtypes" if rounding == "nearest_even" else "ml_dtypes RNE"), astype
     if t.name == "tfloat32":
         return "numpy", _numpy_tfloat32
     if t.name == "float32r":
@@ -155,43 +165,65 @@ def default_pairs() -> list[tuple[str, str]]:
     return encode + decode + others
 
 
+#: Pairs measured again under ``rounding="stochastic"`` (seed 0).
+STOCHASTIC_PAIRS: list[tuple[str, str]] = [
+    ("float32", "bfloat16"),
+    ("float32", "float8_e4m3fn"),
+    ("float32", "float4_e2m1fn"),
+    ("float64", "bfloat16"),
+]
+
+
+def default_cases() -> list[tuple[str, str, str]]:
+    """(source, target, rounding) of every row of ``neuron-kernels bench``."""
+    return [(s, t, "nearest_even") for s, t in default_pairs()] + [(s, t, "stochastic") for s, t in STOCHASTIC_PAIRS]
+
+
 def bench_casts(
-    n: int, repeat: int = 5, pairs: list[tuple[str, str]] | None = None, progress: Callable[[str], None] | None = None
+    n: int,
+    repeat: int = 5,
+    pairs: list[tuple[str, str]] | None = None,
+    progress: Callable[[str], None] | None = None,
+    stochastic: list[tuple[str, str]] | None = None,
 ) -> list[BenchRow]:
-    """Measure ``pairs`` (default: :func:`default_pairs`) on ``n`` built-in elements."""
+    """Measure ``pairs`` and, under stochastic rounding, ``stochastic`` on ``n`` built-in elements
+    (default: :func:`default_cases`; with ``pairs`` given, ``stochastic`` defaults to none)."""
     if pairs is None:
-        pairs = default_pairs()
+        pairs, stochastic = default_pairs(), STOCHASTIC_PAIRS if stochastic is None else stochastic
+    cases = [(s, t, "nearest_even") for s, t in pairs] + [(s, t, "stochastic") for s, t in stochastic or []]
     base = synthetic_input(n)
     copy_dst = np.empty_like(base)
     rows = []
     sources: dict[str, np.ndarray] = {"float32": base}
-    for source, target in pairs:
+    for source, target, rounding in cases:
         if progress:
             progress(f"{source} -> {target}")
         if source not in sources:
             sources[source] = cast(base, source)
         x = sources[source]
-        out = cast(x, target)
+        options: dict[str, Any] = {"rounding": rounding, "seed": 0} if rounding == "stochastic" else {}
+        out = cast(x, target, **options)
         moved = x.nbytes + out.nbytes
         copy_gbs = measure(lambda: np.copyto(copy_dst, base), 2 * base.nbytes, repeat)
-        ours_out = measure(lambda: cast(x, target, out=out), moved, repeat)
-        ours = measure(lambda: cast(x, target), moved, repeat)
-        peer_name, peer = _peer(source, target)
+        ours_out = measure(lambda: cast(x, target, out=out, **options), moved, repeat)
+        ours = measure(lambda: cast(x, target, **options), moved, repeat)
+        peer_name, peer = _peer(source, target, rounding)
         peer_gbs = measure(lambda: peer(x), moved, max(1, min(repeat, 3)))
-        rows.append(BenchRow(source, target, n, ours, ours_out, copy_gbs, peer_name, peer_gbs))
+        rows.append(BenchRow(source, target, n, ours, ours_out, copy_gbs, peer_name, peer_gbs, rounding))
     return rows
 
 
 def format_table(rows: list[BenchRow]) -> str:
+    width = max([28] + [len(r.label) + 2 for r in rows])
     head = (
-        f"{'cast':<28}{'GB/s':>8}{'out= GB/s':>11}{'copy GB/s':>11}{'vs copy':>9}"
-        f"{'peer':>11}{'peer GB/s':>11}{'vs peer':>9}"
+        f"{'cast':<{width}}{'GB/s':>8}{'out= GB/s':>11}{'copy GB/s':>11}{'vs copy':>9}"
+        f"{'peer':>15}{'peer GB/s':>11}{'vs peer':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.source + ' -> ' + r.target:<28}{r.ours_gbs:>8.1f}{r.ours_out_gbs:>11.1f}"
-            f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>11}{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x"
+            f"{r.label:<{width}}{r.ours_gbs:>8.1f}{r.ours_out_gbs:>11.1f}"
+            f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>15}{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x"
         )
     return "\n".join(lines)
 

@@ -72,7 +72,7 @@ def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.
         raise ValueError("out is read-only; pass a writeable array")
     for x in inputs:
         # numpy's stubs admit only max_work -1 or 0; any non-negative bound is valid at run time
-        if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):  # type: ignore[arg-type]
+        if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):  # type: ignore[arg-type, unused-ignore]
             raise ValueError("out overlaps the input; pass a separate array")
     return out
 

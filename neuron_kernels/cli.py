@@ -42,12 +42,12 @@ def parse_size(text: str) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench_casts, bench_mx, default_pairs, format_mx_table, format_table
+    from .bench import bench_casts, bench_mx, default_cases, format_mx_table, format_table
     from .mx import MX_FORMATS
 
     if args.plot:
         _check_png(args.plot, force=True)
-    total = len(default_pairs()) + len(MX_FORMATS)
+    total = len(default_cases()) + len(MX_FORMATS)
     with _progress_bar(args, total, "bench", unit="pair") as step:
         rows = bench_casts(args.size, repeat=args.repeat, progress=step)
         mx_rows = bench_mx(args.size, repeat=args.repeat, progress=step)

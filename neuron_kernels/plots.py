@@ -105,7 +105,7 @@ def bench_chart(cast_rows: Sequence[BenchRow], mx_rows: Sequence[MXBenchRow], pa
         if kind == "cast":
             _bars(
                 ax,
-                [f"{r.source} -> {r.target}" for r in cast_rows],
+                [r.label for r in cast_rows],
                 [
                     ("ours (out=)", "tab:blue", [r.ours_out_gbs for r in cast_rows]),
                     ("peer (ml_dtypes astype, or numpy)", "tab:gray", [r.peer_gbs for r in cast_rows]),

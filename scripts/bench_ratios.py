@@ -30,13 +30,13 @@ def main(path: str) -> int:
             small = b["stats"]["median"] * 1e6
         else:
             rows[(info["pair"], info["n"])][info["kind"]] = info["gbs"]
-    print(f"{'pair':<26}{'n':>10}{'ours':>8}{'out=':>8}{'copy':>8}{'peer':>8}{'out=/copy':>11}{'ours/peer':>11}")
+    print(f"{'pair':<40}{'n':>10}{'ours':>8}{'out=':>8}{'copy':>8}{'peer':>8}{'out=/copy':>11}{'ours/peer':>11}")
     for (pair, n), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         if pair.startswith("mx "):
             continue
         c = copy.get(n, float("nan"))
         print(
-            f"{pair:<26}{n:>10}{r.get('ours', 0):>8.1f}{r.get('ours_out', 0):>8.1f}{c:>8.1f}"
+            f"{pair:<40}{n:>10}{r.get('ours', 0):>8.1f}{r.get('ours_out', 0):>8.1f}{c:>8.1f}"
             f"{r.get('peer', 0):>8.2f}{r.get('ours_out', 0) / c:>10.2f}x"
             f"{r.get('ours', 0) / r.get('peer', float('nan')):>10.1f}x"
         )

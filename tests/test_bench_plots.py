@@ -15,7 +15,9 @@ from neuron_kernels.bench import (
     MXBenchRow,
     bench_casts,
     bench_mx,
+    default_cases,
     format_mx_table,
+    format_table,
     numpy_reference_quantize,
     synthetic_input,
 )
@@ -143,6 +145,18 @@ def test_relative_errors_of_narrow_inputs():
 
 def small_cast_rows() -> list[BenchRow]:
     return bench_casts(4096, repeat=1, pairs=[("float32", "bfloat16"), ("float8_e4m3fn", "float32")])
+
+
+def test_bench_casts_stochastic_rows():
+    rows = bench_casts(4096, repeat=1, pairs=[("float32", "bfloat16")], stochastic=[("float64", "float8_e4m3fn")])
+    assert [(r.label, r.rounding, r.peer) for r in rows] == [
+        ("float32 -> bfloat16", "nearest_even", "ml_dtypes"),
+        ("float64 -> float8_e4m3fn (stochastic)", "stochastic", "ml_dtypes RNE"),
+    ]
+    assert all(r.ours_out_gbs > 0 and r.peer_gbs > 0 for r in rows)
+    assert "float64 -> float8_e4m3fn (stochastic)" in format_table(rows)
+    cases = default_cases()
+    assert ("float32", "bfloat16", "stochastic") in cases and ("float32", "bfloat16", "nearest_even") in cases
 
 
 def test_bench_chart_png(tmp_path, mx_rows):
