@@ -5,18 +5,12 @@ Each case ends in the right answer (checked against ml_dtypes, numpy, the slow r
 ``tests/reference_mx.py`` or the same call on a native, C-contiguous copy) or in a clear exception:
 ``TypeError`` for a wrong type, ``ValueError`` for a bad value, ``FileNotFoundError`` for a missing
 file, with a message naming the problem. Cases that may crash or hang the interpreter run in a
-subprocess (two at a time, in the background).
+subprocess (two at a time, in the background; see ``isolated`` in ``conftest.py``).
 """
 
 import io
-import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
 import numpy as np
@@ -25,160 +19,49 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.mx import MX_FORMATS, MXArray
 
+from .conftest import (
+    BAD_OUTS,
+    BASE,
+    BF16,
+    EXACT,
+    F32,
+    GOOD_OUTS,
+    LAYOUTS,
+    META,
+    MISSING,
+    NONFINITE,
+    WRONG_DTYPES,
+    WRONG_IDS,
+    X_MX,
+    assert_raised,
+    assert_same_bits,
+    assert_same_mx,
+    bits,
+    isolated,
+    kw_id,
+    meta_bytes,
+    meta_with,
+    ml_cast,
+    mx8_exact,
+    native,
+    outcome_of,
+    run_cli,
+    write_mx,
+)
 from .reference_mx import dequantize_mx_ref, quantize_mx_ref
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-BF16 = np.dtype(ml_dtypes.bfloat16)
-E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
-F32 = np.float32
+#: The cases run in a subprocess: name -> (body, timeout in seconds).
+ISOLATED: dict[str, tuple[str, float]] = {}
 
-#: Exact in mxfp8_e4m3 (block amax 8, scale 2^-5: every x * 32 is an e4m3 value), bfloat16 and float16.
-EXACT = np.tile(np.arange(-7, 9, dtype=F32), 4).reshape(2, 32)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+
 
 #: The code every element of a block holding a NaN or an infinity gets (spec: the element format's
 #: positive NaN code, or 0 where it has none).
 SPECIAL_CODE = {"mxfp8_e4m3": 0x7F, "mxfp8_e5m2": 0x7E, "mxfp6_e2m3": 0, "mxfp6_e3m2": 0, "mxfp4_e2m1": 0, "mxint8": 0}
 
 
-def bits(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
-
-
-def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    np.testing.assert_array_equal(bits(got), bits(want))
-
-
-def native(x: np.ndarray) -> np.ndarray:
-    """The same values, C-contiguous and in native byte order (0-d stays 0-d)."""
-    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", copy=True)
-
-
-def ml_cast(x, name: str) -> np.ndarray:
-    """numpy/ml_dtypes' own conversion (the oracle of the default rounding)."""
-    with np.errstate(all="ignore"):
-        return np.asarray(x).astype(getattr(ml_dtypes, name, name))
-
-
-def assert_same_mx(got: MXArray, want: MXArray) -> None:
-    assert (got.fmt, got.block_size, got.axis, got.shape, got.packed) == (
-        want.fmt,
-        want.block_size,
-        want.axis,
-        want.shape,
-        want.packed,
-    )
-    assert_same_bits(got.codes, want.codes)
-    assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))
-
-
-def kw_id(kwargs: dict) -> str:
-    return ",".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "rounding" or len(kwargs) == 1)
-
-
-def meta_bytes(**fields) -> np.ndarray:
-    return np.frombuffer(json.dumps(fields).encode(), np.uint8)
-
-
-# ---- cases run in a subprocess ---------------------------------------------------------------
-
-PRELUDE = """
-import json
-import ml_dtypes
-import numpy as np
-import neuron_kernels as nk
-from neuron_kernels.mx import MXArray
-
-BF16 = np.dtype(ml_dtypes.bfloat16)
-EXACT = np.tile(np.arange(-7, 9, dtype=np.float32), 4).reshape(2, 32)
-MX8 = nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
-MX4 = nk.quantize_mx(EXACT, "mxfp4_e2m1", block_size=8)
-
-
-def report(fn):
-    try:
-        value = fn()
-    except Exception as exc:
-        outcome = {"raised": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
-    else:
-        outcome = {"value": value}
-    print("OUTCOME " + json.dumps(outcome), flush=True)
-"""
-
-#: name -> (body, timeout in seconds)
-ISOLATED: dict[str, tuple[str, float]] = {}
-
-
-def isolated(name: str, body: str, timeout: float = 180) -> str:
-    ISOLATED[name] = (textwrap.dedent(body), timeout)
-    return name
-
-
-def _run_isolated(body: str, timeout: float):
-    try:
-        return subprocess.run(
-            [sys.executable, "-c", PRELUDE + body], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return None
-
-
-@pytest.fixture(scope="module")
-def isolated_runs():
-    """Every subprocess case, started together on two workers when the first of them is needed, suspected
-    hangs (short timeouts) first."""
-    cases = sorted(ISOLATED.items(), key=lambda item: item[1][1])
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {name: pool.submit(_run_isolated, body, timeout) for name, (body, timeout) in cases}
-
-
-def outcome_of(runs, name: str) -> dict:
-    proc = runs[name].result()
-    if proc is None:
-        pytest.fail(f"{name}: no answer within {ISOLATED[name][1]} s (the call hangs)")
-    assert proc.returncode == 0, f"{name}: the interpreter died with status {proc.returncode}: {proc.stderr[-800:]}"
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("OUTCOME ")]
-    assert lines, f"{name}: no outcome; stderr: {proc.stderr[-800:]}"
-    return json.loads(lines[-1][len("OUTCOME ") :])
-
-
-def assert_raised(outcome: dict, errors: tuple[type, ...], pattern: str) -> None:
-    assert "raised" in outcome, f"no exception; the call returned {str(outcome.get('value'))[:300]}"
-    assert {e.__name__ for e in errors} & set(outcome["raised"]), f"{outcome['raised'][0]}: {outcome['message']}"
-    assert re.search(pattern, outcome["message"]), outcome["message"]
-
-
 # ---- cast: dtypes and names --------------------------------------------------------------------
-
-WRONG_DTYPES = [
-    np.complex64,
-    np.complex128,
-    object,
-    "U3",
-    "S3",
-    bool,
-    [("a", "f4"), ("b", "i4")],
-    "V4",
-    "datetime64[s]",
-    "timedelta64[s]",
-    np.longdouble,
-]
-WRONG_IDS = [
-    "complex64",
-    "complex128",
-    "object",
-    "unicode",
-    "bytes",
-    "bool",
-    "structured",
-    "void",
-    "datetime64",
-    "timedelta64",
-    "longdouble",
-]
 
 
 @pytest.mark.parametrize("dtype", WRONG_DTYPES, ids=WRONG_IDS)
@@ -252,7 +135,7 @@ def test_cast_numpy_bool_saturate(saturate):
 
 # ---- out= --------------------------------------------------------------------------------------
 
-MX8_EXACT = nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
+MX8_EXACT = mx8_exact()
 
 OUT_CALLS = {
     "cast": (lambda out: nk.cast(EXACT, "bfloat16", out=out), BF16, lambda: ml_cast(EXACT, "bfloat16")),
@@ -275,26 +158,6 @@ OUT_CALLS = {
 }
 
 
-def _read_only(shape, dtype):
-    a = np.zeros(shape, dtype)
-    a.flags.writeable = False
-    return a
-
-
-BAD_OUTS = [
-    ("shape", lambda dt: np.zeros((2, 31), dt), ValueError, r"out has shape \(2, 31\); the result has shape \(2, 32\)"),
-    ("transposed_shape", lambda dt: np.zeros((32, 2), dt), ValueError, r"shape \(32, 2\)"),
-    ("broadcastable", lambda dt: np.zeros((1, 32), dt), ValueError, r"shape \(1, 32\)"),
-    ("0-d", lambda dt: np.zeros((), dt), ValueError, r"out has shape \(\)"),
-    ("dtype", lambda dt: np.zeros((2, 32), np.int32), ValueError, "out has dtype int32"),
-    ("byte_order", lambda dt: np.zeros((2, 32), np.dtype(dt).newbyteorder(">")), ValueError, "out has dtype"),
-    ("read_only", lambda dt: _read_only((2, 32), dt), ValueError, "out is read-only"),
-    ("list", lambda dt: [[0.0] * 32] * 2, TypeError, "out must be a numpy array, got list"),
-    ("tuple", lambda dt: (0.0,) * 64, TypeError, "out must be a numpy array, got tuple"),
-    ("memoryview", lambda dt: memoryview(np.zeros(64, np.uint8)), TypeError, "out must be a numpy array"),
-]
-
-
 @pytest.mark.parametrize("call", list(OUT_CALLS))
 @pytest.mark.parametrize("make, error, pattern", [b[1:] for b in BAD_OUTS], ids=[b[0] for b in BAD_OUTS])
 def test_bad_out(call, make, error, pattern):
@@ -302,13 +165,6 @@ def test_bad_out(call, make, error, pattern):
     fn, dtype, _ = OUT_CALLS[call]
     with pytest.raises(error, match=pattern):
         fn(make(dtype))
-
-
-GOOD_OUTS = {
-    "reversed": lambda dt: np.zeros((2, 32), dt)[::-1, ::-1],
-    "every_other_column": lambda dt: np.zeros((2, 64), dt)[:, ::-2],
-    "fortran": lambda dt: np.zeros((2, 32), dt, order="F"),
-}
 
 
 @pytest.mark.parametrize("call", list(OUT_CALLS))
@@ -352,6 +208,7 @@ MATRIX_OUT = {
 }
 for _name, (_dtype, _call) in MATRIX_OUT.items():
     isolated(
+        ISOLATED,
         f"matrix_out_{_name}",
         f"""
         out = np.asmatrix(np.zeros((2, 32), {_dtype}))
@@ -464,9 +321,6 @@ def test_mx_pack_must_be_a_bool(pack):
         nk.quantize_mx(EXACT, "mxfp4_e2m1", pack=pack)
 
 
-X_MX = (np.random.default_rng(1).standard_normal((6, 40)) * 4).astype(F32)
-
-
 MX_EQUIVALENT_OPTIONS = [
     ({"block_size": np.int64(8)}, {"block_size": 8}),
     ({"block_size": np.uint8(8)}, {"block_size": 8}),
@@ -566,8 +420,9 @@ INCONSISTENT = {
     ),
 }
 for _name, (_expr, *_) in INCONSISTENT.items():
-    isolated(f"inconsistent_{_name}", f"report(lambda: ({_expr}).dequantize().view(np.uint32).tolist())")
+    isolated(ISOLATED, f"inconsistent_{_name}", f"report(lambda: ({_expr}).dequantize().view(np.uint32).tolist())")
 isolated(
+    ISOLATED,
     "inconsistent_unpacked_codes",
     "report(lambda: MXArray(MX4.codes[:, :2], MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)"
     ".unpacked_codes().tolist())",
@@ -718,19 +573,6 @@ def test_auto_cast_0d_and_empty():
 
 
 # ---- strides and byte order ---------------------------------------------------------------------
-
-LAYOUTS = {
-    "reversed": lambda a: a[::-1],
-    "negative_step_2": lambda a: a[:, ::-2],
-    "transposed": lambda a: a.T,
-    "fortran": np.asfortranarray,
-    "sliced": lambda a: a[1::2, ::3],
-    "big_endian": lambda a: a.astype(">f4"),
-    "big_endian_reversed": lambda a: a.astype(">f4")[:, ::-1],
-    "big_endian_float16_reversed": lambda a: a.astype(">f2")[::-1],
-    "big_endian_float64_transposed": lambda a: a.astype(">f8").T,
-}
-BASE = (np.random.default_rng(7).standard_normal((8, 48)) * np.exp2(np.arange(48) % 9 - 4)).astype(F32)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -897,16 +739,6 @@ def test_auto_cast_python_values():
 
 
 # ---- NaN and infinities ----------------------------------------------------------------------------
-
-NONFINITE = {
-    "all_nan": np.full(64, np.nan, F32),
-    "all_neg_nan": -np.full(64, np.nan, F32),
-    "all_inf": np.full(64, np.inf, F32),
-    "all_neg_inf": np.full(64, -np.inf, F32),
-    "mixed": np.array([1.0, np.nan, -2.5, np.inf, -np.inf, 0.0, -0.0, 3.0] * 8, F32),
-    "some_blocks": np.concatenate([np.ones(32, F32), np.linspace(-4, 4, 78, dtype=F32)]),
-}
-NONFINITE["some_blocks"][[3, 40, 100]] = [np.nan, np.inf, -np.inf]  # blocks 0, 1 and the partial block 3
 
 
 @pytest.mark.parametrize("fmt", list(MX_FORMATS))
@@ -1122,79 +954,56 @@ def test_auto_cast_no_promotion_path():
 
 # ---- MXArray.load: corrupt, truncated and inconsistent files ---------------------------------------
 
-META = {"version": 1, "fmt": "mxfp8_e4m3", "block_size": 8, "axis": 1, "shape": [2, 32], "packed": False}
-
-
-MISSING = object()
-
-
-def write_mx(path, codes=None, scales=None, meta=None, raw_meta=None, **extra):
-    """An MX file as np.savez writes it, with any member replaced."""
-    np.savez(
-        path,
-        codes=MX8_EXACT.codes if codes is None else codes,
-        scales=MX8_EXACT.scales.view(np.uint8) if scales is None else scales,
-        meta=meta_bytes(**(META if meta is None else meta)) if raw_meta is None else np.frombuffer(raw_meta, np.uint8),
-        **extra,
-    )
-    return path
-
-
-def _meta(**change):
-    """META with fields changed (MISSING removes one)."""
-    return {k: v for k, v in {**META, **change}.items() if v is not MISSING}
-
-
 META_CASES = [
-    ("version_0", _meta(version=0), {}, "MX file version 0 is not supported"),
-    ("version_2", _meta(version=2), {}, "MX file version 2 is not supported"),
-    ("version_str", _meta(version="1"), {}, r"version '1' is not supported"),
-    ("version_null", _meta(version=None), {}, "version None is not supported"),
-    ("version_true", _meta(version=True), {}, "version True is not supported"),
-    ("version_missing", _meta(version=MISSING), {}, "corrupt MX metadata.*version"),
-    ("fmt_unknown", _meta(fmt="mxfp9"), {}, "unknown MX format 'mxfp9'"),
-    ("fmt_null", _meta(fmt=None), {}, "unknown MX format None"),
-    ("fmt_int", _meta(fmt=3), {}, "unknown MX format 3"),
-    ("fmt_upper", _meta(fmt="MXFP8_E4M3"), {}, "unknown MX format 'MXFP8_E4M3'"),
-    ("fmt_missing", _meta(fmt=MISSING), {}, "corrupt MX metadata.*fmt"),
-    ("fmt_codes_out_of_range", _meta(fmt="mxfp6_e2m3"), {}, "codes"),
-    ("block_size_0", _meta(block_size=0), {}, "invalid block_size 0"),
-    ("block_size_negative", _meta(block_size=-1), {}, "invalid block_size -1"),
-    ("block_size_float", _meta(block_size=1.5), {}, "invalid block_size 1.5"),
-    ("block_size_true", _meta(block_size=True), {}, "invalid block_size True"),
-    ("block_size_str", _meta(block_size="8"), {}, "invalid block_size '8'"),
-    ("block_size_null", _meta(block_size=None), {}, "invalid block_size None"),
-    ("block_size_inconsistent", _meta(block_size=16), {}, r"scales must be e8m0 bytes of shape \(2, 2\)"),
-    ("block_size_missing", _meta(block_size=MISSING), {}, "corrupt MX metadata.*block_size"),
-    ("axis_2", _meta(axis=2), {}, r"invalid axis 2 for shape \(2, 32\)"),
-    ("axis_negative", _meta(axis=-1), {}, "invalid axis -1"),
-    ("axis_float", _meta(axis=1.0), {}, "invalid axis 1.0"),
-    ("axis_true", _meta(axis=True), {}, "invalid axis True"),
-    ("axis_str", _meta(axis="1"), {}, "invalid axis '1'"),
-    ("axis_null", _meta(axis=None), {}, "invalid axis None"),
-    ("axis_inconsistent", _meta(axis=0), {}, "scales must be|codes must be"),
-    ("axis_missing", _meta(axis=MISSING), {}, "corrupt MX metadata.*axis"),
-    ("shape_short", _meta(shape=[2]), {}, "invalid axis 1 for shape|invalid shape"),
-    ("shape_inconsistent", _meta(shape=[2, 31]), {}, r"codes must be uint8 of shape \(2, 31\)"),
-    ("shape_long", _meta(shape=[2, 32, 1]), {}, "codes must be"),
-    ("shape_empty", _meta(shape=[]), {}, r"invalid shape \(\)"),
-    ("shape_negative", _meta(shape=[2, -32]), {}, "invalid shape"),
-    ("shape_floats", _meta(shape=[2.0, 32.0]), {}, "invalid shape"),
-    ("shape_str", _meta(shape="ab"), {}, "invalid shape"),
-    ("shape_int", _meta(shape=5), {}, "corrupt MX metadata|invalid shape"),
-    ("shape_null", _meta(shape=None), {}, "corrupt MX metadata|invalid shape"),
+    ("version_0", meta_with(version=0), {}, "MX file version 0 is not supported"),
+    ("version_2", meta_with(version=2), {}, "MX file version 2 is not supported"),
+    ("version_str", meta_with(version="1"), {}, r"version '1' is not supported"),
+    ("version_null", meta_with(version=None), {}, "version None is not supported"),
+    ("version_true", meta_with(version=True), {}, "version True is not supported"),
+    ("version_missing", meta_with(version=MISSING), {}, "corrupt MX metadata.*version"),
+    ("fmt_unknown", meta_with(fmt="mxfp9"), {}, "unknown MX format 'mxfp9'"),
+    ("fmt_null", meta_with(fmt=None), {}, "unknown MX format None"),
+    ("fmt_int", meta_with(fmt=3), {}, "unknown MX format 3"),
+    ("fmt_upper", meta_with(fmt="MXFP8_E4M3"), {}, "unknown MX format 'MXFP8_E4M3'"),
+    ("fmt_missing", meta_with(fmt=MISSING), {}, "corrupt MX metadata.*fmt"),
+    ("fmt_codes_out_of_range", meta_with(fmt="mxfp6_e2m3"), {}, "codes"),
+    ("block_size_0", meta_with(block_size=0), {}, "invalid block_size 0"),
+    ("block_size_negative", meta_with(block_size=-1), {}, "invalid block_size -1"),
+    ("block_size_float", meta_with(block_size=1.5), {}, "invalid block_size 1.5"),
+    ("block_size_true", meta_with(block_size=True), {}, "invalid block_size True"),
+    ("block_size_str", meta_with(block_size="8"), {}, "invalid block_size '8'"),
+    ("block_size_null", meta_with(block_size=None), {}, "invalid block_size None"),
+    ("block_size_inconsistent", meta_with(block_size=16), {}, r"scales must be e8m0 bytes of shape \(2, 2\)"),
+    ("block_size_missing", meta_with(block_size=MISSING), {}, "corrupt MX metadata.*block_size"),
+    ("axis_2", meta_with(axis=2), {}, r"invalid axis 2 for shape \(2, 32\)"),
+    ("axis_negative", meta_with(axis=-1), {}, "invalid axis -1"),
+    ("axis_float", meta_with(axis=1.0), {}, "invalid axis 1.0"),
+    ("axis_true", meta_with(axis=True), {}, "invalid axis True"),
+    ("axis_str", meta_with(axis="1"), {}, "invalid axis '1'"),
+    ("axis_null", meta_with(axis=None), {}, "invalid axis None"),
+    ("axis_inconsistent", meta_with(axis=0), {}, "scales must be|codes must be"),
+    ("axis_missing", meta_with(axis=MISSING), {}, "corrupt MX metadata.*axis"),
+    ("shape_short", meta_with(shape=[2]), {}, "invalid axis 1 for shape|invalid shape"),
+    ("shape_inconsistent", meta_with(shape=[2, 31]), {}, r"codes must be uint8 of shape \(2, 31\)"),
+    ("shape_long", meta_with(shape=[2, 32, 1]), {}, "codes must be"),
+    ("shape_empty", meta_with(shape=[]), {}, r"invalid shape \(\)"),
+    ("shape_negative", meta_with(shape=[2, -32]), {}, "invalid shape"),
+    ("shape_floats", meta_with(shape=[2.0, 32.0]), {}, "invalid shape"),
+    ("shape_str", meta_with(shape="ab"), {}, "invalid shape"),
+    ("shape_int", meta_with(shape=5), {}, "corrupt MX metadata|invalid shape"),
+    ("shape_null", meta_with(shape=None), {}, "corrupt MX metadata|invalid shape"),
     (
         "shape_bool",
-        _meta(shape=[True, 32]),
+        meta_with(shape=[True, 32]),
         {"codes": MX8_EXACT.codes[:1], "scales": MX8_EXACT.scales.view(np.uint8)[:1]},
         "invalid shape",
     ),
-    ("shape_missing", _meta(shape=MISSING), {}, "corrupt MX metadata.*shape"),
-    ("packed_fp8", _meta(packed=True), {}, "invalid packed flag True for mxfp8_e4m3"),
-    ("packed_null", _meta(packed=None), {}, "invalid packed flag None"),
-    ("packed_int", _meta(packed=1), {}, "invalid packed flag 1"),
-    ("packed_str", _meta(packed="false"), {}, "invalid packed flag 'false'"),
-    ("packed_missing", _meta(packed=MISSING), {}, "corrupt MX metadata.*packed"),
+    ("shape_missing", meta_with(shape=MISSING), {}, "corrupt MX metadata.*shape"),
+    ("packed_fp8", meta_with(packed=True), {}, "invalid packed flag True for mxfp8_e4m3"),
+    ("packed_null", meta_with(packed=None), {}, "invalid packed flag None"),
+    ("packed_int", meta_with(packed=1), {}, "invalid packed flag 1"),
+    ("packed_str", meta_with(packed="false"), {}, "invalid packed flag 'false'"),
+    ("packed_missing", meta_with(packed=MISSING), {}, "corrupt MX metadata.*packed"),
 ]
 
 
@@ -1392,17 +1201,6 @@ def test_load_name_of_a_single_array_file(tmp_path):
 # ---- the command line --------------------------------------------------------------------------------
 
 
-def run_cli(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def test_cli_quantize_big_endian_fortran_and_nonfinite(tmp_path):
     """quantize of a big-endian Fortran-ordered member and of a member full of NaN/inf equals the in-memory
     result, special blocks included."""
@@ -1448,7 +1246,7 @@ def test_cli_quantize_huge_block_size(tmp_path):
 
 def test_cli_dequantize_corrupt_metadata(tmp_path):
     """dequantize of an MX file with an unsupported version: status 2, one line, no output."""
-    write_mx(tmp_path / "v2.npz", meta=_meta(version=2))
+    write_mx(tmp_path / "v2.npz", meta=meta_with(version=2))
     r = run_cli("dequantize", "v2.npz", "o.npy", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -1466,6 +1264,7 @@ def test_cli_promote_timedelta(tmp_path):
 
 
 isolated(
+    ISOLATED,
     "fake_quantize_block_2^63-1",
     """
     x = (np.random.default_rng(1).standard_normal((6, 40)) * 4).astype(np.float32)
