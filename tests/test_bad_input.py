@@ -54,6 +54,7 @@ from .reference_mx import dequantize_mx_ref, quantize_mx_ref
 ISOLATED: dict[str, tuple[str, float]] = {}
 
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+MX8_EXACT = mx8_exact()
 
 
 #: The code every element of a block holding a NaN or an infinity gets (spec: the element format's
@@ -61,84 +62,9 @@ E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 SPECIAL_CODE = {"mxfp8_e4m3": 0x7F, "mxfp8_e5m2": 0x7E, "mxfp6_e2m3": 0, "mxfp6_e3m2": 0, "mxfp4_e2m1": 0, "mxint8": 0}
 
 
-# ---- cast: dtypes and names --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", WRONG_DTYPES, ids=WRONG_IDS)
-def test_cast_refuses_source_dtype(dtype):
-    """Non-numeric sources are a TypeError naming the dtype."""
-    x = np.zeros(4, dtype)
-    with pytest.raises(TypeError, match=r"cannot cast an array of dtype"):
-        nk.cast(x, "bfloat16")
-
-
-@pytest.mark.parametrize(
-    "target, error, pattern",
-    [
-        *[(dt, TypeError, "unsupported dtype") for dt in WRONG_DTYPES],
-        ("bogus", TypeError, "unknown dtype 'bogus'"),
-        ("", TypeError, "unknown dtype ''"),
-        ("FLOAT32", TypeError, "Did you mean 'float32'"),
-        ("bfloat61", TypeError, "bfloat16"),
-        (5, TypeError, "not a dtype: 5"),
-        (3.5, TypeError, "not a dtype: 3.5"),
-        (None, TypeError, "None"),
-    ],
-    ids=[*WRONG_IDS, "bogus", "empty", "upper", "typo", "int", "float", "None"],
-)
-def test_cast_refuses_target(target, error, pattern):
-    """An unsupported or unknown target (None included) is a TypeError naming it."""
-    with pytest.raises(error, match=pattern):
-        nk.cast(np.zeros(4, F32), target)
-
-
-CAST_BAD_OPTIONS = [
-    ({"rounding": "nearest"}, ValueError, "unknown rounding mode 'nearest'; accepted: nearest_even"),
-    ({"rounding": "NEAREST_EVEN"}, ValueError, "unknown rounding mode"),
-    ({"rounding": None}, (TypeError, ValueError), "rounding mode None"),
-    ({"rounding": 0}, (TypeError, ValueError), "rounding mode 0"),
-    ({"saturate": "yes"}, TypeError, "saturate must be True or False"),
-    ({"saturate": None}, TypeError, "saturate must be True or False"),
-    ({"saturate": 1}, TypeError, "saturate must be True or False"),
-    ({"seed": -1, "rounding": "stochastic"}, ValueError, "seed"),
-    ({"seed": 1.5, "rounding": "stochastic"}, TypeError, "seed"),
-    ({"seed": "7", "rounding": "stochastic"}, TypeError, "seed"),
-    ({"seed": True, "rounding": "stochastic"}, TypeError, "seed"),
-    ({"seed": [1], "rounding": "stochastic"}, TypeError, "seed"),
-]
-
-
-@pytest.mark.parametrize("kwargs, error, pattern", CAST_BAD_OPTIONS, ids=[kw_id(c[0]) for c in CAST_BAD_OPTIONS])
-def test_cast_bad_options(kwargs, error, pattern):
-    """Unknown modes are a ValueError; a seed or flag of the wrong type is a TypeError (as block_size/axis are)."""
-    with pytest.raises(error, match=pattern):
-        nk.cast(np.zeros(4, F32), "bfloat16", **kwargs)
-
-
-@pytest.mark.parametrize("seed", [np.int64(5), np.uint64(5), np.int8(5)])
-def test_cast_numpy_integer_seed(seed):
-    """A numpy integer seed is the same seed as the Python int."""
-    x = np.linspace(-3, 3, 301, dtype=F32)
-    assert_same_bits(
-        nk.cast(x, "float8_e5m2", rounding="stochastic", seed=seed),
-        nk.cast(x, "float8_e5m2", rounding="stochastic", seed=5),
-    )
-
-
-@pytest.mark.parametrize("saturate", [np.bool_(True), np.bool_(False)])
-def test_cast_numpy_bool_saturate(saturate):
-    """numpy booleans are booleans."""
-    x = np.array([1.0, 1e6, -1e6], F32)
-    want = np.array([1.0, 448.0, -448.0], F32) if saturate else np.array([1.0, np.nan, np.nan], F32)
-    np.testing.assert_array_equal(nk.cast(x, "float8_e4m3fn", saturate=saturate).astype(F32), want)
-
-
 # ---- out= --------------------------------------------------------------------------------------
 
-MX8_EXACT = mx8_exact()
-
 OUT_CALLS = {
-    "cast": (lambda out: nk.cast(EXACT, "bfloat16", out=out), BF16, lambda: ml_cast(EXACT, "bfloat16")),
     "dequantize_mx": (lambda out: nk.dequantize_mx(MX8_EXACT, out=out), np.dtype(F32), lambda: EXACT),
     "dequantize_bf16": (
         lambda out: nk.dequantize_mx(MX8_EXACT, "bfloat16", out=out),
@@ -178,20 +104,12 @@ def test_out_any_layout(call, layout):
 
 
 def test_out_overlapping_input():
-    """out= sharing memory with the input, in whole or in part, is refused."""
-    x = EXACT.copy()
-    with pytest.raises(ValueError, match="out overlaps the input"):
-        nk.cast(x, "bfloat16", out=x.view(BF16)[:, ::2])
+    """out= sharing memory with the input, in whole or in part, is refused; so is dequantize_mx into an array
+    that holds the codes it reads."""
     buf = np.zeros(80, F32)
     buf[:64] = EXACT.reshape(-1)
     with pytest.raises(ValueError, match="out overlaps the input"):
         nk.fake_quantize_mx(buf[:64].reshape(2, 32), "mxfp8_e4m3", out=buf[16:].reshape(2, 32))
-    with pytest.raises(ValueError, match="out overlaps the input"):
-        nk.cast(x, "float32", out=x[::-1])
-
-
-def test_dequantize_out_overlapping_codes():
-    """dequantize_mx into an array that holds the codes it reads is refused."""
     out = np.zeros((2, 32), F32)
     codes = out.view(np.uint8)[:, :32]
     codes[...] = MX8_EXACT.codes
@@ -201,7 +119,6 @@ def test_dequantize_out_overlapping_codes():
 
 
 MATRIX_OUT = {
-    "cast": ("BF16", 'nk.cast(EXACT, "bfloat16", out=out)'),
     "dequantize_bf16": ("BF16", 'nk.dequantize_mx(MX8, "bfloat16", out=out)'),
     "dequantize_f32": ("np.float32", "nk.dequantize_mx(MX8, out=out)"),
     "fake_quantize": ("np.float32", "nk.fake_quantize_mx(EXACT, block_size=8, out=out)"),
@@ -225,7 +142,6 @@ for _name, (_dtype, _call) in MATRIX_OUT.items():
 @pytest.mark.parametrize(
     "call, want",
     [
-        ("cast", lambda: ml_cast(EXACT, "bfloat16")),
         ("dequantize_bf16", lambda: ml_cast(EXACT, "bfloat16")),
         ("dequantize_f32", lambda: EXACT),
         ("fake_quantize", lambda: EXACT),
@@ -465,35 +381,6 @@ def test_to_x4_of_inconsistent_mxarray():
 # ---- 0-d and empty arrays -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "x",
-    [
-        np.float32(1.5),
-        np.array(-2.75, F32),
-        np.array(3.0, ">f4"),
-        np.float64(1e40),
-        np.array(0.1, np.float16),
-        np.int16(-300),
-    ],
-    ids=["np_scalar", "0d", "0d_big_endian", "float64_overflow", "float16", "int16"],
-)
-@pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn", "float16"])
-def test_cast_0d(x, target):
-    """0-d inputs give 0-d results equal to ml_dtypes'."""
-    got = nk.cast(x, target)
-    assert got.shape == ()
-    assert_same_bits(got, ml_cast(native(np.asarray(x)), target))
-    out = np.empty((), got.dtype)
-    assert nk.cast(x, target, out=out) is out
-    assert_same_bits(out, got)
-
-
-def test_cast_0d_to_packed_is_refused():
-    """A 0-d array has no last axis to pack."""
-    with pytest.raises(ValueError, match="multiple of 4"):
-        nk.cast(np.float32(1.0), "float8_e5m2_x4")
-
-
 @pytest.mark.parametrize("call", list(MX_CALLS))
 @pytest.mark.parametrize(
     "x",
@@ -546,24 +433,6 @@ def test_mx_empty(tmp_path, fmt, shape, axis):
     assert_same_mx(MXArray.load(tmp_path / "e.npz"), mx)
 
 
-@pytest.mark.parametrize("shape", [(0,), (0, 5), (3, 0), (0, 0), (2, 0, 4)])
-@pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn_x4", "float16"])
-def test_cast_empty(shape, target):
-    """Empty arrays cast to empty results (packed: the last axis must still be a multiple of 4)."""
-    x = np.zeros(shape, F32)
-    if target.endswith("_x4"):
-        if shape[-1] % 4:
-            with pytest.raises(ValueError, match="multiple of 4"):
-                nk.cast(x, target)
-            return
-        want_shape, want_dtype = shape[:-1] + (shape[-1] // 4,), np.dtype(np.uint32)
-    else:
-        want_shape, want_dtype = shape, ml_cast(x, target).dtype
-    got = nk.cast(x, target)
-    assert (got.shape, got.dtype) == (want_shape, want_dtype)
-    assert nk.cast(x[..., ::-1] if x.ndim else x, target).shape == want_shape
-
-
 def test_auto_cast_0d_and_empty():
     """auto_cast keeps shapes, 0-d and empty included."""
     a, b = nk.auto_cast(np.float16(1.5), np.array(2, np.int8))
@@ -573,36 +442,6 @@ def test_auto_cast_0d_and_empty():
 
 
 # ---- strides and byte order ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize(
-    "target, kwargs",
-    [
-        ("bfloat16", {}),
-        ("float8_e5m2", {"rounding": "stochastic", "seed": 3}),
-        ("float4_e2m1fn", {"rounding": "toward_zero"}),
-        ("float8_e4m3fn_x4", {"saturate": True}),
-    ],
-    ids=["bfloat16", "e5m2_stochastic", "fp4_toward_zero", "e4m3fn_x4"],
-)
-def test_cast_layouts(layout, target, kwargs):
-    """Strided, negative-stride and big-endian inputs give the result of a native C-contiguous copy (the
-    stochastic bits follow the C-order index)."""
-    x = LAYOUTS[layout](BASE)
-    assert_same_bits(nk.cast(x, target, **kwargs), nk.cast(native(x), target, **kwargs))
-
-
-@pytest.mark.parametrize("dtype", [">i2", ">u2", ">i4", ">i8", ">u1"])
-@pytest.mark.parametrize("target", ["bfloat16", "float8_e5m2", "int8", "float32"])
-def test_cast_big_endian_integers(dtype, target):
-    """Big-endian, reversed integer sources give the native result (integer targets wrap like numpy)."""
-    x = np.arange(-40, 88, 3).astype(np.int64)
-    x = (x if dtype[1] == "i" else np.abs(x)).astype(dtype)[::-1]
-    got = nk.cast(x, target)
-    assert_same_bits(got, nk.cast(native(x), target))
-    if target in ("int8", "float32", "bfloat16"):
-        assert_same_bits(got, ml_cast(native(x), target))
 
 
 MX_LAYOUT_CASES = [
@@ -670,41 +509,6 @@ def test_auto_cast_packed_operand_layouts(layout):
 
 
 # ---- Python scalars and lists --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "value",
-    [1.5, -3, 2**40, -0.0, 1e40, [[1.5, -2.0], [3.0, 1e40]], [[[1, 2.5]], [[3, -4]]], [1, 2, 3], [[]]],
-    ids=["float", "int", "big_int", "neg_zero", "overflow", "nested", "nested3", "ints", "empty"],
-)
-@pytest.mark.parametrize("target", ["bfloat16", "float8_e4m3fn", "float16"])
-def test_cast_python_values(value, target):
-    """Python scalars and nested lists cast like the numpy array they make."""
-    assert_same_bits(nk.cast(value, target), ml_cast(np.asarray(value), target))
-
-
-@pytest.mark.parametrize(
-    "value, error, pattern",
-    [
-        (2**70, TypeError, "cannot cast an array of dtype object"),
-        (True, TypeError, "dtype bool"),
-        (1j, TypeError, "dtype complex128"),
-        ("1.5", TypeError, "dtype <U3"),
-        (None, TypeError, "dtype object"),
-        ([[1, 2], [3]], ValueError, "inhomogeneous"),
-    ],
-    ids=["int_beyond_int64", "bool", "complex", "str", "None", "ragged"],
-)
-def test_cast_python_values_refused(value, error, pattern):
-    """Python values that make no numeric array are refused with the reason."""
-    with pytest.raises(error, match=pattern):
-        nk.cast(value, "bfloat16")
-
-
-def test_cast_python_int_wraps_like_numpy():
-    """Integer targets from Python ints wrap as numpy's astype does."""
-    for v in (-2, 300, -129, 2**40 + 5):
-        assert_same_bits(nk.cast(v, "int8"), np.asarray(v).astype(np.int8))
 
 
 @pytest.mark.parametrize("call", list(MX_CALLS))
@@ -795,46 +599,6 @@ def test_mx_nonfinite_other_input_dtypes(dtype):
         nk.fake_quantize_mx(xd, "mxfp4_e2m1", axis=0, block_size=5),
         nk.fake_quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=5),
     )
-
-
-SPECIAL_VALUES = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.0, -0.0, np.nan, np.inf], F32)
-CAST_MODES = ["nearest_even", "nearest_away", "toward_zero", "toward_positive", "toward_negative", "stochastic"]
-
-
-@pytest.mark.parametrize(
-    "target",
-    [
-        "bfloat16",
-        "float16",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "float8_e3m4",
-        "float6_e2m3fn",
-        "float4_e2m1fn",
-    ],
-)
-@pytest.mark.parametrize("rounding", CAST_MODES)
-def test_cast_nonfinite(target, rounding):
-    """NaN and infinities encode as ml_dtypes does in every rounding mode; with saturate=True infinities become
-    +-max and NaN stays NaN."""
-    want = ml_cast(SPECIAL_VALUES, target)
-    assert_same_bits(nk.cast(SPECIAL_VALUES, target, rounding=rounding, seed=2), want)
-    sat = nk.cast(SPECIAL_VALUES, target, rounding=rounding, seed=2, saturate=True).astype(np.float64)
-    big = float(ml_dtypes.finfo(getattr(ml_dtypes, target, target)).max)
-    expected = want.astype(np.float64)
-    expected[[2, 7]], expected[3] = big, -big
-    np.testing.assert_array_equal(sat, expected)
-    whole = np.full((3, 40), np.nan, F32)
-    assert_same_bits(nk.cast(whole, target, rounding=rounding, seed=2), ml_cast(whole, target))
-
-
-def test_cast_nonfinite_e8m0():
-    """e8m0 has only NaN (0xff): NaN and +inf give it; saturating, +inf gives 2^127 (0xfe)."""
-    x = np.array([np.nan, np.inf, 1.0], F32)
-    np.testing.assert_array_equal(nk.cast(x, "float8_e8m0fnu").view(np.uint8), [0xFF, 0xFF, 0x7F])
-    np.testing.assert_array_equal(nk.cast(x, "float8_e8m0fnu", saturate=True).view(np.uint8), [0xFF, 0xFE, 0x7F])
 
 
 # ---- promote_type and auto_cast --------------------------------------------------------------------
