@@ -9,7 +9,6 @@ subprocess (two at a time, in the background; see ``isolated`` in ``conftest.py`
 """
 
 import io
-import re
 import zipfile
 
 import ml_dtypes
@@ -45,7 +44,6 @@ from .conftest import (
     mx8_exact,
     native,
     outcome_of,
-    run_cli,
     write_mx,
 )
 from .reference_mx import dequantize_mx_ref, quantize_mx_ref
@@ -791,68 +789,6 @@ def test_load_name_of_a_single_array_file(tmp_path):
     with pytest.raises(ValueError, match="has no MX array named 'w'") as info:
         MXArray.load(one, name="w")
     assert "it has None" not in str(info.value), info.value
-
-
-# ---- the command line --------------------------------------------------------------------------------
-
-
-def test_cli_quantize_big_endian_fortran_and_nonfinite(tmp_path):
-    """quantize of a big-endian Fortran-ordered member and of a member full of NaN/inf equals the in-memory
-    result, special blocks included."""
-    be = np.asfortranarray(BASE[:, :40].astype(">f4"))
-    special = NONFINITE["some_blocks"]
-    np.savez(tmp_path / "in.npz", be=be, special=special)
-    r = run_cli(
-        "quantize", "in.npz", "q.npz", "--format", "mxfp8_e5m2", "--block-size", "8", "--chunk-mb", "1", cwd=tmp_path
-    )
-    assert r.returncode == 0, r.stderr
-    assert_same_mx(MXArray.load(tmp_path / "q.npz", name="be"), nk.quantize_mx(native(be), "mxfp8_e5m2", block_size=8))
-    got = MXArray.load(tmp_path / "q.npz", name="special")
-    codes, scales = quantize_mx_ref(special, "mxfp8_e5m2", 8, "floor")
-    assert_same_bits(got.codes, codes)
-    assert_same_bits(got.scales.view(np.uint8), scales)
-
-
-def test_cli_cast_big_endian_integers(tmp_path):
-    """cast of a big-endian int16 .npy equals ml_dtypes on the native values."""
-    x = np.arange(-300, 300, 7, dtype=">i2")
-    np.save(tmp_path / "i.npy", x)
-    r = run_cli("cast", "i.npy", "o.npy", "--to", "bfloat16", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), bits(ml_cast(native(x), "bfloat16")))
-
-
-def test_cli_quantize_huge_block_size(tmp_path):
-    """--block-size beyond int64: one block per row, or status 2 and one line naming the block size; never a
-    traceback."""
-    np.save(tmp_path / "x.npy", X_MX)
-    r = run_cli("quantize", "x.npy", "q.npz", "--format", "mxint8", "--block-size", str(10**20), cwd=tmp_path)
-    assert "Traceback" not in r.stderr, r.stderr[-1500:]
-    if r.returncode == 0:
-        got = MXArray.load(tmp_path / "q.npz")
-        want = nk.quantize_mx(X_MX, "mxint8", block_size=40)
-        assert_same_bits(got.codes, want.codes)
-        assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))
-        return
-    assert r.returncode == 2, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and re.search("block.size", r.stderr), r.stderr
-    assert not (tmp_path / "q.npz").exists()
-
-
-def test_cli_dequantize_corrupt_metadata(tmp_path):
-    """dequantize of an MX file with an unsupported version: status 2, one line, no output."""
-    write_mx(tmp_path / "v2.npz", meta=meta_with(version=2))
-    r = run_cli("dequantize", "v2.npz", "o.npy", cwd=tmp_path)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "MX file version 2 is not supported" in lines[0], r.stderr
-    assert not (tmp_path / "o.npy").exists()
-
-
-def test_cli_promote_timedelta(tmp_path):
-    """promote of timedelta64 and int8 is the 'unexpected dtype' error, as for complex64."""
-    r = run_cli("promote", "timedelta64", "int8", cwd=tmp_path)
-    assert r.returncode == 1 and "unexpected dtype" in r.stdout, (r.returncode, r.stdout, r.stderr)
 
 
 # ---- last, so that its subprocess has had its time -------------------------------------------------
