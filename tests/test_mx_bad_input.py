@@ -1,11 +1,13 @@
-"""The bad-input matrix: every public entry point against wrong types, bad values, odd layouts,
-non-finite data and corrupt files.
+"""quantize_mx, dequantize_mx, fake_quantize_mx, MXArray and MXArray.load against bad input: wrong types,
+bad values and options, bad out= arrays, inconsistent MXArrays, 0-d and empty arrays, odd layouts, Python
+values, non-finite data and corrupt, truncated or inconsistent files.
 
-Each case ends in the right answer (checked against ml_dtypes, numpy, the slow references of
-``tests/reference_mx.py`` or the same call on a native, C-contiguous copy) or in a clear exception:
-``TypeError`` for a wrong type, ``ValueError`` for a bad value, ``FileNotFoundError`` for a missing
-file, with a message naming the problem. Cases that may crash or hang the interpreter run in a
-subprocess (two at a time, in the background; see ``isolated`` in ``conftest.py``).
+Each case ends in the right answer (checked against numpy, the slow references of ``tests/reference_mx.py``
+or the same call on a native, C-contiguous copy) or in a clear exception: ``TypeError`` for a wrong type,
+``ValueError`` for a bad value, ``FileNotFoundError`` for a missing file, with a message naming the problem.
+Cases that may crash or hang the interpreter run in a subprocess (two at a time, in the background; see
+``isolated`` in ``conftest.py``). The bad-input tests of cast() are in ``test_cast_bad_input.py``, those of
+the command line in ``test_cli_bad_input.py``.
 """
 
 import io
@@ -53,7 +55,7 @@ ISOLATED: dict[str, tuple[str, float]] = {}
 
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 MX8_EXACT = mx8_exact()
-
+MX_CALLS = {"quantize_mx": nk.quantize_mx, "fake_quantize_mx": nk.fake_quantize_mx}
 
 #: The code every element of a block holding a NaN or an infinity gets (spec: the element format's
 #: positive NaN code, or 0 where it has none).
@@ -156,9 +158,8 @@ def test_out_ndarray_subclass(isolated_runs, call, want):
     np.testing.assert_array_equal(np.array(outcome["value"]), bits(want()))
 
 
-# ---- MX: dtypes, names, options ----------------------------------------------------------------
+# ---- dtypes, names, options --------------------------------------------------------------------
 
-MX_CALLS = {"quantize_mx": nk.quantize_mx, "fake_quantize_mx": nk.fake_quantize_mx}
 MX_WRONG_DTYPES = [
     np.int8,
     np.int16,
@@ -546,6 +547,7 @@ def test_mx_nonfinite_other_input_dtypes(dtype):
 
 
 # ---- MXArray.load: corrupt, truncated and inconsistent files ---------------------------------------
+
 
 META_CASES = [
     ("version_0", meta_with(version=0), {}, "MX file version 0 is not supported"),
