@@ -1,7 +1,30 @@
+"""Fixtures and helpers shared by the test modules.
+
+Besides ``rng``, ``threads`` and ``special_float32``: the helpers of the bad-input tests
+(``test_*_bad_input.py`` and the bad-input sections of ``test_promotion.py`` and ``test_registry.py``):
+bit-exact comparisons, the inputs and out= arrays several of them use, MX files with any member replaced,
+``run_cli`` for the command line, and ``isolated`` / ``isolated_runs`` / ``outcome_of``, which run a call that
+may crash or hang the interpreter in a subprocess of its own. Every subprocess started here imports this
+checkout (``child_env``), whatever its working directory.
+"""
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import ml_dtypes
 import numpy as np
 import pytest
 
 import neuron_kernels as nk
+from neuron_kernels.mx import MXArray
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -48,3 +71,261 @@ def special_float32() -> np.ndarray:
         0x7FA00000,  # NaNs
     ]
     return np.array(bits, dtype=np.uint32).view(np.float32)
+
+
+# ---- subprocesses ----------------------------------------------------------------------------
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a Python subprocess: this checkout first on its path (whatever its working
+    directory, and even when another checkout of the package is installed), plus ``extra``."""
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def run_cli(*args, cwd):
+    """``python -m neuron_kernels ARGS`` in ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+PRELUDE = """
+import json
+import ml_dtypes
+import numpy as np
+import neuron_kernels as nk
+from neuron_kernels.mx import MXArray
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+EXACT = np.tile(np.arange(-7, 9, dtype=np.float32), 4).reshape(2, 32)
+MX8 = nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
+MX4 = nk.quantize_mx(EXACT, "mxfp4_e2m1", block_size=8)
+
+
+def report(fn):
+    try:
+        value = fn()
+    except Exception as exc:
+        outcome = {"raised": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+    else:
+        outcome = {"value": value}
+    print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+def isolated(cases: dict[str, tuple[str, float]], name: str, body: str, timeout: float = 180) -> str:
+    """Add a case to a test module's ``ISOLATED`` dict (name -> (body, timeout in seconds)): ``body`` runs
+    after ``PRELUDE`` in a fresh interpreter and reports one call's outcome with ``report(fn)``."""
+    cases[name] = (textwrap.dedent(body), timeout)
+    return name
+
+
+def _run_isolated(body: str, timeout: float):
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", PRELUDE + body],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@pytest.fixture(scope="module")
+def isolated_runs(request):
+    """Every subprocess case of the test module (its ``ISOLATED`` dict), started together on two workers when
+    the first of them is needed, suspected hangs (short timeouts) first."""
+    cases = sorted(request.module.ISOLATED.items(), key=lambda item: item[1][1])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {name: (pool.submit(_run_isolated, body, timeout), timeout) for name, (body, timeout) in cases}
+
+
+def outcome_of(runs, name: str) -> dict:
+    future, timeout = runs[name]
+    proc = future.result()
+    if proc is None:
+        pytest.fail(f"{name}: no answer within {timeout} s (the call hangs)")
+    assert proc.returncode == 0, f"{name}: the interpreter died with status {proc.returncode}: {proc.stderr[-800:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("OUTCOME ")]
+    assert lines, f"{name}: no outcome; stderr: {proc.stderr[-800:]}"
+    return json.loads(lines[-1][len("OUTCOME ") :])
+
+
+def assert_raised(outcome: dict, errors: tuple[type, ...], pattern: str) -> None:
+    assert "raised" in outcome, f"no exception; the call returned {str(outcome.get('value'))[:300]}"
+    assert {e.__name__ for e in errors} & set(outcome["raised"]), f"{outcome['raised'][0]}: {outcome['message']}"
+    assert re.search(pattern, outcome["message"]), outcome["message"]
+
+
+# ---- comparisons -------------------------------------------------------------------------------
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.float32
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+def native(x: np.ndarray) -> np.ndarray:
+    """The same values, C-contiguous and in native byte order (0-d stays 0-d)."""
+    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", copy=True)
+
+
+def ml_cast(x, name: str) -> np.ndarray:
+    """numpy/ml_dtypes' own conversion (the oracle of the default rounding)."""
+    with np.errstate(all="ignore"):
+        return np.asarray(x).astype(getattr(ml_dtypes, name, name))
+
+
+def assert_same_mx(got: MXArray, want: MXArray) -> None:
+    assert (got.fmt, got.block_size, got.axis, got.shape, got.packed) == (
+        want.fmt,
+        want.block_size,
+        want.axis,
+        want.shape,
+        want.packed,
+    )
+    assert_same_bits(got.codes, want.codes)
+    assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))
+
+
+def kw_id(kwargs: dict) -> str:
+    return ",".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "rounding" or len(kwargs) == 1)
+
+
+# ---- inputs shared by the bad-input tests ------------------------------------------------------
+
+#: Exact in mxfp8_e4m3 (block amax 8, scale 2^-5: every x * 32 is an e4m3 value), bfloat16 and float16.
+EXACT = np.tile(np.arange(-7, 9, dtype=F32), 4).reshape(2, 32)
+X_MX = (np.random.default_rng(1).standard_normal((6, 40)) * 4).astype(F32)
+BASE = (np.random.default_rng(7).standard_normal((8, 48)) * np.exp2(np.arange(48) % 9 - 4)).astype(F32)
+
+#: Strided, negative-stride and big-endian views of a float32 array.
+LAYOUTS = {
+    "reversed": lambda a: a[::-1],
+    "negative_step_2": lambda a: a[:, ::-2],
+    "transposed": lambda a: a.T,
+    "fortran": np.asfortranarray,
+    "sliced": lambda a: a[1::2, ::3],
+    "big_endian": lambda a: a.astype(">f4"),
+    "big_endian_reversed": lambda a: a.astype(">f4")[:, ::-1],
+    "big_endian_float16_reversed": lambda a: a.astype(">f2")[::-1],
+    "big_endian_float64_transposed": lambda a: a.astype(">f8").T,
+}
+
+NONFINITE = {
+    "all_nan": np.full(64, np.nan, F32),
+    "all_neg_nan": -np.full(64, np.nan, F32),
+    "all_inf": np.full(64, np.inf, F32),
+    "all_neg_inf": np.full(64, -np.inf, F32),
+    "mixed": np.array([1.0, np.nan, -2.5, np.inf, -np.inf, 0.0, -0.0, 3.0] * 8, F32),
+    "some_blocks": np.concatenate([np.ones(32, F32), np.linspace(-4, 4, 78, dtype=F32)]),
+}
+NONFINITE["some_blocks"][[3, 40, 100]] = [np.nan, np.inf, -np.inf]  # blocks 0, 1 and the partial block 3
+
+#: Non-numeric dtypes, which no entry point takes.
+WRONG_DTYPES = [
+    np.complex64,
+    np.complex128,
+    object,
+    "U3",
+    "S3",
+    bool,
+    [("a", "f4"), ("b", "i4")],
+    "V4",
+    "datetime64[s]",
+    "timedelta64[s]",
+    np.longdouble,
+]
+WRONG_IDS = [
+    "complex64",
+    "complex128",
+    "object",
+    "unicode",
+    "bytes",
+    "bool",
+    "structured",
+    "void",
+    "datetime64",
+    "timedelta64",
+    "longdouble",
+]
+
+
+def _read_only(shape, dtype):
+    a = np.zeros(shape, dtype)
+    a.flags.writeable = False
+    return a
+
+
+#: out= arrays that are wrong for a (2, 32) result of dtype ``dt``: (id, make(dt), error, pattern).
+BAD_OUTS = [
+    ("shape", lambda dt: np.zeros((2, 31), dt), ValueError, r"out has shape \(2, 31\); the result has shape \(2, 32\)"),
+    ("transposed_shape", lambda dt: np.zeros((32, 2), dt), ValueError, r"shape \(32, 2\)"),
+    ("broadcastable", lambda dt: np.zeros((1, 32), dt), ValueError, r"shape \(1, 32\)"),
+    ("0-d", lambda dt: np.zeros((), dt), ValueError, r"out has shape \(\)"),
+    ("dtype", lambda dt: np.zeros((2, 32), np.int32), ValueError, "out has dtype int32"),
+    ("byte_order", lambda dt: np.zeros((2, 32), np.dtype(dt).newbyteorder(">")), ValueError, "out has dtype"),
+    ("read_only", lambda dt: _read_only((2, 32), dt), ValueError, "out is read-only"),
+    ("list", lambda dt: [[0.0] * 32] * 2, TypeError, "out must be a numpy array, got list"),
+    ("tuple", lambda dt: (0.0,) * 64, TypeError, "out must be a numpy array, got tuple"),
+    ("memoryview", lambda dt: memoryview(np.zeros(64, np.uint8)), TypeError, "out must be a numpy array"),
+]
+
+#: out= arrays of every layout for a (2, 32) result of dtype ``dt``.
+GOOD_OUTS = {
+    "reversed": lambda dt: np.zeros((2, 32), dt)[::-1, ::-1],
+    "every_other_column": lambda dt: np.zeros((2, 64), dt)[:, ::-2],
+    "fortran": lambda dt: np.zeros((2, 32), dt, order="F"),
+}
+
+
+# ---- MX files --------------------------------------------------------------------------------------
+
+
+@functools.cache
+def mx8_exact() -> MXArray:
+    """EXACT in mxfp8_e4m3 with blocks of 8 (made on first use; do not modify)."""
+    return nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
+
+
+def meta_bytes(**fields) -> np.ndarray:
+    return np.frombuffer(json.dumps(fields).encode(), np.uint8)
+
+
+META = {"version": 1, "fmt": "mxfp8_e4m3", "block_size": 8, "axis": 1, "shape": [2, 32], "packed": False}
+MISSING = object()
+
+
+def write_mx(path, codes=None, scales=None, meta=None, raw_meta=None, **extra):
+    """An MX file of ``mx8_exact()`` as np.savez writes it, with any member replaced."""
+    np.savez(
+        path,
+        codes=mx8_exact().codes if codes is None else codes,
+        scales=mx8_exact().scales.view(np.uint8) if scales is None else scales,
+        meta=meta_bytes(**(META if meta is None else meta)) if raw_meta is None else np.frombuffer(raw_meta, np.uint8),
+        **extra,
+    )
+    return path
+
+
+def meta_with(**change):
+    """META with fields changed (MISSING removes one)."""
+    return {k: v for k, v in {**META, **change}.items() if v is not MISSING}

@@ -257,15 +257,20 @@ def test_unsupported_pair_names_pair_and_targets():
 # ---- packed containers ----------------------------------------------------------------------
 
 
+#: How each packed container holds its elements: (element dtype, lane bits, container).
+X4_LAYOUT = {
+    "float8_e4m3fn_x4": (ml_dtypes.float8_e4m3fn, 8, np.uint32),
+    "float8_e5m2_x4": (ml_dtypes.float8_e5m2, 8, np.uint32),
+    "float4_e2m1fn_x4": (ml_dtypes.float4_e2m1fn, 4, np.uint16),
+}
+
+
 @pytest.mark.parametrize(
-    "target, element, lane_bits, container",
-    [
-        ("float8_e4m3fn_x4", ml_dtypes.float8_e4m3fn, 8, np.uint32),
-        ("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8, np.uint32),
-        ("float4_e2m1fn_x4", ml_dtypes.float4_e2m1fn, 4, np.uint16),
-    ],
+    "target", [k.target for k in nk.supported_casts() if k.source == "float32" and nk.is_x4_dtype(k.target)]
 )
-def test_pack_x4_layout(target, element, lane_bits, container, rng):
+def test_pack_x4_layout(target, rng):
+    """Every registered float32 -> packed cast, against X4_LAYOUT (which must describe a new one)."""
+    element, lane_bits, container = X4_LAYOUT[target]
     x = (rng.standard_normal((3, 16)) * 4).astype(np.float32)
     packed = nk.cast(x, target)
     assert packed.dtype == container and packed.shape == (3, 4)

@@ -17,7 +17,10 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.mx import MXArray
 
-ENV = {**os.environ, "PYTHONWARNINGS": "error"}
+from .conftest import child_env
+
+#: Warnings are errors; the child imports this checkout whatever its working directory.
+ENV = child_env(PYTHONWARNINGS="error")
 
 
 def run(*args, cwd, check=True):

@@ -321,6 +321,66 @@ def test_unexpected_dtype_checks_t0_first():
     assert repr(second) in message and repr(first) not in message
 
 
+# The bad-input matrix: every kind of non-numeric operand, and float operands that win whatever the other is.
+
+
+@pytest.mark.parametrize(
+    "t0, t1",
+    [
+        (np.complex64, "int8"),
+        ("int8", object),
+        ("U3", "int8"),
+        ("int8", "S3"),
+        (bool, "int8"),
+        ("int8", [("a", "f4")]),
+        ("V4", "uint16"),
+        ("datetime64[s]", "int8"),
+        ("timedelta64[s]", "int8"),
+        ("int32", "timedelta64"),
+        (np.complex64, np.complex64),
+        (bool, bool),
+    ],
+    ids=[
+        "complex",
+        "object",
+        "unicode",
+        "bytes",
+        "bool",
+        "structured",
+        "void",
+        "datetime64",
+        "timedelta64",
+        "timedelta64_second",
+        "complex_pair",
+        "bool_pair",
+    ],
+)
+def test_promote_unexpected_dtypes(t0, t1):
+    """Neither operand floating and one not an integer: TypeError('unexpected dtype: ...'); timedelta64 is no
+    integer type of the compiler's."""
+    with pytest.raises(TypeError, match="unexpected dtype"):
+        promote_type(t0, t1)
+
+
+@pytest.mark.parametrize(
+    "t0, t1, want",
+    [
+        (np.complex64, "float32", np.float32),
+        ("bfloat16", bool, np_dtype("bfloat16")),
+        ("float16", object, np.float16),
+        (">f2", "int8", np.float16),
+        (">i2", "<u1", np.int16),
+        (np.dtype(">f4"), "bfloat16", np.float32),
+        (float, "int8", np.float64),
+        (" bf16 ", "int64", np_dtype("bfloat16")),
+    ],
+)
+def test_promote_documented_answers(t0, t1, want):
+    """The float operand wins without the other being inspected (README rule 2); byte order does not matter."""
+    got = promote_type(t0, t1)
+    assert got == np.dtype(want) and got.isnative
+
+
 # --------------------------------------------------------------------------------------------
 # Input spellings
 # --------------------------------------------------------------------------------------------
@@ -363,6 +423,26 @@ def test_unknown_name_raises_type_error_naming_close_names(position):
     message = str(excinfo.value)
     assert "float9" in message
     assert re.search(r"float(16|32|64|8_)", message), message
+
+
+@pytest.mark.parametrize(
+    "t0, t1, error, pattern",
+    [
+        ("bogus", "int8", TypeError, "unknown dtype 'bogus'"),
+        ("int8", "", TypeError, "unknown dtype ''"),
+        ("FLOAT32", "int8", TypeError, "Did you mean 'float32'"),
+        (5, "int8", TypeError, "not a dtype: 5"),
+        ("int8", 3.5, TypeError, "not a dtype: 3.5"),
+        (None, "int8", TypeError, "None"),
+        ("float32", None, TypeError, "None"),
+        ("float8_e4m3fn_x4", "float32", TypeError, "launder it first"),
+        ("float4_e2m1fn", "float4_e2m1fn", NoPromotionPathError, "No available implicit dtype promotion path"),
+    ],
+)
+def test_promote_bad_names(t0, t1, error, pattern):
+    """Unknown names, non-dtypes (None included) and packed containers are TypeErrors naming the operand."""
+    with pytest.raises(error, match=pattern):
+        promote_type(t0, t1)
 
 
 # --------------------------------------------------------------------------------------------

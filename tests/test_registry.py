@@ -16,6 +16,7 @@ from neuron_kernels import registry
 from neuron_kernels.formats import FORMATS
 from neuron_kernels.promotion import grid_dtypes
 
+from .conftest import BASE, BF16, F32, WRONG_DTYPES, WRONG_IDS, assert_same_bits, ml_cast, native
 from .reference import pack_lanes, round_float32_to_mbits
 from .reference_casts import encode_ref
 
@@ -271,3 +272,96 @@ def test_auto_cast_errors():
         nk.auto_cast(np.zeros(4, np.float32), np.zeros(4, np.float32), a_dtype="float8_e4m3fn_x4")
     with pytest.raises(TypeError, match="cannot cast an array of dtype complex"):
         nk.auto_cast(np.zeros(4, np.complex64), np.zeros(4, np.float32))
+
+
+# ---- auto_cast against bad input: wrong dtypes, bad declared dtypes, 0-d and empty arrays, odd layouts,
+# Python values (the bad-input tests of cast() are in test_cast_bad_input.py)
+
+
+def test_auto_cast_0d_and_empty():
+    """auto_cast keeps shapes, 0-d and empty included."""
+    a, b = nk.auto_cast(np.float16(1.5), np.array(2, np.int8))
+    assert (a.shape, a.dtype, float(a), b.shape, b.dtype, float(b)) == ((), np.float16, 1.5, (), np.float16, 2.0)
+    a, b = nk.auto_cast(np.zeros((0, 5), np.float16), np.zeros((3, 0), BF16))
+    assert (a.shape, a.dtype, b.shape, b.dtype) == ((0, 5), BF16, (3, 0), BF16)
+
+
+@pytest.mark.parametrize("layout", ["reversed", "negative_step_2", "big_endian_reversed"])
+def test_auto_cast_layouts(layout):
+    """auto_cast of strided and big-endian operands equals the call on native copies, dtype included."""
+    half = BASE.astype(np.float16)
+    a = {"reversed": half[::-1], "negative_step_2": half[:, ::-2], "big_endian_reversed": half.astype(">f2")[:, ::-1]}[
+        layout
+    ]
+    b = ml_cast(BASE[:, ::-3], "bfloat16")
+    got, want = nk.auto_cast(a, b), nk.auto_cast(native(a), native(b))
+    for g, w in zip(got, want):
+        assert_same_bits(g, w)
+
+
+def test_auto_cast_big_endian_operand_of_the_result_type():
+    """An operand that already holds the promoted type's values, but big-endian, comes back in the promoted
+    (native) dtype like the other operand."""
+    a = np.arange(8, dtype=">f2")
+    got = nk.auto_cast(a, np.zeros(8, np.int8))
+    assert nk.promote_type(a.dtype, np.int8) == np.float16
+    for g in got:
+        assert g.dtype == np.dtype(np.float16), g.dtype
+    np.testing.assert_array_equal(got[0].astype(F32), np.arange(8, dtype=F32))
+
+
+@pytest.mark.parametrize("layout", ["big_endian", "reversed", "negative_step"])
+def test_auto_cast_packed_operand_layouts(layout):
+    """A packed x4 operand declared with a_dtype is read right whatever its layout or byte order."""
+    packed = nk.cast(BASE[:4, :16], "float8_e4m3fn_x4")
+    a = {"big_endian": lambda p: p.astype(">u4"), "reversed": lambda p: p[::-1], "negative_step": lambda p: p[:, ::-2]}[
+        layout
+    ](packed)
+    got = nk.auto_cast(a, np.zeros(1, np.float16), a_dtype="float8_e4m3fn_x4")
+    want = nk.auto_cast(native(a), np.zeros(1, np.float16), a_dtype="float8_e4m3fn_x4")
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(nk.unpack_x4(a, "float8_e4m3fn_x4"), nk.unpack_x4(native(a), "float8_e4m3fn_x4"))
+
+
+def test_auto_cast_python_values():
+    """Python scalars and lists promote as float64 and int64 arrays do."""
+    a, b = nk.auto_cast(1.5, 2)
+    assert (a.dtype, b.dtype, float(a), float(b)) == (np.float64, np.float64, 1.5, 2.0)
+    a, b = nk.auto_cast([1.5, -2.5], [[1, 2]])
+    assert (a.shape, b.shape, a.dtype, b.dtype) == ((2,), (1, 2), np.float64, np.float64)
+    np.testing.assert_array_equal(b, [[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("dtype", WRONG_DTYPES, ids=WRONG_IDS)
+@pytest.mark.parametrize("other", [np.float32, np.int8])
+def test_auto_cast_refuses_dtype(dtype, other):
+    """auto_cast of a non-numeric array is a TypeError naming its dtype, on either side."""
+    for a, b in ((np.zeros(4, dtype), np.zeros(4, other)), (np.zeros(4, other), np.zeros(4, dtype))):
+        with pytest.raises(TypeError, match="cannot cast an array of dtype|unexpected dtype"):
+            nk.auto_cast(a, b)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        ({"a_dtype": "bogus"}, TypeError, "unknown dtype 'bogus'"),
+        ({"a_dtype": np.complex64}, TypeError, "unsupported dtype"),
+        (
+            {"a_dtype": "tfloat32"},
+            ValueError,
+            "a is declared tfloat32, whose arrays have dtype float32, but a has dtype float16",
+        ),
+        ({"b_dtype": "float8_e4m3fn_x4"}, ValueError, "b is declared float8_e4m3fn_x4"),
+    ],
+)
+def test_auto_cast_bad_declared_dtypes(kwargs, error, pattern):
+    """A declared dtype that is unknown or does not match the array is refused."""
+    with pytest.raises(error, match=pattern):
+        nk.auto_cast(np.zeros(4, np.float16), np.zeros(4, BF16), **kwargs)
+
+
+def test_auto_cast_no_promotion_path():
+    """Two operands with no promotion path raise the compiler's no-path TypeError."""
+    fp4 = np.zeros(4, ml_dtypes.float4_e2m1fn)
+    with pytest.raises(nk.NoPromotionPathError, match="float4_e2m1fn and float4_e2m1fn"):
+        nk.auto_cast(fp4, fp4)
