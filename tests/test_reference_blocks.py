@@ -8,11 +8,15 @@ decoded float8_e4m3fn block scale, "r" the float32 multiplier the elements are s
 (1 / s, or (1 / pts) / s), "v" the scaled element, codes in hex. E2M1 values by magnitude code:
 0, 0.5, 1, 1.5, 2, 3, 4, 6 = codes 0..7, bit 3 the sign. e4m3fn code 0x38 is 1.0, one exponent
 step is 0x08 and the low three bits are the mantissa in eighths (0x3C = 1.5, 0x40 = 2.0).
+
+An optional test compares the reference with torchao's ``nvfp4_quantize`` bit for bit; it is
+skipped, with the reason, when torch or torchao is not installed.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -39,7 +43,7 @@ from .reference_blocks import (
     unpack_x4_ref,
 )
 from .reference_casts import decode_ref
-from .reference_mx import MX_FORMATS_REF, MX_ROUNDING_MODES, SCALE_MODES, quantize_mx_ref
+from .reference_mx import MX_FORMATS_REF, MX_ROUNDING_MODES, SCALE_MODES, quantize_mx_ref, unpack_fp4_ref
 
 DETERMINISTIC = [m for m in MX_ROUNDING_MODES if m != "stochastic"]
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -875,3 +879,77 @@ def test_rht_validation():
     x = np.zeros((1, 16), np.float32)
     x[0, 0] = np.inf
     assert np.all(np.isinf(rht_ref(x)))
+
+
+# ---- torchao (optional) -------------------------------------------------------------------------
+
+
+def _torchao():
+    """torch and torchao's nvfp4 module, or a skip with the reason."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torch
+            from torchao.prototype.mx_formats import nvfp4_tensor
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        pytest.skip(f"torch/torchao not installed ({exc})")
+    return torch, nvfp4_tensor
+
+
+def torchao_inputs() -> list[np.ndarray]:
+    """[R, C] float32 arrays, C a multiple of 16: many binades, ties, zeros, subnormals."""
+    rng = np.random.default_rng(21)
+    out = []
+    x = random_blocks(22, rows=48, cols=128)
+    x[1, :16] = 0.0
+    x[2, :16] = -0.0
+    out.append(x)
+    # ties: blocks with amax 6 (s = 1) whose elements sit on E2M1 midpoints, and the e4m3 ties
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -1.25, -5.0, 2.34375, 0.1, 6.0, -6.0, 4.5, 3.0])
+    t = np.tile(ties, (8, 2)).astype(np.float32)
+    t[1] *= 2.0**-20
+    t[2] *= 2.0**30
+    t[3, :16] = [6.375] + [1.0] * 15
+    t[4, :16] = [7.125, 1.0625, 2.125] + [0.5] * 13
+    t[5, :16] = [11.25, 2.34375] + [0.0] * 14
+    out.append(t)
+    # extremes of float32: huge and tiny rows
+    e = (rng.uniform(-1, 1, (4, 32)) * np.array([[1e37], [1e-35], [1e-20], [3e38]])).astype(np.float32)
+    out.append(e)
+    return out
+
+
+def test_against_torchao_nvfp4_quantize():
+    torch, nvt = _torchao()
+    for x in torchao_inputs():
+        t = torch.from_numpy(x.copy())
+        pts_t = nvt.per_tensor_amax_to_scale(torch.max(torch.abs(t)))
+        assert u32([pts_t.item()]).tolist() == u32([nvfp4_per_tensor_scale_ref(x)]).tolist()
+        for pts in (None, "amax", 0.0123):
+            if pts is None:
+                arg = None
+            elif pts == "amax":
+                arg = pts_t
+            else:
+                arg = torch.tensor(pts, dtype=torch.float32)
+            scales_t, packed_t = nvt.nvfp4_quantize(t, 16, arg)
+            q = nvfp4_quantize_ref(x, per_tensor_scale=pts)
+            codes_t = unpack_fp4_ref(packed_t.numpy(), x.shape[1])
+            assert np.array_equal(scales_t.view(torch.uint8).numpy(), q.scales), pts
+            assert np.array_equal(codes_t, q.codes), pts
+            # dequantisation: pts * s first, then the element
+            tensor = nvt.NVFP4Tensor.to_nvfp4(t, per_tensor_scale=arg)
+            dq_t = tensor.dequantize(torch.float32).numpy()
+            dq = nvfp4_dequantize_ref(q.codes, q.scales, q.pts)
+            assert np.array_equal(u32(dq_t), u32(dq)), pts
+
+
+def test_against_torchao_bfloat16_input():
+    torch, nvt = _torchao()
+    x = random_blocks(23, rows=8, cols=64)
+    tb = torch.from_numpy(x.copy()).to(torch.bfloat16)
+    xb = tb.float().numpy()  # the bfloat16 values, widened exactly
+    scales_t, packed_t = nvt.nvfp4_quantize(tb, 16, None)
+    q = nvfp4_quantize_ref(xb, per_tensor_scale=None)
+    assert np.array_equal(scales_t.view(torch.uint8).numpy(), q.scales)
+    assert np.array_equal(unpack_fp4_ref(packed_t.numpy(), x.shape[1]), q.codes)
