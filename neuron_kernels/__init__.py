@@ -5,16 +5,35 @@ loaded from the on-disk cache) the first time it runs.
 """
 
 from ._parallel import get_num_threads, set_num_threads
-from .casting import auto_cast, cast, pack_x4, unpack_x4
-from .formats import FORMATS, Format, FormatInfo, NKDType, as_dtype, canonical_name, format_info
-from .mx import (
-    MX_FORMATS,
+from .blocks import (
+    BlockArray,
     MXArray,
+    QuantizationError,
+    block_matmul,
+    dequantize,
     dequantize_mx,
+    fake_quantize,
     fake_quantize_mx,
+    fake_quantize_nvfp4,
     mx_matmul,
     quantization_error,
+    quantize,
     quantize_mx,
+    quantize_nvfp4,
+    rotate,
+)
+from .casting import auto_cast, cast, pack_x4, unpack_x4
+from .formats import (
+    BLOCK_FORMATS,
+    FORMATS,
+    MX_FORMATS,
+    BlockFormat,
+    Format,
+    FormatInfo,
+    NKDType,
+    as_dtype,
+    canonical_name,
+    format_info,
 )
 from .promotion import (
     NoPromotionPathError,
@@ -43,9 +62,13 @@ from .registry import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BLOCK_FORMATS",
     "FORMATS",
     "MX_FORMATS",
+    "BlockArray",
+    "BlockFormat",
     "MXArray",
+    "QuantizationError",
     "ROUNDING_MODES",
     "CastKernel",
     "CastOptions",
@@ -60,9 +83,13 @@ __all__ = [
     "can_merge_type",
     "canonical_name",
     "cast",
+    "block_matmul",
+    "dequantize",
     "dequantize_mx",
     "explain_promotion",
+    "fake_quantize",
     "fake_quantize_mx",
+    "fake_quantize_nvfp4",
     "format_info",
     "get_num_threads",
     "get_x1_from_x4",
@@ -77,8 +104,11 @@ __all__ = [
     "promote_type",
     "promotion_table",
     "quantization_error",
+    "quantize",
     "quantize_mx",
+    "quantize_nvfp4",
     "register_cast",
+    "rotate",
     "set_num_threads",
     "supported_casts",
     "unpack_x4",

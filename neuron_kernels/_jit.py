@@ -49,7 +49,7 @@ JIT_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "fastmath": False, 
 #: The package's files that compiled code, or a constant compiled into it, comes from (folders:
 #: every ``.py`` file in them). A kernel inlines helpers of other files than its own, and numba's
 #: cache sees only the kernel's own file, so the cache keys carry a digest of all of these.
-KERNEL_SOURCES = ("_jit.py", "kernels", "formats.py", "mx.py", "registry.py")
+KERNEL_SOURCES = ("_jit.py", "kernels", "formats.py", "modes.py")
 
 
 @functools.cache

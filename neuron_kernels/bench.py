@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from .blocks import dequantize_mx, fake_quantize_mx, quantization_error, quantize_mx
 from .casting import cast
-from .formats import FORMATS, get_format
-from .mx import MX_FORMATS, dequantize_mx, fake_quantize_mx, quantization_error, quantize_mx
+from .formats import FORMATS, MX_FORMATS, get_format
 
 __all__ = [
     "BenchRow",
@@ -290,10 +290,12 @@ def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[
     scaled = blocks * np.exp2(-shared.astype(np.float32))
     lim = np.float32(mxf.max_element)
     scaled = np.clip(scaled, -lim, lim)
-    if mxf.is_int:
-        codes = np.clip(np.rint(scaled * 64), -127, 127).astype(np.int8)
+    element = mxf.element_format
+    if element.kind == "fixed":  # two's complement c / 2^mbits
+        step = 1 << element.mbits
+        codes = np.clip(np.rint(scaled * step), -element.max_code, element.max_code).astype(element.result_dtype)
     else:
-        codes = scaled.astype(mxf.element_format.result_dtype)  # type: ignore[union-attr]
+        codes = scaled.astype(element.result_dtype)
     codes = codes.reshape(padded.shape)[..., :length]
     return codes, (shared[..., 0] + 127).astype(np.uint8)
 

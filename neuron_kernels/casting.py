@@ -1,10 +1,14 @@
 """The public cast functions: ``cast`` and ``auto_cast``.
 
-They validate, allocate and pick the kernel from the registry; the kernels only compute.
+They validate, allocate and pick the kernel from the registry; the kernels only compute. What the
+file commands share with them is public within the package: :func:`cast_options` (validated
+options), :func:`source_format` and :class:`CastPlan` (a pair's kernel and options, applied to
+whole arrays or to pieces of one).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +25,8 @@ __all__ = ["cast", "auto_cast", "pack_x4", "unpack_x4"]
 _BUFFER_ELEMENTS = 1 << 16
 
 
-def _options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
+def cast_options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
+    """Validated options of :func:`cast` (a fresh seed drawn for stochastic rounding without one)."""
     if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
         raise ValueError(f"unknown rounding mode {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
     if not isinstance(saturate, (bool, np.bool_)):
@@ -32,7 +37,8 @@ def _options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
     return CastOptions(rounding, bool(saturate), None if seed is None else int(seed))
 
 
-def _source_format(x: np.ndarray) -> Format:
+def source_format(x: np.ndarray) -> Format:
+    """The table row of an array's dtype, or a TypeError naming the dtypes that can be cast."""
     try:
         return get_format(x.dtype)
     except TypeError:
@@ -43,6 +49,7 @@ def _source_format(x: np.ndarray) -> Format:
 
 
 def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[int, ...]:
+    """The result's shape (packing to or from ``*_x4`` containers changes the last axis)."""
     if source.kind == "packed" and target.kind != "packed":
         if not shape:
             raise ValueError(f"a 0-d array of {source.name} containers cannot be unpacked")
@@ -124,18 +131,41 @@ def _execute(
                 kernel.function(a, b, options, index0 + it.iterindex)
 
 
-def _run_cast(
-    x: np.ndarray, source: Format, target: Format, options: CastOptions, out: np.ndarray | None, index0: int = 0
-) -> np.ndarray:
-    kernel = lookup_cast(source.name, target.name)
-    kernel.check_options(options)
-    shape = _out_shape(x.shape, source, target)
-    if out is None:
-        out = np.empty(shape, target.result_dtype)
-        _execute(x, source, target, kernel, options, out, index0)
+@dataclass(frozen=True)
+class CastPlan:
+    """A cast ``source -> target`` with validated options and its registry kernel.
+
+    :meth:`run` casts an array (or a piece of a larger one: ``index0`` is the C-order index of
+    its first element in the whole, which stochastic rounding depends on).
+    """
+
+    source: Format
+    target: Format
+    options: CastOptions
+    kernel: CastKernel
+
+    @classmethod
+    def make(cls, source: Format, target: Format, options: CastOptions) -> CastPlan:
+        """The plan of a pair; UnsupportedCastError without a kernel, NotImplementedError for an
+        option the kernel does not implement."""
+        kernel = lookup_cast(source.name, target.name)
+        kernel.check_options(options)
+        return cls(source, target, options, kernel)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of the result for an input of ``shape`` (ValueError if it cannot be packed)."""
+        return _out_shape(shape, self.source, self.target)
+
+    def run(self, x: np.ndarray, out: np.ndarray | None = None, index0: int = 0) -> np.ndarray:
+        """Cast ``x`` (an array of the source's dtype) into ``out`` (checked) or a new array."""
+        shape = self.out_shape(x.shape)
+        dtype = self.target.result_dtype
+        if out is None:
+            out = np.empty(shape, dtype)
+            _execute(x, self.source, self.target, self.kernel, self.options, out, index0)
+            return out
+        _execute(x, self.source, self.target, self.kernel, self.options, check_out(out, shape, dtype, x), index0)
         return out
-    _execute(x, source, target, kernel, options, check_out(out, shape, target.result_dtype, x), index0)
-    return out
 
 
 def cast(
@@ -186,14 +216,14 @@ def cast(
         overlapping ``x``; a packed target whose last axis is not a multiple of 4.
     """
     target = get_format(dtype)
-    options = _options(rounding, saturate, seed)
+    options = cast_options(rounding, saturate, seed)
     arr = np.asarray(x)  # subclasses (matrix, memmap) as plain arrays
-    return _run_cast(arr, _source_format(arr), target, options, out)
+    return CastPlan.make(source_format(arr), target, options).run(arr, out)
 
 
 def _logical_format(arr: np.ndarray, declared: DTypeLike | None, which: str) -> Format:
     if declared is None:
-        return _source_format(arr)
+        return source_format(arr)
     fmt = get_format(declared)
     if arr.dtype.newbyteorder("=") != fmt.result_dtype:
         raise ValueError(
@@ -229,7 +259,7 @@ def auto_cast(
     target = get_format(result)
     options = CastOptions()
     outs = [
-        arr if fmt is target and arr.dtype.isnative else _run_cast(arr, fmt, target, options, None)
+        arr if fmt is target and arr.dtype.isnative else CastPlan.make(fmt, target, options).run(arr)
         for arr, fmt in zip(arrs, fmts)
     ]
     return outs[0], outs[1]
@@ -259,7 +289,7 @@ def pack_x4(codes: Any, dtype: DTypeLike) -> np.ndarray:
             f"pack_x4 to {fmt.name} needs an array of {element.name} codes, got dtype "
             f"{arr.dtype}; cast(x, {fmt.name!r}) converts values"
         )
-    return _run_cast(arr, element, fmt, CastOptions(), None)
+    return CastPlan.make(element, fmt, CastOptions()).run(arr)
 
 
 def unpack_x4(packed: Any, dtype: DTypeLike) -> np.ndarray:
@@ -272,4 +302,4 @@ def unpack_x4(packed: Any, dtype: DTypeLike) -> np.ndarray:
     arr = packed if isinstance(packed, np.ndarray) else np.asarray(packed, dtype=fmt.result_dtype)
     if arr.dtype.newbyteorder("=") != fmt.result_dtype:
         raise TypeError(f"unpack_x4 of {fmt.name} needs a {fmt.result_dtype} array, got dtype {arr.dtype}")
-    return _run_cast(arr, fmt, element, CastOptions(), None)
+    return CastPlan.make(fmt, element, CastOptions()).run(arr)

@@ -5,7 +5,7 @@ Subcommands:
 - ``bench``: throughput of every compiled cast and MX format on built-in data;
 - ``quantize``, ``dequantize``, ``cast``: files (``.npy``, ``.npz``, ``.safetensors``) of any size,
   processed in bounded memory, written atomically;
-- ``error``: which MX format and scale mode suits an array (SQNR table, histogram plot);
+- ``error``: which block format, scale mode and scale policy suits an array (SQNR table, histogram);
 - ``promote``: the promotion lattice (one pair, ``--explain``, or ``--table``);
 - ``formats``: the format table.
 
@@ -43,7 +43,7 @@ def parse_size(text: str) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_casts, bench_mx, default_cases, format_mx_table, format_table
-    from .mx import MX_FORMATS
+    from .formats import MX_FORMATS
 
     if args.plot:
         _check_png(args.plot, force=True)
@@ -133,6 +133,18 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
     if not args.output.lower().endswith(".npz"):
         raise _UsageError(f"OUTPUT must be a .npz file (the package's MX file), not {args.output!r}")
+    from .blocks.job import DEFAULT
+
+    per_tensor: Any = DEFAULT
+    if args.per_tensor_scale is not None:
+        per_tensor = {"amax": "amax", "none": None}.get(args.per_tensor_scale.lower(), args.per_tensor_scale)
+        if isinstance(per_tensor, str) and per_tensor != "amax":
+            try:
+                per_tensor = float(per_tensor)
+            except ValueError:
+                raise _UsageError(
+                    f"--per-tensor-scale must be amax, none or a positive number, not {args.per_tensor_scale!r}"
+                ) from None
     entries = _entries(args)
     with (
         _progress_bar(args, sum(e.nbytes for e in entries), f"quantize {args.format}") as progress,
@@ -145,14 +157,24 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
             name=args.name,
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
-            block_size=args.block_size,
+            block_size=DEFAULT if args.block_size is None else args.block_size,
+            block_shape=args.block_shape,
             axis=args.axis,
-            scale_mode=args.scale_mode,
+            scale_mode=DEFAULT if args.scale_mode is None else args.scale_mode,
             rounding=args.rounding,
             seed=args.seed,
             pack=not args.no_pack,
+            per_tensor_scale=per_tensor,
+            four_over_six=args.four_over_six,
+            scale_search=args.scale_search,
+            rht=args.rht,
         )
-    print(f"{args.output}: {args.format}, block {args.block_size}, scale {args.scale_mode}, {args.rounding}")
+    blocks = "x".join(map(str, args.block_shape)) if args.block_shape else str(args.block_size or "default")
+    policy = f", four_over_six {args.four_over_six}" if args.four_over_six else ""
+    policy += f", scale_search {args.scale_search}" if args.scale_search else ""
+    print(
+        f"{args.output}: {args.format}, block {blocks}, scale {args.scale_mode or 'default'}{policy}, {args.rounding}"
+    )
     print(
         f"{'array':<32}{'shape':>20}{'SQNR dB':>9}{'MSE':>11}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
         f"{'flushed':>9}"
@@ -167,11 +189,11 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_dequantize(args: argparse.Namespace) -> int:
+    from .blocks.file import read_block_file
     from .files import atomic_output
-    from .mxfile import read_mx_file
     from .stream import dequantize_file
 
-    stored = read_mx_file(args.input)
+    stored = read_block_file(args.input)
     total = sum(s.codes.nbytes + s.scales.nbytes for k, s in stored.items() if args.name in (None, k))
     with (
         _progress_bar(args, total, "dequantize") as progress,
@@ -232,6 +254,7 @@ def _cmd_error(args: argparse.Namespace) -> int:
         _check_png(args.plot, args.force)
     formats = args.formats.split(",") if args.formats else None
     modes = args.scale_modes.split(",") if args.scale_modes else None
+    policies = args.policies.split(",") if args.policies else None
     entries = _entries(args)
     total = sum(e.nbytes for e in entries)
     with _progress_bar(args, total, "error") as progress:
@@ -240,19 +263,21 @@ def _cmd_error(args: argparse.Namespace) -> int:
             name=args.name,
             formats=formats,
             scale_modes=modes,
+            policies=policies,
             block_size=args.block_size,
             axis=args.axis,
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
         )
+    width = max([28] + [len(r[0]) + 2 for r in rows])
     print(
-        f"{'array':<28}{'format':<13}{'scale':<8}{'SQNR dB':>9}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
-        f"{'flushed':>9}"
+        f"{'array':<{width}}{'format':<13}{'scale':<9}{'policy':<9}{'SQNR dB':>9}{'max abs':>11}{'max rel':>11}"
+        f"{'saturated':>12}{'flushed':>12}"
     )
-    for label, fmt, mode, st in rows:
+    for label, fmt, mode, policy, st in rows:
         print(
-            f"{label:<28}{fmt:<13}{mode:<8}{st.sqnr_db:>9.2f}{st.max_abs_error:>11.3g}{st.max_rel_error:>11.3g}"
-            f"{_percent(st.saturated):>11}{_percent(st.flushed):>9}"
+            f"{label:<{width}}{fmt:<13}{mode:<9}{policy:<9}{st.sqnr_db:>9.2f}{st.max_abs_error:>11.3g}"
+            f"{st.max_rel_error:>11.3g}{_percent(st.saturated):>12}{_percent(st.flushed):>12}"
         )
     if args.plot:
         _error_plot(args, entries[0], rows)
@@ -262,25 +287,27 @@ def _cmd_error(args: argparse.Namespace) -> int:
 
 def _error_plot(args: argparse.Namespace, entry: Any, rows: list[Any]) -> None:
     """Relative-error histograms of the first array (its first million elements), one curve per
-    format at its best scale mode."""
+    format at its best scale mode and policy."""
     import numpy as np
 
-    from .mx import fake_quantize_mx
+    from .blocks.api import fake_quantize
     from .plots import error_histogram, relative_errors
+    from .stream import POLICIES
 
-    best: dict[str, str] = {}
-    for label, fmt, mode, _ in rows:  # rows are best first within an array
+    best: dict[str, tuple[str, str]] = {}
+    for label, fmt, mode, policy, _ in rows:  # rows are best first within an array
         if label == entry.label and fmt not in best:
-            best[fmt] = mode
+            best[fmt] = (mode, policy)
     per_row = int(np.prod(entry.shape[1:], dtype=np.int64))
     x = entry.read(0, max(1, min(entry.shape[0], (1 << 20) // max(per_row, 1))))
     samples = {
-        f"{fmt} {mode}": relative_errors(
-            x, fake_quantize_mx(x, fmt, block_size=args.block_size, axis=args.axis, scale_mode=mode)
+        f"{fmt} {mode} {policy}": relative_errors(
+            x,
+            fake_quantize(x, fmt, block_size=args.block_size, axis=args.axis, scale_mode=mode, **POLICIES[policy]),
         )
-        for fmt, mode in best.items()
+        for fmt, (mode, policy) in best.items()
     }
-    error_histogram(samples, args.plot, f"{entry.label}: relative error of each MX format (best scale mode)")
+    error_histogram(samples, args.plot, f"{entry.label}: relative error of each format (best scale mode, policy)")
 
 
 def _cmd_promote(args: argparse.Namespace) -> int:
@@ -351,8 +378,21 @@ def _file_command(
 
 
 def _block_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--block-size", type=_positive_int, default=32, help="elements per MX block (default 32)")
+    p.add_argument(
+        "--block-size", type=_positive_int, default=None, help="elements per block (default: the format's, 32 or 16)"
+    )
     p.add_argument("--axis", type=int, default=-1, help="the block axis (default -1, the last)")
+
+
+def _block_shape(text: str) -> tuple[int, ...]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        dims = tuple(int(v) for v in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 2 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"invalid block shape {text!r}: give ROWSxCOLS such as 16x16 or 8x4")
+    return dims
 
 
 def _positive_int(text: str) -> int:
@@ -373,8 +413,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .mx import MX_FORMATS, MX_ROUNDING_MODES, SCALE_MODES
-    from .registry import ROUNDING_MODES
+    from .formats import BLOCK_FORMATS
+    from .modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, ROUNDING_MODES, SCALE_MODES, SCALE_SEARCHES
+    from .stream import POLICIES
 
     p = _Parser(prog="neuron-kernels", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -390,17 +431,24 @@ def _parser() -> argparse.ArgumentParser:
     q = _file_command(
         sub,
         "quantize",
-        "quantise the arrays of a file to an MX format (an MX .npz file)",
+        "quantise the arrays of a file to a block format (MX, NVFP4: the package's .npz file)",
         _cmd_quantize,
         arrays,
         "the MX file to write (.npz)",
     )
-    q.add_argument("--format", required=True, choices=list(MX_FORMATS))
+    q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
     _block_options(q)
-    q.add_argument("--scale-mode", default="floor", choices=list(SCALE_MODES))
-    q.add_argument("--rounding", default="nearest_even", choices=list(MX_ROUNDING_MODES))
+    q.add_argument("--block-shape", type=_block_shape, metavar="RxC", help="2-D tiles over the last two axes")
+    q.add_argument("--scale-mode", default=None, choices=list(SCALE_MODES), help="default: the format's")
+    q.add_argument("--rounding", default="nearest_even", choices=list(BLOCK_ROUNDING_MODES))
     q.add_argument("--seed", type=int, help="seed of stochastic rounding")
-    q.add_argument("--no-pack", action="store_true", help="store mxfp4 codes one per byte")
+    q.add_argument("--no-pack", action="store_true", help="store 4-bit codes one per byte")
+    q.add_argument("--per-tensor-scale", metavar="amax|none|X", help="NVFP4's per-tensor scale (default amax)")
+    q.add_argument(
+        "--four-over-six", choices=list(FOUR_OVER_SIX), help="NVFP4: keep the better of the /6 and /4 scales"
+    )
+    q.add_argument("--scale-search", choices=list(SCALE_SEARCHES), help="try the neighbouring scales of each block")
+    q.add_argument("--rht", action="store_true", help="NVFP4: random Hadamard rotation of 16-element groups")
 
     d = _file_command(
         sub,
@@ -426,10 +474,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, help="seed of stochastic rounding")
 
     e = _file_command(
-        sub, "error", "every MX format x scale mode on the arrays of a file, best first", _cmd_error, arrays, None
+        sub,
+        "error",
+        "every block format x scale mode x policy on the arrays of a file, best first",
+        _cmd_error,
+        arrays,
+        None,
     )
-    e.add_argument("--formats", help=f"comma-separated subset of {','.join(MX_FORMATS)}")
+    e.add_argument("--formats", help=f"comma-separated subset of {','.join(BLOCK_FORMATS)}")
     e.add_argument("--scale-modes", help=f"comma-separated subset of {','.join(SCALE_MODES)}")
+    e.add_argument("--policies", help=f"comma-separated subset of {','.join(POLICIES)}")
     _block_options(e)
     e.add_argument("--plot", metavar="FILE.png", help="histogram of relative errors (needs neuron_kernels[plot])")
 

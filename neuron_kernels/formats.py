@@ -18,7 +18,13 @@ from typing import Any, Literal, Union
 import ml_dtypes
 import numpy as np
 
+from .modes import E8M0_SCALE_MODES
+
 __all__ = [
+    "BLOCK_FORMATS",
+    "MX_FORMATS",
+    "BlockFormat",
+    "SPECIALS",
     "Format",
     "FormatInfo",
     "NKDType",
@@ -37,14 +43,19 @@ __all__ = [
 #: ``fnuz``: finite, unsigned zero; the negative-zero code 0x80 is the only NaN.
 #: ``none``: every code is a finite number (FP6, FP4).
 #: ``e8m0``: unsigned exponent-only scale; 0xff is NaN.
-Specials = Literal["ieee", "fn", "fnuz", "none", "e8m0"]
+#: ``fixed``: a fixed-point element (kind ``"fixed"``): every code is a number, two's complement.
+Specials = Literal["ieee", "fn", "fnuz", "none", "e8m0", "fixed"]
+#: The specials kinds in a fixed order (the kernels number them by position).
+SPECIALS: tuple[Specials, ...] = ("ieee", "fn", "fnuz", "none", "e8m0", "fixed")
 
 
 @dataclass(frozen=True)
 class Format:
     """One row of the format table.
 
-    ``kind`` is ``"float"``, ``"int"`` or ``"packed"`` (a container of four elements).
+    ``kind`` is ``"float"``, ``"int"``, ``"packed"`` (a container of four elements) or ``"fixed"``
+    (a fixed-point element of block formats, encoded as a float with one exponent bit: see
+    :func:`_fixed`).
     For floats, ``ebits``/``mbits``/``bias`` define the encoding and ``specials`` the use of the
     top codes. ``bits`` is the width of one encoded value (sign included), ``itemsize`` the bytes
     one stored value takes. ``numpy_name`` names the numpy/ml_dtypes dtype when one exists;
@@ -52,7 +63,7 @@ class Format:
     """
 
     name: str
-    kind: Literal["float", "int", "packed"]
+    kind: Literal["float", "int", "packed", "fixed"]
     bits: int
     itemsize: int
     container: str | None = None
@@ -283,6 +294,28 @@ def _int(name: str) -> Format:
     return Format(name=name, kind="int", bits=info.bits, itemsize=info.bits // 8, signed=info.min < 0, numpy_name=name)
 
 
+def _fixed(name: str, bits: int, fraction_bits: int) -> Format:
+    """A two's-complement fixed-point code c of ``bits`` bits meaning c / 2^fraction_bits, clamped
+    to +-(2^(bits-1) - 1). With ``bits = fraction_bits + 2`` its magnitudes are exactly those of a
+    float with one exponent bit, ``fraction_bits`` mantissa bits and bias 1 (c / 2^f for c below
+    2^f are its subnormals, the rest its one binade of normals), so the generic encoder rounds it;
+    only the sign differs (two's complement instead of a sign bit)."""
+    if bits != fraction_bits + 2:
+        raise ValueError("a fixed-point element row needs bits == fraction_bits + 2")
+    return Format(
+        name=name,
+        kind="fixed",
+        bits=bits,
+        itemsize=1,
+        container=f"int{bits}",
+        ebits=1,
+        mbits=fraction_bits,
+        bias=1,
+        specials="fixed",
+        numpy_name=None,
+    )
+
+
 def _packed(name: str, element: str, container: str) -> Format:
     size = np.dtype(container).itemsize
     return Format(
@@ -325,6 +358,8 @@ _TABLE: tuple[Format, ...] = (
     _packed("float4_e2m1fn_x4", "float4_e2m1fn", "uint16"),
     # integers
     *(_int(n) for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")),
+    # fixed-point elements of block formats (not cast targets): mxint8's code c / 64
+    _fixed("fixed8_q6", 8, 6),
 )
 
 #: Every format, by canonical name.
@@ -522,3 +557,93 @@ def format_info(t: DTypeLike) -> FormatInfo:
         f.has_nan,
         f.has_negative_zero,
     )
+
+
+# ---- block formats ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """One block-scaled format: elements of one format that share, per block, a scale of another.
+
+    ``element`` is a float or fixed-point row of :data:`FORMATS`, ``scale`` the scale's row
+    (``float8_e8m0fnu`` for MX, ``float8_e4m3fn`` for NVFP4), ``block_size`` the default block
+    length, ``per_tensor_scale`` whether a float32 per-tensor scale may apply on top (NVFP4's two
+    levels). Every other number is derived from these rows.
+    """
+
+    name: str
+    element: str
+    scale: str
+    block_size: int
+    per_tensor_scale: bool = False
+
+    @property
+    def element_format(self) -> Format:
+        return FORMATS[self.element]
+
+    @property
+    def scale_format(self) -> Format:
+        return FORMATS[self.scale]
+
+    @property
+    def max_element(self) -> float:
+        """The largest element value."""
+        return self.element_format.max
+
+    @property
+    def emax_elem(self) -> int:
+        """Exponent of the element's largest normal value, floor(log2(max element))."""
+        return self.element_format.emax
+
+    @property
+    def mbits(self) -> int:
+        """The element's mantissa width (fixed point: its fraction bits)."""
+        return self.element_format.mbits
+
+    @property
+    def element_bits(self) -> int:
+        return self.element_format.bits
+
+    @property
+    def packable(self) -> bool:
+        """Whether codes can be stored two per byte (4-bit elements)."""
+        return self.element_bits == 4
+
+    @property
+    def x4(self) -> str | None:
+        """The Neuron packed container of the element, if any."""
+        return next((f.name for f in FORMATS.values() if f.kind == "packed" and f.element == self.element), None)
+
+    @property
+    def nan_element_code(self) -> int:
+        """The code of every element of a block holding a NaN or an infinity: the element's
+        positive NaN code, or 0 where it has none."""
+        return self.element_format.nan_code or 0
+
+    @property
+    def scale_modes(self) -> tuple[str, ...]:
+        """The scale modes (``modes.SCALE_MODES``) of this scale format; the first is the default."""
+        return E8M0_SCALE_MODES if self.scale_format.specials == "e8m0" else ("nearest",)
+
+    @property
+    def is_mx(self) -> bool:
+        """Whether this is an OCP MX format (power-of-two e8m0 scales)."""
+        return self.scale_format.specials == "e8m0"
+
+
+_BLOCK_TABLE: tuple[BlockFormat, ...] = (
+    BlockFormat("mxfp8_e4m3", "float8_e4m3fn", "float8_e8m0fnu", 32),
+    BlockFormat("mxfp8_e5m2", "float8_e5m2", "float8_e8m0fnu", 32),
+    BlockFormat("mxfp6_e2m3", "float6_e2m3fn", "float8_e8m0fnu", 32),
+    BlockFormat("mxfp6_e3m2", "float6_e3m2fn", "float8_e8m0fnu", 32),
+    BlockFormat("mxfp4_e2m1", "float4_e2m1fn", "float8_e8m0fnu", 32),
+    BlockFormat("mxint8", "fixed8_q6", "float8_e8m0fnu", 32),
+    BlockFormat("nvfp4", "float4_e2m1fn", "float8_e4m3fn", 16, per_tensor_scale=True),
+)
+
+#: Every block format, by name.
+BLOCK_FORMATS: dict[str, BlockFormat] = {f.name: f for f in _BLOCK_TABLE}
+
+#: The OCP MX formats (e8m0 scales), by name.
+MX_FORMATS: dict[str, BlockFormat] = {n: f for n, f in BLOCK_FORMATS.items() if f.is_mx}

@@ -29,6 +29,7 @@ from typing import TypeVar
 import numpy as np
 
 from .formats import DTypeLike, canonical_name
+from .modes import ROUNDING_MODES
 
 __all__ = [
     "ROUNDING_MODES",
@@ -40,16 +41,6 @@ __all__ = [
     "lookup_cast",
     "supported_casts",
 ]
-
-#: The rounding modes the package knows (one vocabulary everywhere).
-ROUNDING_MODES: tuple[str, ...] = (
-    "nearest_even",
-    "nearest_away",
-    "toward_zero",
-    "toward_positive",
-    "toward_negative",
-    "stochastic",
-)
 
 
 @dataclass(frozen=True)
@@ -113,7 +104,10 @@ def _ensure_loaded() -> None:
             return
         from .kernels.compiled import builtin_kernels
 
-        kernels = {(k.source, k.target): k for k in builtin_kernels()}
+        kernels = {
+            (source, target): CastKernel(source, target, fn, frozenset(roundings), saturate, builtin=True)
+            for source, target, fn, roundings, saturate in builtin_kernels()
+        }
         _REGISTRY.update(kernels)
         _loaded = True
 

@@ -1,6 +1,6 @@
 """Files in pieces: quantise, dequantise and cast arrays of any size in bounded memory.
 
-An array is processed in pieces of about ``chunk_bytes`` (:class:`neuron_kernels.mx.Pieces`: whole
+An array is processed in pieces of about ``chunk_bytes`` (:class:`neuron_kernels.blocks.layout.Pieces`: whole
 rows of the array seen as (outer, block axis, inner), or whole blocks within one row), each read
 through :mod:`neuron_kernels.files` and written as soon as it is computed, so that peak memory is
 a few pieces whatever the file size. The results equal the in-memory functions' bit for bit,
@@ -20,10 +20,14 @@ from typing import Any
 import numpy as np
 import numpy.lib.format as npformat
 
+from .blocks.array import BlockArray
+from .blocks.file import BlockFileWriter, StoredBlocks, read_block_file
+from .blocks.inputs import input_array
+from .blocks.job import DEFAULT, BlockJob, block_job, tensor_amax
+from .blocks.layout import Pieces
+from .blocks.stats import ErrorStats, QuantizationError
 from .files import ArrayEntry, FileFormatError, NpyWriter, NpzWriter, open_arrays, write_safetensors
-from .formats import Format, get_format
-from .mx import ErrorStats, MXArray, MXJob, Pieces, QuantizationError, _input_array, mx_job
-from .mxfile import MXFileWriter, StoredMX, read_mx_file
+from .formats import BLOCK_FORMATS, get_format
 
 __all__ = ["select_arrays", "quantize_file", "dequantize_file", "cast_file", "error_table", "stored_dtype", "Progress"]
 
@@ -61,13 +65,32 @@ def _check_quantizable(entry: ArrayEntry) -> None:
         raise FileFormatError(f"{entry.where}: a 0-d array cannot be MX-quantised (blocks run along an axis)")
 
 
-def _quantized_pieces(entry: ArrayEntry, job: MXJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, MXArray]]:
-    """(input piece, its quantisation) over ``entry``, in C order; ``job`` is for the whole array."""
-    pieces = Pieces.of(entry.shape, job.axis, job.block_size, job.pack)
-    piece_job = dataclasses.replace(job, axis=1)  # pieces are (rows, block axis, inner)
-    for cut in pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize)):
+def _input_pieces(entry: ArrayEntry, pieces: Pieces, chunk_bytes: int) -> Iterator[tuple[int, int, np.ndarray, Any]]:
+    """(cut index, start, piece, its dtype row) of ``entry`` in C order, cut as ``pieces`` says."""
+    for k, cut in enumerate(pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))):
         start, stop, shape = pieces.values(cut)
-        arr, src = _input_array(entry.read_flat(start, stop).reshape(shape))
+        arr, src = input_array(entry.read_flat(start, stop).reshape(shape))
+        yield k, start, arr, src
+
+
+def _resolved(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob:
+    """``job`` with its per-tensor scale, from a first pass over ``entry`` if it needs the amax."""
+    if not job.needs_amax:
+        return job
+    amax = 0.0
+    pieces = Pieces(job.layout(entry.shape))
+    for _, _, arr, src in _input_pieces(entry, pieces, chunk_bytes):
+        amax = max(amax, tensor_amax(arr, src))
+    return job.with_amax(amax)
+
+
+def _quantized_pieces(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, BlockArray]]:
+    """(input piece, its quantisation) over ``entry``, in C order; ``job`` is for the whole array
+    (its per-tensor scale resolved)."""
+    pieces = Pieces(job.layout(entry.shape))
+    cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
+    for k, start, arr, src in _input_pieces(entry, pieces, chunk_bytes):
+        piece_job = dataclasses.replace(job, axis=pieces.piece_layout(cuts[k]).axis)
         yield arr, piece_job.quantize(arr, src, idx0=start)
 
 
@@ -81,25 +104,25 @@ def quantize_file(
     progress: Progress = _no_progress,
     **options: Any,
 ) -> dict[str, QuantizationError]:
-    """Quantise every array of ``src`` (or the one called ``name``) into the MX file ``dst``
+    """Quantise every array of ``src`` (or the one called ``name``) into the block file ``dst``
     (already a temporary path: see :func:`neuron_kernels.files.atomic_output`).
 
-    ``options`` are those of :func:`neuron_kernels.quantize_mx`. Returns the error statistics
-    of each array. A ``.npy`` input gives a single-array MX file; ``.npz`` and ``.safetensors``
-    inputs keep their array names.
+    ``options`` are those of :func:`neuron_kernels.quantize`. Returns the error statistics of
+    each array. A ``.npy`` input gives a single-array file; ``.npz`` and ``.safetensors`` inputs
+    keep their array names. NVFP4 with the per-tensor scale from the amax reads each array twice.
     """
     entries = select_arrays(open_arrays(src), name)
     for entry in entries:  # every array is checked before anything is written
         _check_quantizable(entry)
-    jobs = [mx_job(fmt, len(e.shape), **options) for e in entries]
+    jobs = [block_job(fmt, len(e.shape), **options) for e in entries]
     named = not src.lower().endswith(".npy")
     stats: dict[str, QuantizationError] = {}
-    with MXFileWriter(dst) as writer:
+    with BlockFileWriter(dst) as writer:
         for entry, job in zip(entries, jobs):
+            job = _resolved(entry, job, chunk_bytes)
             acc = ErrorStats()
-            with writer.array(
-                entry.name if named else None, job.fmt.name, job.block_size, job.axis, entry.shape, job.pack
-            ) as out:
+            pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
+            with writer.array(entry.name if named else None, job.layout(entry.shape), pts, job.rotation) as out:
                 for arr, mx in _quantized_pieces(entry, job, chunk_bytes):
                     out.write(mx.codes, mx.scales)
                     acc.add(arr, mx)
@@ -183,7 +206,7 @@ def dequantize_file(
     """Dequantise the MX file ``src`` (every array, or ``name``) into ``dst`` (.npy/.npz/.safetensors;
     a temporary path, called ``shown`` in messages). Returns the names written."""
     kind = _output_kind(shown or dst)
-    stored = read_mx_file(src)
+    stored = read_block_file(src)
     if name is not None:
         if name not in stored:
             raise FileFormatError(
@@ -194,20 +217,24 @@ def dequantize_file(
     out_fmt = get_format(dtype)
     out_dtype = stored_dtype(out_fmt.result_dtype, shown or dst)
 
-    def pieces(s: StoredMX) -> Callable[[], Iterator[np.ndarray]]:
+    def pieces(s: StoredBlocks) -> Callable[[], Iterator[np.ndarray]]:
         def run() -> Iterator[np.ndarray]:
-            layout = Pieces.of(s.shape, s.axis, s.block_size, s.packed)
+            layout = Pieces(s.layout)
             for cut in layout.cuts(_budget(chunk_bytes, 4)):
                 (c0, c1, cshape), (s0, s1, sshape) = layout.codes(cut), layout.scales(cut)
-                part = MXArray.from_parts(
+                piece = layout.piece_layout(cut)
+                part = BlockArray.from_parts(
                     s.codes.read_flat(c0, c1).reshape(cshape),
                     s.scales.read_flat(s0, s1).reshape(sshape),
                     s.fmt,
-                    s.block_size,
-                    1,
-                    layout.values(cut)[2],
-                    s.packed,
+                    s.layout.block_size,
+                    piece.axis,
+                    piece.shape,
+                    s.layout.packed,
                     s.path,
+                    block_rows=s.layout.block_rows,
+                    per_tensor_scale=s.per_tensor_scale,
+                    rotation=s.rotation,
                 )
                 values = part.dequantize(out_fmt.name)
                 progress(part.codes.nbytes + part.scales.nbytes)
@@ -236,39 +263,52 @@ def cast_file(
     """Cast every array of ``src`` (or ``name``) to ``target`` into ``dst`` (a temporary path, called
     ``shown`` in messages), equal to :func:`neuron_kernels.cast` of each whole array (stochastic
     bits included)."""
-    from .casting import _options, _out_shape, _run_cast
-    from .registry import lookup_cast
+    from .casting import CastPlan, cast_options
 
     kind = _output_kind(shown or dst)
     entries = select_arrays(open_arrays(src), name)
     _one_output(kind, shown or dst, len(entries))
     target_fmt = get_format(target)
-    options = _options(rounding, saturate, seed)
-    sources: dict[str, Format] = {}
+    options = cast_options(rounding, saturate, seed)
+    plans: dict[str, CastPlan] = {}
     for e in entries:  # every array is checked before anything is written
         try:
-            sources[e.label] = get_format(e.dtype)
+            source = get_format(e.dtype)
         except TypeError:
             raise FileFormatError(f"{e.where}: dtype {e.dtype} cannot be cast") from None
-        lookup_cast(sources[e.label].name, target_fmt.name).check_options(options)
-        _out_shape(e.shape, sources[e.label], target_fmt)
+        plans[e.label] = CastPlan.make(source, target_fmt, options)
+        plans[e.label].out_shape(e.shape)
     out_dtype = stored_dtype(target_fmt.result_dtype, shown or dst)
 
     def pieces(e: ArrayEntry) -> Callable[[], Iterator[np.ndarray]]:
         def run() -> Iterator[np.ndarray]:
-            source = sources[e.label]
+            plan = plans[e.label]
             step = max(4, _budget(chunk_bytes, e.dtype.itemsize) // 4 * 4)  # whole *_x4 groups
             for start in range(0, max(e.size, 1), step):
                 piece = e.read_flat(start, min(start + step, e.size))
-                out = _run_cast(piece, source, target_fmt, options, None, index0=start * source.lanes)
+                out = plan.run(piece, index0=start * plan.source.lanes)
                 progress(piece.nbytes)
                 yield _stored_as(out, out_dtype)
 
         return run
 
-    items = [(e.label, _out_shape(e.shape, sources[e.label], target_fmt), out_dtype, pieces(e)) for e in entries]
+    items = [(e.label, plans[e.label].out_shape(e.shape), out_dtype, pieces(e)) for e in entries]
     _write_arrays(dst, kind, items)
     return [i[0] for i in items]
+
+
+#: The scale policies the error table compares, by name: the options of :func:`neuron_kernels.quantize`.
+POLICIES: dict[str, dict[str, str]] = {
+    "plain": {},
+    "mse": {"scale_search": "mse"},
+    "4/6-mae": {"four_over_six": "mae"},
+    "4/6-mse": {"four_over_six": "mse"},
+}
+
+
+def _applies(policy: str, fmt: str) -> bool:
+    """Whether a policy applies to a format (four-over-six: float8_e4m3fn scales only)."""
+    return "four_over_six" not in POLICIES[policy] or not BLOCK_FORMATS[fmt].is_mx
 
 
 def error_table(
@@ -277,37 +317,59 @@ def error_table(
     name: str | None = None,
     formats: list[str] | None = None,
     scale_modes: list[str] | None = None,
-    block_size: int = 32,
+    policies: list[str] | None = None,
+    block_size: int | None = None,
     axis: int = -1,
     chunk_bytes: int = 256 << 20,
     progress: Progress = _no_progress,
-) -> list[tuple[str, str, str, QuantizationError]]:
-    """For each array of ``src``, every MX format x scale mode: (array, format, scale mode, stats),
-    best SQNR first within each array."""
-    from .mx import MX_FORMATS, SCALE_MODES
-
+) -> list[tuple[str, str, str, str, QuantizationError]]:
+    """For each array of ``src``, every block format x scale mode x policy that applies: (array,
+    format, scale mode, policy, stats), best SQNR first within each array. ``block_size``:
+    the formats' own when None. NVFP4 uses the per-tensor scale from the amax (one more read)."""
     entries = select_arrays(open_arrays(src), name)
-    formats = list(MX_FORMATS) if formats is None else formats
-    scale_modes = list(SCALE_MODES) if scale_modes is None else scale_modes
+    formats = list(BLOCK_FORMATS) if formats is None else formats
+    policies = list(POLICIES) if policies is None else policies
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}; accepted: {', '.join(POLICIES)}")
     rows = []
     for entry in entries:
         _check_quantizable(entry)
         jobs = {
-            (f, m): mx_job(f, len(entry.shape), block_size=block_size, axis=axis, scale_mode=m)
+            (f, m, p): block_job(
+                f,
+                len(entry.shape),
+                block_size=DEFAULT if block_size is None else block_size,
+                axis=axis,
+                scale_mode=m,
+                pack=False,
+                **POLICIES[p],
+            )
             for f in formats
-            for m in scale_modes
+            for m in block_job(f, len(entry.shape)).fmt.scale_modes
+            if scale_modes is None or m in scale_modes
+            for p in policies
+            if _applies(p, f)
         }
-        stats = {key: ErrorStats() for key in jobs}
-        # One read of each piece serves every job: cut where every job can (FP4's byte pairs too).
+        if not jobs:
+            raise ValueError("no format takes the scale modes and policies asked for")
+        # One read of each piece serves every job: cut on blocks of every job's length.
+        sizes = {j.block_size for j in jobs.values()}
         first = next(iter(jobs.values()))
-        cut_job = dataclasses.replace(first, pack=any(j.pack for j in jobs.values()))
-        layout = Pieces.of(entry.shape, cut_job.axis, cut_job.block_size, cut_job.pack)
-        for cut in layout.cuts(_budget(chunk_bytes, entry.dtype.itemsize)):
-            start, stop, shape = layout.values(cut)
-            arr, src_fmt = _input_array(entry.read_flat(start, stop).reshape(shape))
+        cut_layout = dataclasses.replace(first.layout(entry.shape), block_size=int(np.lcm.reduce(list(sizes))))
+        pieces = Pieces(cut_layout)
+        cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
+        if any(j.needs_amax for j in jobs.values()):
+            amax = 0.0
+            for _, _, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
+                amax = max(amax, tensor_amax(arr, src_fmt))
+            jobs = {k: j.with_amax(amax) if j.needs_amax else j for k, j in jobs.items()}
+        stats = {key: ErrorStats() for key in jobs}
+        for k, start, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
+            piece_axis = pieces.piece_layout(cuts[k]).axis
             for key, job in jobs.items():
-                stats[key].add(arr, dataclasses.replace(job, axis=1).quantize(arr, src_fmt, idx0=start))
+                stats[key].add(arr, dataclasses.replace(job, axis=piece_axis).quantize(arr, src_fmt, idx0=start))
             progress(arr.size * entry.dtype.itemsize)
-        found = [(entry.label, f, m, stats[(f, m)].result()) for f, m in jobs]
-        rows.extend(sorted(found, key=lambda r: -r[3].sqnr_db))
+        found = [(entry.label, f, m, p, stats[(f, m, p)].result()) for f, m, p in jobs]
+        rows.extend(sorted(found, key=lambda r: -r[4].sqnr_db))
     return rows

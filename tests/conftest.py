@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.mx import MXArray
+from neuron_kernels import MXArray
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,7 +100,7 @@ import json
 import ml_dtypes
 import numpy as np
 import neuron_kernels as nk
-from neuron_kernels.mx import MXArray
+from neuron_kernels import MXArray
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 EXACT = np.tile(np.arange(-7, 9, dtype=np.float32), 4).reshape(2, 32)

@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 import neuron_kernels as nk
-from neuron_kernels.mx import MXArray
+from neuron_kernels import MXArray
 
 from .conftest import (
     BASE,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.mx import MXArray
+from neuron_kernels import MXArray
 
 from .conftest import child_env
 
@@ -163,13 +163,35 @@ def test_cast(files):
 
 def test_error_table_sorted_best_first(files):
     d, x = files
-    r = run("error", "x.npy", "--formats", "mxfp8_e4m3,mxfp4_e2m1", "--scale-modes", "floor,rceil,neuron", cwd=d)
+    r = run(
+        "error", "x.npy", "--formats", "mxfp8_e4m3,mxfp4_e2m1", "--scale-modes", "floor,rceil,neuron",
+        "--policies", "plain", cwd=d,
+    )  # fmt: skip
     rows = [line.split() for line in r.stdout.splitlines()[1:]]
     assert len(rows) == 6 and {row[1] for row in rows} == {"mxfp8_e4m3", "mxfp4_e2m1"}
-    sqnr = [float(row[3]) for row in rows]
+    sqnr = [float(row[4]) for row in rows]
     assert sqnr == sorted(sqnr, reverse=True)
     want = nk.quantization_error(x, nk.quantize_mx(x, "mxfp4_e2m1", scale_mode="neuron")).sqnr_db
-    assert any(row[1:3] == ["mxfp4_e2m1", "neuron"] and row[3] == f"{want:.2f}" for row in rows)
+    assert any(row[1:4] == ["mxfp4_e2m1", "neuron", "plain"] and row[4] == f"{want:.2f}" for row in rows)
+
+
+def test_error_table_compares_policies(files):
+    d, x = files
+    r = run("error", "x.npy", "--formats", "nvfp4,mxfp4_e2m1", "--scale-modes", "floor,nearest", cwd=d)
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    found = {tuple(row[1:4]): float(row[4]) for row in rows}
+    assert set(found) == {("nvfp4", "nearest", p) for p in ("plain", "mse", "4/6-mae", "4/6-mse")} | {
+        ("mxfp4_e2m1", "floor", p) for p in ("plain", "mse")
+    }
+    for key, kwargs in [
+        (("nvfp4", "nearest", "4/6-mse"), {"four_over_six": "mse"}),
+        (("mxfp4_e2m1", "floor", "mse"), {"scale_search": "mse"}),
+    ]:
+        want = nk.quantization_error(x, nk.quantize(x, key[0], **kwargs)).sqnr_db
+        assert found[key] == float(f"{want:.2f}")
+    # the policies never do worse than the plain rule (their block errors are never larger)
+    assert found[("nvfp4", "nearest", "4/6-mse")] >= found[("nvfp4", "nearest", "plain")]
+    assert found[("mxfp4_e2m1", "floor", "mse")] >= found[("mxfp4_e2m1", "floor", "plain")]
 
 
 def test_error_plot(files):

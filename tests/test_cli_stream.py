@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
+from neuron_kernels import MXArray
 from neuron_kernels.files import NpyWriter
-from neuron_kernels.mx import MXArray
 
 ROWS, COLS = 1 << 15, 1 << 13  # 256 Mi float32 = 1 GiB
 #: The command, reporting its peak RSS on stderr as it exits.

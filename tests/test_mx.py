@@ -5,14 +5,16 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import mx as M
+from neuron_kernels.blocks.job import BlockJob, block_job
+from neuron_kernels.blocks.layout import BlockLayout, Pieces
 from neuron_kernels.formats import FORMATS as FORMATS_TABLE
+from neuron_kernels.modes import E8M0_SCALE_MODES
 
 from .reference_mx import dequantize_mx_ref, pack_fp4_ref, quantize_mx_ref
 from .test_cast_modes import random_bits
 
-FORMATS = list(M.MX_FORMATS)
-SCALE_MODES = list(M.SCALE_MODES)
+FORMATS = list(nk.MX_FORMATS)
+SCALE_MODES = list(E8M0_SCALE_MODES)
 
 
 def _data(n: int, seed: int = 0) -> np.ndarray:
@@ -150,7 +152,7 @@ def test_threads_do_not_change_the_result(threads):
     threads(2)
     two = nk.quantize_mx(x, "mxfp4_e2m1", block_size=3, rounding="stochastic", seed=2)
     np.testing.assert_array_equal(one.codes, two.codes)
-    np.testing.assert_array_equal(nk.fake_quantize_mx(x, "mxint8"), M.dequantize_mx(nk.quantize_mx(x, "mxint8")))
+    np.testing.assert_array_equal(nk.fake_quantize_mx(x, "mxint8"), nk.dequantize_mx(nk.quantize_mx(x, "mxint8")))
 
 
 def test_dequantize_dtypes():
@@ -169,7 +171,7 @@ def test_dequantize_into_out(dtype):
     want = mx.dequantize(dtype)
     for out in (np.empty(x.shape, want.dtype), np.empty(x.shape[::-1], want.dtype).T):  # C, then strided
         out[...] = 7
-        assert M.dequantize_mx(mx, dtype, out=out) is out
+        assert nk.dequantize_mx(mx, dtype, out=out) is out
         np.testing.assert_array_equal(np.ascontiguousarray(out).view(np.uint8), want.view(np.uint8))
     with pytest.raises(ValueError, match=r"shape \(30, 31\); the result has shape \(30, 32\)"):
         mx.dequantize(dtype, out=np.empty((30, 31), want.dtype))
@@ -211,7 +213,7 @@ def test_save_and_load(tmp_path):
     mx = nk.quantize_mx(X.reshape(10, 100), "mxfp4_e2m1", axis=0, block_size=3)
     path = tmp_path / "w.npz"
     mx.save(path)
-    back = M.MXArray.load(path)
+    back = nk.MXArray.load(path)
     assert (back.fmt, back.block_size, back.axis, back.shape, back.packed) == (mx.fmt, 3, 0, (10, 100), True)
     np.testing.assert_array_equal(back.codes, mx.codes)
     np.testing.assert_array_equal(back.dequantize(), mx.dequantize())
@@ -254,12 +256,12 @@ def test_load_rejects_bad_files(tmp_path):
         ("other", "not an MX file"),
         ("shape", "codes must be"),
         ("meta", "corrupt MX metadata"),
-        ("fmt", "unknown MX format"),
+        ("fmt", "unknown block format"),
     ]:
         with pytest.raises(ValueError, match=message):
-            M.MXArray.load(tmp_path / f"{name}.npz")
+            nk.MXArray.load(tmp_path / f"{name}.npz")
     with pytest.raises(FileNotFoundError):
-        M.MXArray.load(tmp_path / "missing.npz")
+        nk.MXArray.load(tmp_path / "missing.npz")
 
 
 @pytest.mark.parametrize(
@@ -335,15 +337,17 @@ def test_quantization_error_equals_a_direct_computation(shape, axis, block_size,
 
 
 def test_pieces_cut_on_blocks_and_byte_pairs():
-    whole_rows = M.Pieces.of((100, 10), 1, 32, True)
+    whole_rows = Pieces(BlockLayout("mxfp4_e2m1", (100, 10), 1, 32, packed=True))
     assert whole_rows.cuts(250) == [(0, 25, 0, 10), (25, 50, 0, 10), (50, 75, 0, 10), (75, 100, 0, 10)]
-    axis0 = M.Pieces.of((100, 10), 0, 7, True)  # one row of 100 x 10: cut the block axis, 14 at a time
+    axis0 = Pieces(
+        BlockLayout("mxfp4_e2m1", (100, 10), 0, 7, packed=True)
+    )  # one row of 100 x 10: cut the block axis, 14 at a time
     assert axis0.cuts(250) == [(0, 1, lo, min(lo + 14, 100)) for lo in range(0, 100, 14)]
     assert axis0.codes((0, 1, 14, 28)) == (70, 140, (1, 7, 10)) and axis0.scales((0, 1, 14, 28)) == (20, 40, (1, 2, 10))
-    long_rows = M.Pieces.of((3, 1000), 1, 32, False)
+    long_rows = Pieces(BlockLayout("mxfp8_e4m3", (3, 1000), 1, 32))
     assert long_rows.cuts(100) == [(r, r + 1, lo, min(lo + 96, 1000)) for r in range(3) for lo in range(0, 1000, 96)]
     assert long_rows.values((1, 2, 96, 192)) == (1096, 1192, (1, 96, 1))
-    assert M.Pieces.of((0, 4), 1, 32, False).cuts(10) == [(0, 0, 0, 4)]
+    assert Pieces(BlockLayout("mxfp8_e4m3", (0, 4), 1, 32)).cuts(10) == [(0, 0, 0, 4)]
 
 
 @pytest.mark.parametrize(
@@ -354,9 +358,9 @@ def test_pieces_reassemble_the_whole(shape, axis, block_size, fmt):
     """Quantising piece by piece (as the files are) gives the whole array's codes and scales."""
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     whole = nk.quantize_mx(x, fmt, axis=axis, block_size=block_size, rounding="stochastic", seed=11)
-    job = M.mx_job(fmt, x.ndim, axis=axis, block_size=block_size, rounding="stochastic", seed=11)
-    layout = M.Pieces.of(shape, axis, block_size, job.pack)
-    piece_job = M.MXJob(**{**job.__dict__, "axis": 1})
+    job = block_job(fmt, x.ndim, axis=axis, block_size=block_size, rounding="stochastic", seed=11)
+    layout = Pieces(job.layout(shape))
+    piece_job = BlockJob(**{**job.__dict__, "axis": 1})
     codes, scales = [], []
     for cut in layout.cuts(64):
         start, stop, piece_shape = layout.values(cut)
@@ -402,9 +406,9 @@ def test_bad_options(kwargs, error, message):
     ],
 )
 def test_bad_input_dtypes(x):
-    with pytest.raises(TypeError, match="MX quantisation takes float32"):
+    with pytest.raises(TypeError, match="block quantisation takes float32"):
         nk.quantize_mx(x)
-    with pytest.raises(TypeError, match="MX quantisation takes float32"):
+    with pytest.raises(TypeError, match="block quantisation takes float32"):
         nk.fake_quantize_mx(x)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.mx import MX_FORMATS, MXArray
+from neuron_kernels import MX_FORMATS, MXArray
 
 from .conftest import (
     BAD_OUTS,
@@ -181,7 +181,7 @@ def test_mx_refuses_input_dtype(call, dtype):
     x = np.zeros((2, 32), dtype)
     with pytest.raises(
         TypeError,
-        match=r"MX quantisation takes float32, float16, bfloat16 or float64 arrays; "
+        match=r"block quantisation takes float32, float16, bfloat16 or float64 arrays; "
         r"got dtype",
     ):
         MX_CALLS[call](x)
@@ -280,7 +280,7 @@ def test_quantize_block_size_beyond_int64(block_size):
 @pytest.mark.parametrize(
     "dtype, error, pattern",
     [
-        (np.int32, TypeError, "dequantize_mx writes float32, float64, float16 or bfloat16; got int32"),
+        (np.int32, TypeError, "writes float32, float64, float16 or bfloat16; got int32"),
         ("float8_e4m3fn", TypeError, "got float8_e4m3fn"),
         ("tfloat32", TypeError, "got tfloat32"),
         (np.complex64, TypeError, "unsupported dtype"),
@@ -357,7 +357,7 @@ def test_inconsistent_mxarray_is_refused(isolated_runs, case):
     [
         (
             lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp9", 8, 1, (2, 32), False),
-            "unknown MX format 'mxfp9'",
+            "unknown block format 'mxfp9'",
         ),
         (lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp8_e4m3", 8, 5, (2, 32), False), "axis"),
         (lambda: MXArray(MX8_EXACT.codes.tolist(), MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False), "codes"),
@@ -556,10 +556,10 @@ META_CASES = [
     ("version_null", meta_with(version=None), {}, "version None is not supported"),
     ("version_true", meta_with(version=True), {}, "version True is not supported"),
     ("version_missing", meta_with(version=MISSING), {}, "corrupt MX metadata.*version"),
-    ("fmt_unknown", meta_with(fmt="mxfp9"), {}, "unknown MX format 'mxfp9'"),
-    ("fmt_null", meta_with(fmt=None), {}, "unknown MX format None"),
-    ("fmt_int", meta_with(fmt=3), {}, "unknown MX format 3"),
-    ("fmt_upper", meta_with(fmt="MXFP8_E4M3"), {}, "unknown MX format 'MXFP8_E4M3'"),
+    ("fmt_unknown", meta_with(fmt="mxfp9"), {}, "unknown block format 'mxfp9'"),
+    ("fmt_null", meta_with(fmt=None), {}, "unknown block format None"),
+    ("fmt_int", meta_with(fmt=3), {}, "unknown block format 3"),
+    ("fmt_upper", meta_with(fmt="MXFP8_E4M3"), {}, "unknown block format 'MXFP8_E4M3'"),
     ("fmt_missing", meta_with(fmt=MISSING), {}, "corrupt MX metadata.*fmt"),
     ("fmt_codes_out_of_range", meta_with(fmt="mxfp6_e2m3"), {}, "codes"),
     ("block_size_0", meta_with(block_size=0), {}, "invalid block_size 0"),

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from neuron_kernels.mx import MX_FORMATS
+from neuron_kernels import MX_FORMATS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,18 +129,18 @@ def test_works_without_a_writable_cache(tmp_path):
 
 _SIGN_FLIPPING_LOAD = """
 
-_load_as_it_was = _load
+_load_as_it_was = load
 
 
 @jit
-def _load(x, inp):  # pragma: no cover - compiled
-    return u32_xor(_load_as_it_was(x, inp), 0x80000000)  # every source item with its sign flipped
+def load(x, source, c):  # pragma: no cover - compiled
+    return u32_xor(_load_as_it_was(x, source, c), 0x80000000)  # every source item with its sign flipped
 """
 
 
 def test_cache_follows_edits_of_inlined_helpers(tmp_path):
-    """An MX kernel (defined in mx_kernels.py) inlines codec's ``_load``: after an edit of codec.py
-    that leaves mx_kernels.py as it was, the cached kernel must not run the old ``_load``."""
+    """A block kernel (defined in kernels/blocks.py) inlines codec's ``load``: after an edit of
+    codec.py that leaves blocks.py as it was, the cached kernel must not run the old ``load``."""
     pkg = tmp_path / "site"
     shutil.copytree(
         os.path.join(ROOT, "neuron_kernels"), pkg / "neuron_kernels", ignore=shutil.ignore_patterns("__pycache__")
@@ -169,8 +169,8 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     assert min(before) > 0
     again, log = fake_quantize()  # nothing edited: the kernel comes from the cache
     assert again == before
-    assert re.search(r"data loaded from .*mx_kernels\.fake_quantize_kernel", log), log
-    kernel_file = pkg / "neuron_kernels" / "kernels" / "mx_kernels.py"
+    assert re.search(r"data loaded from .*blocks\._row_fake_quantize", log), log
+    kernel_file = pkg / "neuron_kernels" / "kernels" / "blocks.py"
     kernel_stat = kernel_file.stat()
     codec = pkg / "neuron_kernels" / "kernels" / "codec.py"
     codec.write_text(codec.read_text() + _SIGN_FLIPPING_LOAD)

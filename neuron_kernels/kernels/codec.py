@@ -24,9 +24,8 @@ has its own encoder (ties to the even code).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,18 +43,41 @@ from .._jit import (
     u32_sub,
     u32_xor,
 )
-from ..formats import Format
-from ..registry import ROUNDING_MODES
+from ..formats import SPECIALS, Format
+from ..modes import ROUNDING_MODES
 
-__all__ = ["Codec", "codec_of", "make_cast_kernel", "copy_items", "pack_nibbles", "unpack_nibbles"]
+__all__ = [
+    "Codec",
+    "NO_CODEC",
+    "codec_of",
+    "mode_id",
+    "encode",
+    "encode_e8m0",
+    "decode",
+    "round_significand",
+    "random_bits",
+    "load",
+    "store",
+    "make_cast_kernel",
+    "copy_items",
+    "pack_nibbles",
+    "unpack_nibbles",
+]
 
-# Specials kinds (Format.specials), as ints for the kernels.
-IEEE, FN, FNUZ, NONE, E8M0 = 0, 1, 2, 3, 4
-_SPECIALS = {"ieee": IEEE, "fn": FN, "fnuz": FNUZ, "none": NONE, "e8m0": E8M0}
+# Specials kinds (Format.specials), as ints for the kernels, in the order of formats.SPECIALS.
+IEEE, FN, FNUZ, NONE, E8M0, FIXED = (SPECIALS.index(k) for k in ("ieee", "fn", "fnuz", "none", "e8m0", "fixed"))
 
-# Rounding modes, as ints for the kernels (same order as ROUNDING_MODES).
-NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, TOWARD_POSITIVE, TOWARD_NEGATIVE, STOCHASTIC = range(6)
+# Rounding modes, as ints for the kernels: their position in ROUNDING_MODES.
 MODE_IDS = {name: i for i, name in enumerate(ROUNDING_MODES)}
+NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO = MODE_IDS["nearest_even"], MODE_IDS["nearest_away"], MODE_IDS["toward_zero"]
+TOWARD_POSITIVE, TOWARD_NEGATIVE = MODE_IDS["toward_positive"], MODE_IDS["toward_negative"]
+STOCHASTIC = MODE_IDS["stochastic"]
+
+
+def mode_id(rounding: str) -> int:
+    """The kernels' id of a rounding mode of ``ROUNDING_MODES``."""
+    return MODE_IDS[rounding]
+
 
 # Where a kernel's float32 patterns come from / go to.
 SOURCE_F32 = 0  # a float32 (or tfloat32/float32r) array
@@ -70,12 +92,14 @@ TARGET_CODES = 2
 ELEMENTWISE, PACK_NIBBLES, UNPACK_NIBBLES = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class Codec:
-    """The ints a kernel needs about one float format (derived from its table row).
+class Codec(NamedTuple):
+    """The ints a kernel needs about one float (or fixed-point) format, derived from its table row;
+    kernels take it as a compile-time constant.
 
-    ``shift`` places the code in its container: 13 for tfloat32 (a float32 pattern with the low
-    13 bits zero), 0 otherwise.
+    The exponent bias B also enters as ``kc = max(128 - B, 0)`` (the float32 biased exponent of
+    the format's smallest normal, clamped) and ``off = (B - 128) mod 2^32``: the forms in which
+    :func:`encode` uses it. ``shift`` places the code in its container: 13 for tfloat32 (a
+    float32 pattern with the low 13 bits zero), 0 otherwise.
     """
 
     bits: int
@@ -88,28 +112,36 @@ class Codec:
     payload_encode: bool
     payload_decode: bool
     shift: int
+    kc: int
+    off: int
+
+
+#: The codec argument of kernels whose source or target has none (float32, float64, integers).
+NO_CODEC = Codec(0, 0, 0, 0, 0, 0, 0, False, False, 0, 0, 0)
 
 
 def codec_of(fmt: Format) -> Codec:
-    """The :class:`Codec` of a float format of the table."""
-    if fmt.kind != "float":
-        raise ValueError(f"{fmt.name} is not a float format")
+    """The :class:`Codec` of a float or fixed-point format of the table."""
+    if fmt.kind not in ("float", "fixed"):
+        raise ValueError(f"{fmt.name} is not a float or fixed-point format")
     return Codec(
         bits=fmt.bits,
         mbits=fmt.mbits,
         bias=fmt.bias,
-        specials=_SPECIALS[fmt.specials],
+        specials=SPECIALS.index(fmt.specials),
         max_code=fmt.max_code,
         nan_code=fmt.nan_code if fmt.nan_code is not None else 0,
         inf_code=fmt.inf_code if fmt.inf_code is not None else 0,
         payload_encode=fmt.nan_payload_encode,
         payload_decode=fmt.nan_payload_decode,
         shift=8 * fmt.itemsize - fmt.bits if fmt.container == "float32" else 0,
+        kc=max(128 - fmt.bias, 0),
+        off=(fmt.bias - 128) & 0xFFFFFFFF,
     )
 
 
 @jit
-def _round_significand(m, s, neg, rnd, ext, mode):  # pragma: no cover - compiled
+def round_significand(m, s, neg, rnd, ext, mode):  # pragma: no cover - compiled
     """``m`` shifted right by ``s`` bits and rounded by ``mode`` (a carry may add a bit).
 
     ``m`` < 2^24, so adding a rounding increment below 2^31 never overflows 32 bits. ``s`` may
@@ -143,15 +175,13 @@ def _round_significand(m, s, neg, rnd, ext, mode):  # pragma: no cover - compile
 
 
 @jit
-def _encode(
-    u, rnd, ext, mbits, kc, off, bits, specials, max_code, nan_code, inf_code, payload, mode, saturate
-):  # pragma: no cover - compiled
-    """Code of the float32 pattern ``u`` in a format with a mantissa (every format but e8m0).
-
-    The exponent bias B enters as ``kc = max(128 - B, 0)`` (the float32 biased exponent of the
-    smallest normal, clamped) and ``off = (B - 128) mod 2^32``, so that it may vary at run time:
-    encoding x / 2^k is encoding x with bias B - k (the MX elements).
-    """
+def encode(u, rnd, ext, c, mode, saturate):  # pragma: no cover - compiled
+    """Code of the float32 pattern ``u`` in the format of :class:`Codec` ``c`` (every format with
+    a mantissa: all but e8m0), rounded by ``mode``; ``rnd`` and ``ext`` as in
+    :func:`round_significand`. Fixed-point formats (``FIXED``) saturate, encode NaN as 0 and
+    store the sign as two's complement of the magnitude code."""
+    mbits, kc, off, bits, specials = c.mbits, c.kc, c.off, c.bits, c.specials
+    max_code, nan_code, inf_code, payload = c.max_code, c.nan_code, c.inf_code, c.payload_encode
     a = u32_and(u, 0x7FFFFFFF)
     neg = u32_shr(u, 31)
     e_bits = u32_shr(a, 23)
@@ -160,7 +190,7 @@ def _encode(
     m = u32_or(frac, 0x800000) if e_bits > 0 else frac
     extra = u32_sub(kc, e1) if e1 < kc else u32_and(e1, 0)  # extra shift below the smallest normal
     s = u32_add(23 - mbits, extra)
-    q = _round_significand(m, s, neg, rnd, ext, mode)
+    q = round_significand(m, s, neg, rnd, ext, mode)
     t = u32_add(e1, off)  # e + B - 1, the code's exponent field before rounding, if positive
     expo = t if i32_positive(t) else u32_and(t, 0)
     mag = u32_add(u32_shl(expo, mbits), q)
@@ -187,19 +217,23 @@ def _encode(
         nan_out = u32_or(inf_code, pay if pay != 0 else u32_or(pay, 1))
     elif specials == NONE or specials == FNUZ:
         nan_out = sign_bit  # fnuz: the one NaN; float6/float4 (ml_dtypes): the -0 code, flipped by the sign
+    elif specials == FIXED:
+        nan_out = u32_and(sign_bit, 0)
     else:
         nan_out = nan_code
     mag = (max_code if saturate else inf_out) if a == 0x7F800000 else mag
     mag = nan_out if a > 0x7F800000 else mag
 
     # The sign: XOR (ml_dtypes' rule for float6/float4; the same as OR elsewhere), except that
-    # fnuz formats have no negative zero and a single NaN.
+    # fnuz formats have no negative zero and a single NaN, and fixed-point codes negate.
+    if specials == FIXED:
+        return u32_and(u32_sub(0, mag), (1 << bits) - 1) if neg == 1 else mag
     signed = (mag != 0) & (mag < sign_bit) if specials == FNUZ else mag == mag
     return u32_xor(mag, u32_shl(neg, bits - 1)) if signed else mag
 
 
 @jit
-def _encode_e8m0(u, rnd, ext, mode, saturate):  # pragma: no cover - compiled
+def encode_e8m0(u, rnd, ext, mode, saturate):  # pragma: no cover - compiled
     """Code of the float32 pattern ``u`` in float8_e8m0fnu: the nearest power of two, ties to even.
 
     Consecutive codes are a binade apart, so the decision is about the significand's position
@@ -208,7 +242,7 @@ def _encode_e8m0(u, rnd, ext, mode, saturate):  # pragma: no cover - compiled
     under ``saturate``. Below 2^-127 there is no smaller value: every mode gives 0x00 (2^-127),
     except the two that round such a positive value down (toward zero, toward negative), which
     give 0xff as for zero itself, since a directed rounding never moves past its direction.
-    ``rnd`` and ``ext`` are those of :func:`_round_significand`.
+    ``rnd`` and ``ext`` are those of :func:`round_significand`.
     """
     e_bits = u32_shr(u, 23)  # the sign is bit 8 of this: negatives are >= 256
     frac = u32_and(u, 0x7FFFFF)
@@ -240,14 +274,19 @@ def _encode_e8m0(u, rnd, ext, mode, saturate):  # pragma: no cover - compiled
 
 
 @jit
-def _decode(c, mbits, bias, bits, specials, payload):  # pragma: no cover - compiled
-    """The float32 pattern of code ``c`` (exact; NaN codes give a quiet NaN, or keep the payload)."""
+def decode(c, f):  # pragma: no cover - compiled
+    """The float32 pattern of code ``c`` of the format of :class:`Codec` ``f`` (exact; NaN codes
+    give a quiet NaN, or keep the payload)."""
+    mbits, bias, bits, specials, payload = f.mbits, f.bias, f.bits, f.specials, f.payload_decode
     if specials == E8M0:
         v = u32_shl(c, 23) if c != 0 else u32_or(c, 0x400000)
         return 0x7FC00000 if c == 0xFF else v
     sign_bit = 1 << (bits - 1)
-    neg = c >= sign_bit if specials == NONE else u32_and(c, sign_bit) != 0
-    mag = u32_and(c, sign_bit - 1)
+    neg = c >= sign_bit if specials == NONE or specials == FIXED else u32_and(c, sign_bit) != 0
+    if specials == FIXED:  # two's complement: the magnitude is -c (2^(bits-1) itself included)
+        mag = u32_and(u32_sub(0, c), (1 << bits) - 1) if neg else u32_and(c, sign_bit - 1)
+    else:
+        mag = u32_and(c, sign_bit - 1)
     ex = u32_shr(mag, mbits)
     mant = u32_and(mag, (1 << mbits) - 1)
     normal = u32_add(u32_shl(mag, 23 - mbits), (127 - bias) << 23)
@@ -316,19 +355,8 @@ def _f64_rest(x, u):  # pragma: no cover - compiled
     return u32_or(bits, 1) if (u32_and(u, 0x7FFFFFFF) == 0) & (x != 0) else bits
 
 
-def bias_args(bias: int) -> tuple[int, int]:
-    """The two forms in which :func:`_encode` takes an exponent bias."""
-    return max(128 - bias, 0), (bias - 128) & 0xFFFFFFFF
-
-
-def _codec_args(c: Codec | None) -> tuple[Any, ...]:
-    if c is None:
-        return (0, 0, 0, 0, 0, 0, 0, 0, False)
-    return (c.mbits, *bias_args(c.bias), c.bits, c.specials, c.max_code, c.nan_code, c.inf_code, c.payload_encode)
-
-
 @jit
-def _random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
+def random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
     """32 random bits for element ``idx`` of an array: a hash of (key, idx), nothing else.
 
     With the key (:func:`neuron_kernels._random.stream_key` of the seed) split into 32-bit halves
@@ -342,9 +370,9 @@ def _random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
 
 
 @jit
-def _load(x, inp):  # pragma: no cover - compiled
-    """The float32 pattern of one source item; ``inp`` = (source kind, then the source codec's ints)."""
-    source, s_m, s_b, s_bits, s_sp, s_pay = inp
+def load(x, source, c):  # pragma: no cover - compiled
+    """The float32 pattern of one source item of kind ``source`` (``SOURCE_*``; codes are decoded
+    with the source's :class:`Codec` ``c``)."""
     if source == SOURCE_F32:
         return x
     if source == SOURCE_F64_NEAREST or source == SOURCE_INT:
@@ -353,33 +381,40 @@ def _load(x, inp):  # pragma: no cover - compiled
         return _f64_to_f32_odd(x)
     if source == SOURCE_F64_SPLIT:
         return _f64_to_f32_truncated(x)
-    return _decode(x, s_m, s_b, s_bits, s_sp, s_pay)
+    return decode(x, c)
+
+
+class Store(NamedTuple):
+    """What :func:`store` makes of a float32 pattern: the source and target kinds, the target's
+    :class:`Codec`, the rounding mode id and saturation."""
+
+    source: int
+    target: int
+    codec: Codec
+    mode: int
+    saturate: bool
 
 
 @jit
-def _store(x, u, rnd, out):  # pragma: no cover - compiled
-    """The target item of the float32 pattern ``u`` (``x`` is the source item it came from).
-
-    ``out`` = (source kind, target kind, is e8m0, the target codec's ints, mode, saturate, shift).
-    """
-    source, target, is_e8m0, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate, d_shift = out
-    if target == TARGET_F32:
+def store(x, u, rnd, how):  # pragma: no cover - compiled
+    """The target item of the float32 pattern ``u`` (``x`` is the source item it came from), as
+    :class:`Store` ``how`` says."""
+    if how.target == TARGET_F32:
         return u
-    if target == TARGET_F64:
-        return np.float64(x) if source == SOURCE_INT else np.float64(f32_from_bits(u))
-    ext = _f64_rest(x, u) if source == SOURCE_F64_SPLIT else np.uint32(0)
-    if is_e8m0:
-        return _encode_e8m0(u, rnd, ext, mode, saturate)
-    code = _encode(u, rnd, ext, d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay, mode, saturate)
-    return u32_shl(code, d_shift)
+    if how.target == TARGET_F64:
+        return np.float64(x) if how.source == SOURCE_INT else np.float64(f32_from_bits(u))
+    ext = _f64_rest(x, u) if how.source == SOURCE_F64_SPLIT else np.uint32(0)
+    if how.codec.specials == E8M0:
+        return encode_e8m0(u, rnd, ext, how.mode, how.saturate)
+    return u32_shl(encode(u, rnd, ext, how.codec, how.mode, how.saturate), how.codec.shift)
 
 
 @cache
 def make_cast_kernel(
     source: int,
-    src_codec: Codec | None,
+    src_codec: Codec,
     target: int,
-    dst_codec: Codec | None,
+    dst_codec: Codec,
     mode: int,
     saturate: bool,
     layout: int = ELEMENTWISE,
@@ -387,38 +422,15 @@ def make_cast_kernel(
     """Kernel ``(src, dst, key, start)`` casting 1-D arrays.
 
     ``source`` is one of ``SOURCE_*`` (codes need ``src_codec``), ``target`` one of ``TARGET_*``
-    (codes need ``dst_codec``). Codes and float32 patterns are passed as unsigned-int views, float64
-    and integers as they are. ``layout``: ``ELEMENTWISE``; ``PACK_NIBBLES`` (two 4-bit codes per
-    output byte, element 2k in the low nibble); ``UNPACK_NIBBLES`` (the reverse). ``key`` seeds the
-    stochastic rounding: element ``start + i`` uses the hash of (key, start + i), so results do not
-    depend on how the array was split.
+    (codes need ``dst_codec``; :data:`NO_CODEC` where there is none). Codes and float32 patterns
+    are passed as unsigned-int views, float64 and integers as they are. ``layout``:
+    ``ELEMENTWISE``; ``PACK_NIBBLES`` (two 4-bit codes per output byte, element 2k in the low
+    nibble); ``UNPACK_NIBBLES`` (the reverse). ``key`` seeds the stochastic rounding: element
+    ``start + i`` uses the hash of (key, start + i), so results do not depend on how the array
+    was split.
     """
-    s_m, s_b, s_bits, s_sp = (
-        (0, 0, 0, 0) if src_codec is None else (src_codec.mbits, src_codec.bias, src_codec.bits, src_codec.specials)
-    )
-    s_pay = src_codec is not None and src_codec.payload_decode
-    d_m, d_kc, d_off, d_bits, d_sp, d_max, d_nan, d_inf, d_pay = _codec_args(dst_codec)
-    d_shift = 0 if dst_codec is None else dst_codec.shift
-    is_e8m0 = dst_codec is not None and dst_codec.specials == E8M0
     stochastic = mode == STOCHASTIC
-    inp = (source, s_m, s_b, s_bits, s_sp, s_pay)
-    out = (
-        source,
-        target,
-        is_e8m0,
-        d_m,
-        d_kc,
-        d_off,
-        d_bits,
-        d_sp,
-        d_max,
-        d_nan,
-        d_inf,
-        d_pay,
-        mode,
-        bool(saturate),
-        d_shift,
-    )
+    how = Store(source, target, dst_codec, mode, bool(saturate))
 
     # One loop per kernel, chosen here rather than inside the kernel: with a single call site
     # LLVM inlines the helpers into the loop and vectorises it (inlining them in numba's IR
@@ -431,9 +443,9 @@ def make_cast_kernel(
             rnd = np.uint32(0)
             for i in range(src.size):
                 if stochastic:
-                    rnd = _random_bits(key_lo, key_hi, start + i)
-                u = _load(src[i], inp)
-                dst[i] = _store(src[i], u, rnd, out)
+                    rnd = random_bits(key_lo, key_hi, start + i)
+                u = load(src[i], source, src_codec)
+                dst[i] = store(src[i], u, rnd, how)
 
     elif layout == PACK_NIBBLES:
 
@@ -444,12 +456,12 @@ def make_cast_kernel(
             rnd_hi = np.uint32(0)
             for k in range(dst.size):
                 if stochastic:
-                    rnd_lo = _random_bits(key_lo, key_hi, start + 2 * k)
-                    rnd_hi = _random_bits(key_lo, key_hi, start + 2 * k + 1)
+                    rnd_lo = random_bits(key_lo, key_hi, start + 2 * k)
+                    rnd_hi = random_bits(key_lo, key_hi, start + 2 * k + 1)
                 a = src[2 * k]
                 b = src[2 * k + 1]
-                lo = _store(a, _load(a, inp), rnd_lo, out)
-                hi = _store(b, _load(b, inp), rnd_hi, out)
+                lo = store(a, load(a, source, src_codec), rnd_lo, how)
+                hi = store(b, load(b, source, src_codec), rnd_hi, how)
                 dst[k] = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
 
     else:
@@ -461,12 +473,12 @@ def make_cast_kernel(
             rnd_hi = np.uint32(0)
             for k in range(src.size):
                 if stochastic:
-                    rnd_lo = _random_bits(key_lo, key_hi, start + 2 * k)
-                    rnd_hi = _random_bits(key_lo, key_hi, start + 2 * k + 1)
+                    rnd_lo = random_bits(key_lo, key_hi, start + 2 * k)
+                    rnd_hi = random_bits(key_lo, key_hi, start + 2 * k + 1)
                 a = u32_and(src[k], 0xF)
                 b = u32_shr(u32_and(src[k], 0xFF), 4)
-                dst[2 * k] = _store(a, _load(a, inp), rnd_lo, out)
-                dst[2 * k + 1] = _store(b, _load(b, inp), rnd_hi, out)
+                dst[2 * k] = store(a, load(a, source, src_codec), rnd_lo, how)
+                dst[2 * k + 1] = store(b, load(b, source, src_codec), rnd_hi, how)
 
     return kernel
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._random import stream_key
 from ..formats import FORMATS, Format
-from ..registry import ROUNDING_MODES, CastKernel, CastOptions
+from ..modes import ROUNDING_MODES
 
 _ALL_MODES = ROUNDING_MODES
 _F32_LIKE = ("float32", "float32r", "tfloat32")
@@ -65,14 +65,14 @@ def _is_exact(source: Format, target: Format) -> bool:
     )
 
 
-def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndarray, CastOptions, int], None]:
+def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndarray, Any, int], None]:
     """The registry function of ``source -> target``."""
     s_el, t_el = _element(source), _element(target)
     fp4_in = source.kind == "packed" and s_el.bits == 4
     fp4_out = target.kind == "packed" and t_el.bits == 4
     kernels: dict[tuple[str, bool], Any] = {}
 
-    def kernel_for(options: CastOptions) -> Any:
+    def kernel_for(options: Any) -> Any:
         key = (options.rounding, options.saturate)
         k = kernels.get(key)
         if k is None:
@@ -89,7 +89,7 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
             return a
         return a.view(np.uint8 if target.kind == "packed" else t_el.storage_dtype)
 
-    def cast_kernel(src: np.ndarray, dst: np.ndarray, options: CastOptions, start: int) -> None:
+    def cast_kernel(src: np.ndarray, dst: np.ndarray, options: Any, start: int) -> None:
         key = stream_key(options.seed or 0)
         kernel_for(options)(view_in(src), view_out(dst), key, start)
 
@@ -116,11 +116,11 @@ def _build(
         return c.unpack_nibbles if fp4_in else c.pack_nibbles
     if s_el.kind == "int" and t_el.kind == "int":
         return c.copy_items
-    mode = c.MODE_IDS[rounding]
+    mode = c.mode_id(rounding)
     if s_el.kind == "int":
-        src_kind, src_codec = c.SOURCE_INT, None
+        src_kind, src_codec = c.SOURCE_INT, c.NO_CODEC
     elif s_el.name in _F32_LIKE:
-        src_kind, src_codec = c.SOURCE_F32, None
+        src_kind, src_codec = c.SOURCE_F32, c.NO_CODEC
     elif s_el.name == "float64":
         # ml_dtypes (and the default) round float64 to float32 first; numpy's float16 and every
         # other mode round once, which rounding to odd first preserves. Stochastic rounding needs
@@ -129,15 +129,15 @@ def _build(
         src_kind = (
             c.SOURCE_F64_NEAREST if nearest else c.SOURCE_F64_SPLIT if rounding == "stochastic" else c.SOURCE_F64_ODD
         )
-        src_codec = None
+        src_codec = c.NO_CODEC
         if target.name == "float64":
             return c.copy_items
     else:
         src_kind, src_codec = c.SOURCE_CODES, c.codec_of(s_el)
     if t_el.name in ("float32", "float32r"):
-        tgt_kind, tgt_codec = c.TARGET_F32, None
+        tgt_kind, tgt_codec = c.TARGET_F32, c.NO_CODEC
     elif t_el.name == "float64":
-        tgt_kind, tgt_codec = c.TARGET_F64, None
+        tgt_kind, tgt_codec = c.TARGET_F64, c.NO_CODEC
     else:
         tgt_kind, tgt_codec = c.TARGET_CODES, c.codec_of(t_el)
     layout = c.UNPACK_NIBBLES if fp4_in and not fp4_out else c.PACK_NIBBLES if fp4_out and not fp4_in else c.ELEMENTWISE
@@ -160,12 +160,14 @@ def _options_for(source: Format, target: Format) -> tuple[tuple[str, ...], bool]
     return _ALL_MODES, True
 
 
-def builtin_kernels() -> Iterator[CastKernel]:
-    """The registry entry of every pair: floats and packed containers to each other, integers to
+def builtin_kernels() -> Iterator[tuple[str, str, Callable[..., None], tuple[str, ...], bool]]:
+    """(source, target, function, roundings, saturate) of every pair, for the registry (whose
+    ``CastOptions`` the functions take as ``options``): floats and packed containers to each other, integers to
     everything (nothing casts a float to an integer)."""
-    for s in FORMATS.values():
-        for t in FORMATS.values():
+    castable = [f for f in FORMATS.values() if f.kind != "fixed"]  # fixed-point rows are block elements only
+    for s in castable:
+        for t in castable:
             if t.kind == "int" and s.kind != "int":
                 continue
             roundings, saturate = _options_for(s, t)
-            yield CastKernel(s.name, t.name, _make_entry(s, t), frozenset(roundings), saturate, builtin=True)
+            yield s.name, t.name, _make_entry(s, t), roundings, saturate

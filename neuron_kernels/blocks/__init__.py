@@ -1,0 +1,44 @@
+"""Block-scaled formats (MX, NVFP4): one family over the format table's block rows.
+
+- :mod:`.layout`: where codes and scales live, and how arrays are cut into pieces;
+- :mod:`.array`: the container (:class:`BlockArray`, also called ``MXArray``) and dequantisation;
+- :mod:`.file`: the package's file of block arrays;
+- :mod:`.job`: validated options applied to arrays or pieces;
+- :mod:`.rotation`: the random Hadamard rotation;
+- :mod:`.stats`: error statistics;
+- :mod:`.api`: the public functions.
+"""
+
+from .api import (
+    block_matmul,
+    dequantize,
+    dequantize_mx,
+    fake_quantize,
+    fake_quantize_mx,
+    fake_quantize_nvfp4,
+    mx_matmul,
+    quantize,
+    quantize_mx,
+    quantize_nvfp4,
+)
+from .array import BlockArray, MXArray
+from .rotation import rotate
+from .stats import QuantizationError, quantization_error
+
+__all__ = [
+    "BlockArray",
+    "MXArray",
+    "QuantizationError",
+    "block_matmul",
+    "dequantize",
+    "dequantize_mx",
+    "fake_quantize",
+    "fake_quantize_mx",
+    "fake_quantize_nvfp4",
+    "mx_matmul",
+    "quantization_error",
+    "quantize",
+    "quantize_mx",
+    "quantize_nvfp4",
+    "rotate",
+]

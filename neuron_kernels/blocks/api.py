@@ -1,0 +1,312 @@
+"""The public functions of block-scaled formats: quantise, dequantise, fake-quantise, simulate.
+
+Every block format goes through :func:`quantize` / :func:`fake_quantize` / :func:`dequantize` /
+:func:`block_matmul`; ``quantize_mx`` and ``quantize_nvfp4`` (and their ``fake_`` forms) are the
+same with each family's options and defaults. They validate (:func:`~.job.block_job`) and
+allocate; the kernels compute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..formats import BLOCK_FORMATS
+from .array import BlockArray, deliver, result_buffer
+from .job import DEFAULT, BlockJob, block_job, input_array
+
+__all__ = [
+    "quantize",
+    "quantize_mx",
+    "quantize_nvfp4",
+    "dequantize",
+    "dequantize_mx",
+    "fake_quantize",
+    "fake_quantize_mx",
+    "fake_quantize_nvfp4",
+    "block_matmul",
+    "mx_matmul",
+]
+
+MX_FORMAT_NAMES: tuple[str, ...] = tuple(n for n, f in BLOCK_FORMATS.items() if f.is_mx)
+
+
+def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
+    arr, src = input_array(x)
+    job = block_job(fmt, arr.ndim, **options)
+    return arr, src, job.resolved(arr, src)
+
+
+def quantize(
+    x: Any,
+    fmt: str,
+    *,
+    block_size: int | None = None,
+    block_shape: tuple[int, ...] | None = None,
+    axis: int = -1,
+    scale_mode: str | None = None,
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    pack: bool = True,
+    per_tensor_scale: Any = DEFAULT,
+    scale_bound: float = 448.0,
+    four_over_six: str | None = None,
+    scale_search: str | None = None,
+    rht: Any = False,
+) -> BlockArray:
+    """Quantise an array to a block-scaled format (any of ``neuron_kernels.BLOCK_FORMATS``).
+
+    Parameters
+    ----------
+    x
+        float32, float16, bfloat16 or float64 array of any shape (float64 is rounded to float32
+        first; float16 and bfloat16 are exact in float32).
+    fmt
+        ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``, ``mxint8``
+        (MX: e8m0 scales) or ``nvfp4`` (float8_e4m3fn scales, optional per-tensor scale).
+    block_size, block_shape
+        1-D blocks of ``block_size`` along ``axis`` (default: the format's, 32 for MX and 16 for
+        NVFP4; the last block may be partial), or ``block_shape=(r, c)``: one scale per r x c tile
+        of the last two axes (partial tiles at the edges), e.g. (16, 16) for NVFP4 weights or
+        (8, 4) for Neuron's ``quantize_mx``.
+    axis
+        The block axis of 1-D blocks (any; the last is the fastest).
+    scale_mode
+        MX: ``floor`` (OCP, the default), ``ceil``, ``even``, ``rceil`` (NVIDIA), ``neuron``
+        (Neuron's ``quantize_mx``); NVFP4: ``nearest`` (its only rule). The formulas are in
+        :data:`neuron_kernels.modes.SCALE_MODES`.
+    rounding
+        Elements: ``nearest_even``, ``nearest_away``, ``toward_zero``, ``stochastic`` (with
+        ``seed``; an element's random bits depend on its C-order index only). Elements always
+        saturate.
+    pack
+        Store 4-bit codes two per byte along the block axis (the last axis for 2-D tiles).
+    per_tensor_scale
+        NVFP4's second level: ``"amax"`` (the default: ``amax / (scale_bound * 6)`` over the
+        tensor's finite elements, 1.0 if that is 0), a positive float (static calibration, used as
+        is), or None (single level).
+    scale_bound
+        The largest block scale the computed per-tensor scale leaves room for: 448, or 256 to
+        leave room for four-over-six's map-to-4 scales.
+    four_over_six
+        NVFP4: quantise each block with its map-to-6 scale (the default rule) and its map-to-4
+        scale (``amax / 4``) and keep the one with the smaller error, ``"mae"`` (sum |dq - x|) or
+        ``"mse"`` (sum (dq - x)^2), in float64; a tie keeps map-to-6.
+    scale_search
+        ``"mse"``: also try the neighbouring scales (MX: the exponent above; NVFP4: the e4m3fn codes
+        from two below to two above) and keep the smallest sum of squared errors; a tie keeps the
+        plain scale.
+    rht
+        Rotate every 16-element group along the block axis by the random Hadamard transform
+        before quantising: True (the default signs) or 16 signs (see :func:`neuron_kernels.rotate`).
+    """
+    arr, src, job = _job(
+        x,
+        fmt,
+        block_size=DEFAULT if block_size is None else block_size,
+        block_shape=block_shape,
+        axis=axis,
+        scale_mode=DEFAULT if scale_mode is None else scale_mode,
+        rounding=rounding,
+        seed=seed,
+        pack=pack,
+        per_tensor_scale=per_tensor_scale,
+        scale_bound=scale_bound,
+        four_over_six=four_over_six,
+        scale_search=scale_search,
+        rht=rht,
+    )
+    return job.quantize(arr, src)
+
+
+def quantize_mx(
+    x: Any,
+    fmt: str = "mxfp8_e4m3",
+    *,
+    block_size: int = 32,
+    axis: int = -1,
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    pack: bool = True,
+    block_shape: tuple[int, ...] | None = None,
+    scale_search: str | None = None,
+) -> BlockArray:
+    """Quantise an array to an MX format (:func:`quantize` restricted to the MX formats, with their
+    defaults: blocks of 32, the OCP ``floor`` scale).
+
+    ``fmt``: ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``,
+    ``mxint8``. ``block_shape=(8, 4)`` with ``scale_mode="neuron"`` is Neuron's ``quantize_mx`` on
+    a [P, F] tile.
+    """
+    arr, src, job = _job(
+        x,
+        fmt,
+        block_size=DEFAULT if block_shape is not None else block_size,
+        block_shape=block_shape,
+        axis=axis,
+        scale_mode=scale_mode,
+        rounding=rounding,
+        seed=seed,
+        pack=pack,
+        scale_search=scale_search,
+        formats=MX_FORMAT_NAMES,
+        what="MX format",
+    )
+    return job.quantize(arr, src)
+
+
+def quantize_nvfp4(
+    x: Any,
+    *,
+    block_size: int = 16,
+    block_shape: tuple[int, ...] | None = None,
+    axis: int = -1,
+    per_tensor_scale: Any = "amax",
+    scale_bound: float = 448.0,
+    four_over_six: str | None = None,
+    scale_search: str | None = None,
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    pack: bool = True,
+    rht: Any = False,
+) -> BlockArray:
+    """Quantise an array to NVFP4 (:func:`quantize` with ``fmt="nvfp4"``): FP4 E2M1 elements, one
+    float8_e4m3fn scale per 16 elements, and a float32 per-tensor scale (two levels) unless
+    ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``."""
+    arr, src, job = _job(
+        x,
+        "nvfp4",
+        block_size=DEFAULT if block_shape is not None else block_size,
+        block_shape=block_shape,
+        axis=axis,
+        per_tensor_scale=per_tensor_scale,
+        scale_bound=scale_bound,
+        four_over_six=four_over_six,
+        scale_search=scale_search,
+        rounding=rounding,
+        seed=seed,
+        pack=pack,
+        rht=rht,
+    )
+    return job.quantize(arr, src)
+
+
+def dequantize(q: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The values of a block array in ``dtype`` (see :meth:`BlockArray.dequantize`)."""
+    if not isinstance(q, BlockArray):
+        raise TypeError(f"dequantize takes an MXArray (a block-format array), got {type(q).__name__}")
+    return q.dequantize(dtype, out=out)
+
+
+def dequantize_mx(mx: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The values X * P of an MX array, in ``dtype`` (float32 by default; float64, float16 and
+    bfloat16 are rounded from the exact float32 values). A block with scale byte 0xff is NaN.
+
+    ``out``: an array of the MX array's shape and ``dtype`` to write the values into (reusing
+    one saves the operating system's zeroing of fresh pages, most of the time of a large call).
+    """
+    if not isinstance(mx, BlockArray):
+        raise TypeError(f"dequantize_mx takes an MXArray, got {type(mx).__name__}")
+    return mx.dequantize(dtype, out=out)
+
+
+def _fake(arr: np.ndarray, src: Any, job: BlockJob, out: np.ndarray | None) -> np.ndarray:
+    target, values = result_buffer(out, arr.shape, np.float32, arr)
+    job.fake_quantize(arr, src, values)
+    return deliver(out, target, values)
+
+
+def fake_quantize(x: Any, fmt: str, *, out: np.ndarray | None = None, **options: Any) -> np.ndarray:
+    """``dequantize(quantize(x, fmt, **options))`` in one pass, bit for bit, as a float32 array
+    (written into ``out``, a float32 array of x's shape, if given). The options are those of
+    :func:`quantize` but ``pack``."""
+    if "pack" in options:
+        raise TypeError("fake_quantize takes the options of quantize except pack (no codes are stored)")
+    for name in ("scale_mode", "block_size"):
+        if name in options and options[name] is None:
+            options[name] = DEFAULT
+    arr, src, job = _job(x, fmt, **options)
+    return _fake(arr, src, job, out)
+
+
+def fake_quantize_mx(
+    x: Any,
+    fmt: str = "mxfp8_e4m3",
+    *,
+    block_size: int = 32,
+    axis: int = -1,
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    out: np.ndarray | None = None,
+    block_shape: tuple[int, ...] | None = None,
+    scale_search: str | None = None,
+) -> np.ndarray:
+    """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array
+    (written into ``out``, a float32 array of x's shape, if given)."""
+    arr, src, job = _job(
+        x,
+        fmt,
+        block_size=DEFAULT if block_shape is not None else block_size,
+        block_shape=block_shape,
+        axis=axis,
+        scale_mode=scale_mode,
+        rounding=rounding,
+        seed=seed,
+        scale_search=scale_search,
+        formats=MX_FORMAT_NAMES,
+        what="MX format",
+    )
+    return _fake(arr, src, job, out)
+
+
+def fake_quantize_nvfp4(x: Any, *, out: np.ndarray | None = None, **options: Any) -> np.ndarray:
+    """``dequantize(quantize_nvfp4(x, **options))`` in one pass, bit for bit, as a float32 array."""
+    return fake_quantize(x, "nvfp4", out=out, **options)
+
+
+def block_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
+    """The float32 product of two dequantised block-format operands (MX or NVFP4).
+
+    ``a`` (M x K) must be blocked along K, its last axis (or tiled over both axes), and ``b``
+    (K x N) along K, its first axis (or tiled), with the same block length along K, as a matmul
+    unit consumes them. Operands rotated with ``rht=`` must both be, with the same signs: the
+    rotations along K cancel in the product. The product is ``numpy.matmul`` of the float32
+    values, accumulated in float32 (the summation order is numpy's/BLAS's).
+    """
+    for name, m in (("a", a), ("b", b)):
+        if not isinstance(m, BlockArray):
+            raise TypeError(f"block_matmul: {name} must be an MXArray (a block-format array), got {type(m).__name__}")
+        if len(m.shape) != 2:
+            raise ValueError(f"block_matmul: {name} must be 2-D, got shape {m.shape}")
+    if a.axis != 1:
+        raise ValueError(f"block_matmul: a must be blocked along its last axis (K), got axis {a.axis}")
+    if b.axis != 0 and b.block_rows == 1:
+        raise ValueError(f"block_matmul: b must be blocked along its first axis (K), got axis {b.axis}")
+    k_a = a.block_size
+    k_b = b.block_rows if b.block_rows > 1 else b.block_size
+    if k_a != k_b:
+        raise ValueError(f"block_matmul: block sizes differ along K ({k_a} vs {k_b})")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"block_matmul: inner dimensions differ ({a.shape} @ {b.shape})")
+    if a.rotation != b.rotation:
+        raise ValueError("block_matmul: both operands must be rotated with the same signs (rht=), or neither")
+    return np.matmul(a.dequantize(np.float32), b.dequantize(np.float32))
+
+
+def mx_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
+    """The float32 product of two dequantised MX operands (see :func:`block_matmul`).
+
+    ``a`` (M x K) must be blocked along its last axis and ``b`` (K x N) along its first, with the
+    same block size, as an MX matmul unit consumes them. The product is ``numpy.matmul`` of the
+    exact float32 values, accumulated in float32 (the summation order is numpy's/BLAS's).
+    """
+    for name, m in (("a", a), ("b", b)):
+        if not isinstance(m, BlockArray):
+            raise TypeError(f"mx_matmul: {name} must be an MXArray, got {type(m).__name__}")
+    try:
+        return block_matmul(a, b)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("block_matmul", "mx_matmul")) from None

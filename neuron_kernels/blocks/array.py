@@ -1,0 +1,329 @@
+"""The block-format array (MX, NVFP4): codes, scales, per-tensor scale, blocks; and dequantisation.
+
+One container for every block format: :class:`BlockArray` (``MXArray`` is the same class). It
+validates its fields on construction (the kernels trust them), dequantises itself, gives its codes
+as element dtypes or Neuron's packed containers, and saves to / loads from the package's file
+(:mod:`neuron_kernels.blocks.file`).
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .._parallel import run_tasks
+from ..casting import cast, check_out, pack_x4
+from ..formats import BLOCK_FORMATS, BlockFormat, get_format
+from .inputs import INPUT_DTYPES
+from .layout import BlockLayout
+from .rotation import rotate_in_place, rotation_signs
+
+__all__ = ["BlockArray", "MXArray", "result_buffer", "deliver"]
+
+
+def result_buffer(
+    out: np.ndarray | None, shape: tuple[int, ...], dtype: Any, *inputs: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """(a plain view of the validated ``out``, or None; the C-contiguous array a kernel writes)."""
+    if out is None:
+        return None, np.empty(shape, dtype)
+    target = check_out(out, shape, np.dtype(dtype), *inputs)
+    return target, target if target.flags.c_contiguous else np.empty(shape, dtype)
+
+
+def deliver(out: np.ndarray | None, target: np.ndarray | None, values: np.ndarray) -> np.ndarray:
+    """The result: ``values``, or ``out`` once ``values`` are in it."""
+    if out is None or target is None:
+        return values
+    if values is not target:
+        target[...] = values
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class BlockArray:
+    """A block-quantised array (MX or NVFP4).
+
+    Attributes
+    ----------
+    codes
+        uint8 element codes, the shape of the original array; 4-bit codes stored with ``packed``
+        two per byte along the block axis (element 2i in the low nibble, an odd tail padded with a
+        zero nibble). mxint8 codes are int8 two's complement (c / 64).
+    scales
+        The block scales in the scale format's dtype (float8_e8m0fnu for MX, float8_e4m3fn for
+        NVFP4): the original shape with each blocked axis replaced by its number of blocks.
+    fmt, block_size, axis, shape
+        The format name, the block length, the (non-negative) block axis, the original shape.
+    packed
+        Whether 4-bit codes are stored two per byte.
+    block_rows
+        Tiles of ``block_rows x block_size`` over the last two axes when above 1 (2-D blocks).
+    per_tensor_scale
+        NVFP4's second level, the float32 decode multiplier ``pts`` (None: single level): a value
+        is ``P * float32(pts * s)``.
+    rotation
+        The 16 signs of the random Hadamard rotation applied along the block axis before
+        quantising, or None (see :func:`neuron_kernels.rotate`).
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    fmt: str
+    block_size: int
+    axis: int
+    shape: tuple[int, ...]
+    packed: bool = False
+    block_rows: int = 1
+    per_tensor_scale: float | None = None
+    rotation: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse fields that do not fit together (the kernels trust them)."""
+        for name in ("codes", "scales"):
+            if not isinstance(getattr(self, name), np.ndarray):
+                raise TypeError(f"MXArray {name} must be a numpy array, got {type(getattr(self, name)).__name__}")
+        problem = self.layout.problem((self.codes.shape, self.codes.dtype), (self.scales.shape, self.scales.dtype))
+        if problem is None and self.scales.dtype.kind == "f" and self.scales.dtype != self.format.scale_format.dtype:
+            problem = f"scales must be {self.format.scale} bytes, got dtype {self.scales.dtype}"
+        if problem is None:
+            problem = _extra_problem(self.format, self.per_tensor_scale, self.rotation)
+        if problem:
+            raise ValueError(f"inconsistent MXArray: {problem}")
+
+    @property
+    def layout(self) -> BlockLayout:
+        return BlockLayout(self.fmt, self.shape, self.axis, self.block_size, self.block_rows, self.packed)
+
+    @property
+    def format(self) -> BlockFormat:
+        return BLOCK_FORMATS[self.fmt]
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return self.layout.block_shape
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of codes and scales (and the per-tensor scale's 4, when there is one)."""
+        return int(self.codes.nbytes + self.scales.nbytes + (4 if self.per_tensor_scale is not None else 0))
+
+    @property
+    def bits_per_element(self) -> float:
+        """Storage bits per element as stored."""
+        return 8 * self.nbytes / self.size if self.size else 0.0
+
+    def __repr__(self) -> str:
+        extra = f", block_shape={self.block_shape}" if self.block_rows > 1 else ""
+        if self.per_tensor_scale is not None:
+            extra += f", per_tensor_scale={self.per_tensor_scale:.6g}"
+        if self.rotation is not None:
+            extra += ", rotated"
+        return (
+            f"MXArray(fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}"
+            f"{extra}, packed={self.packed}, blocks={self.scales.size}, nbytes={self.nbytes}, "
+            f"bits_per_element={self.bits_per_element:.3g})"
+        )
+
+    def dequantize(
+        self, dtype: Any = np.float32, *, out: np.ndarray | None = None, unrotate: bool = False
+    ) -> np.ndarray:
+        """The values (exact in float32 for MX; ``P * s`` or ``P * float32(pts * s)`` for NVFP4),
+        in ``dtype`` (float32 by default; float64, float16 and bfloat16 are rounded from the
+        float32 values). A block holding a NaN or an infinity is NaN throughout.
+
+        ``unrotate``: for an array quantised with a rotation (``rht=``), rotate the float32 values
+        back (the values of the array itself stay rotated otherwise, as the simulated operands of
+        a matmul do).
+
+        ``out``: an array of the shape and ``dtype`` to write the values into (reusing one saves
+        the operating system's zeroing of fresh pages, most of the time of a large call).
+        """
+        out_fmt = get_format(dtype)
+        if out_fmt.name not in INPUT_DTYPES:
+            raise TypeError(f"dequantisation writes float32, float64, float16 or bfloat16; got {out_fmt.name}")
+        if not isinstance(unrotate, (bool, np.bool_)):
+            raise TypeError(f"unrotate must be True or False, got {unrotate!r}")
+        if unrotate and self.rotation is None:
+            raise ValueError("unrotate=True needs an array quantised with a rotation (rht=); this one has none")
+        staged = out_fmt.name != "float32" and unrotate  # rotate float32 values back, then convert
+        narrow = out_fmt.name in ("float16", "bfloat16") or staged
+        wide = np.dtype("float64" if out_fmt.name == "float64" and not staged else "float32")
+        target, values = result_buffer(None if narrow else out, self.shape, wide, self.codes, self.scales)
+        if values.size:
+            self._dequantize_into(values)
+            if unrotate:
+                self._unrotate(values)
+        if narrow:
+            return cast(values, out_fmt.name, out=out)
+        return deliver(out, target, values)
+
+    def _unrotate(self, values: np.ndarray) -> None:
+        assert self.rotation is not None
+        if self.axis == values.ndim - 1:
+            rotate_in_place(values, self.axis, self.rotation, inverse=True)
+        else:
+            from .rotation import rotate_array
+
+            values[...] = rotate_array(values, "float32", self.axis, self.rotation, inverse=True)
+
+    def _dequantize_into(self, values: np.ndarray) -> None:
+        from ..kernels import blocks as K
+
+        lay = self.layout
+        row, vshape, cshape, sshape, tasks = lay.kernel_shapes()
+        pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.packed and not row else int(self.packed)
+        kernel = K.dequantize_kernel(self.format, pack, row)
+        pts = np.float32(self.per_tensor_scale or 0.0)
+        codes, scales = self.codes.reshape(cshape), self.scales.view(np.uint8).reshape(sshape)
+        geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
+        run_tasks(kernel, tasks, values.size, (codes, scales, values.reshape(vshape), *geometry, pts))
+
+    def unpacked_codes(self) -> np.ndarray:
+        """The codes one per byte (unpacking 4-bit codes if stored packed)."""
+        if not self.packed:
+            return self.codes
+        from ..kernels.blocks import unpack_fp4_axis
+
+        return unpack_fp4_axis(self.codes, self.shape, self.axis)
+
+    def element_codes(self) -> np.ndarray:
+        """The codes as an array of the element's dtype (int8 for mxint8), unpacked."""
+        return self.unpacked_codes().view(self.format.element_format.result_dtype)
+
+    def to_x4(self) -> np.ndarray:
+        """The element codes in Neuron's packed container of the format, along the last axis.
+
+        mxfp8_e4m3 -> float8_e4m3fn_x4, mxfp8_e5m2 -> float8_e5m2_x4, mxfp4_e2m1 and nvfp4 ->
+        float4_e2m1fn_x4. The last axis must be a multiple of 4. Other formats raise ``TypeError``.
+        """
+        x4 = self.format.x4
+        if x4 is None:
+            having = ", ".join(n for n, f in BLOCK_FORMATS.items() if f.x4)
+            raise TypeError(f"{self.fmt} has no Neuron packed container; {having} do")
+        return pack_x4(self.element_codes(), x4)
+
+    def with_codes(self, codes: np.ndarray) -> BlockArray:
+        """The same blocks with other codes (of the same layout)."""
+        return replace(self, codes=codes)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write one ``.npz`` file (codes, scale bytes and the metadata; see
+        :mod:`neuron_kernels.blocks.file`), atomically. ``.npz`` is appended to a path without it."""
+        from ..files import atomic_output
+        from .file import BlockFileWriter
+
+        path = os.fspath(path)
+        if not path.endswith(".npz"):
+            path += ".npz"
+        with atomic_output(path, force=True) as tmp, BlockFileWriter(tmp) as writer:
+            writer.add(None, self)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], name: str | None = None) -> BlockArray:
+        """Read a block file (written by :meth:`save` or ``neuron-kernels quantize``); ``name`` picks
+        one array of a file that holds several. A corrupt or inconsistent file raises ``ValueError``."""
+        from .file import read_block_file
+
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        arrays = read_block_file(path)
+        names = ", ".join(sorted(map(str, arrays))) if None not in arrays else "one unnamed array (no name= needed)"
+        if name is None and len(arrays) > 1:
+            raise ValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= ({names})")
+        key = next(iter(arrays)) if name is None else name
+        if key not in arrays:
+            raise ValueError(f"{path} has no MX array named {name!r}; it has {names}")
+        s = arrays[key]
+        lay = s.layout
+        return cls.from_parts(
+            s.codes.read(),
+            s.scales.read(),
+            lay.fmt,
+            lay.block_size,
+            lay.axis,
+            lay.shape,
+            lay.packed,
+            path,
+            block_rows=lay.block_rows,
+            per_tensor_scale=s.per_tensor_scale,
+            rotation=s.rotation,
+        )
+
+    @classmethod
+    def from_parts(
+        cls,
+        codes: Any,
+        scales: Any,
+        fmt: Any,
+        block_size: Any,
+        axis: Any,
+        shape: Any,
+        packed: Any,
+        where: str = "MXArray",
+        *,
+        block_rows: Any = 1,
+        per_tensor_scale: Any = None,
+        rotation: Any = None,
+    ) -> BlockArray:
+        """A block array from its fields, checked for consistency (``ValueError`` naming ``where``):
+        shapes, dtypes, and element codes within the element's width."""
+        if not isinstance(codes, np.ndarray) or not isinstance(scales, np.ndarray):
+            raise TypeError(f"{where}: codes and scales must be numpy arrays")
+        layout = BlockLayout(fmt, shape, axis, block_size, block_rows, packed)
+        problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scales.dtype))
+        if problem is None:
+            problem = _extra_problem(BLOCK_FORMATS[fmt], per_tensor_scale, rotation)
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+        element = BLOCK_FORMATS[fmt].element_format
+        if not packed and codes.size and element.bits < 8 and int(codes.max()) >= 1 << element.bits:
+            raise ValueError(
+                f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
+                f"{element.bits}-bit code of {fmt}"
+            )
+        scale_dtype = BLOCK_FORMATS[fmt].scale_format.dtype
+        return cls(
+            np.ascontiguousarray(codes),
+            np.ascontiguousarray(scales).view(np.uint8).view(scale_dtype),
+            fmt,
+            int(block_size),
+            int(axis),
+            tuple(int(n) for n in shape),
+            bool(packed),
+            int(block_rows),
+            None if per_tensor_scale is None else float(per_tensor_scale),
+            None if rotation is None else tuple(int(v) for v in rotation),
+        )
+
+
+def _extra_problem(fmt: BlockFormat, per_tensor_scale: Any, rotation: Any) -> str | None:
+    """What is wrong with a per-tensor scale or a rotation of an array of ``fmt``, or None."""
+    if per_tensor_scale is not None:
+        if not fmt.per_tensor_scale:
+            return f"{fmt.name} has no per-tensor scale, got {per_tensor_scale!r}"
+        if (
+            isinstance(per_tensor_scale, bool)
+            or not isinstance(per_tensor_scale, numbers.Real)
+            or not (np.isfinite(per_tensor_scale) and per_tensor_scale > 0)
+        ):
+            return f"per_tensor_scale must be a positive finite float, got {per_tensor_scale!r}"
+    if rotation is not None:
+        try:
+            rotation_signs(tuple(rotation))
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+    return None
+
+
+#: The name the MX API has always used for the container.
+MXArray = BlockArray

@@ -1,0 +1,196 @@
+"""The package's block-format file: one uncompressed ``.npz`` holding one or more block arrays.
+
+Layout (version 1). An array is three zip members, each an ordinary ``.npy`` array:
+
+- ``meta.npy``: uint8 bytes of a UTF-8 JSON object ``{"version": 1, "fmt": ..., "block_size": ...,
+  "axis": ..., "shape": [...], "packed": ...}``, plus, where they apply, ``"block_rows"`` (2-D
+  tiles), ``"per_tensor_scale"`` (NVFP4's two levels, a float) and ``"rotation"`` (the 16 signs
+  of a random Hadamard rotation applied before quantising);
+- ``codes.npy``: uint8 element codes (see :class:`~neuron_kernels.blocks.array.BlockArray`);
+- ``scales.npy``: uint8 scale bytes (e8m0 for MX, float8_e4m3fn for NVFP4).
+
+A file written by :meth:`BlockArray.save <neuron_kernels.blocks.array.BlockArray.save>` holds
+one array under exactly these names. A file of several arrays (``neuron-kernels quantize`` of an ``.npz`` or
+``.safetensors`` input) prefixes each array's members with its name and a slash:
+``model.w/meta.npy``, ``model.w/codes.npy``, ...
+
+Members are stored uncompressed, so that a reader can map any row range of the codes and scales
+without reading the rest (:func:`read_mx_file`), and a writer can append them row range by row
+range (:class:`BlockFileWriter`): a quantised file is written and read in bounded memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..files import ArrayEntry, FileFormatError, NpzWriter, open_arrays
+from .layout import BlockLayout
+
+__all__ = ["FILE_VERSION", "StoredBlocks", "read_block_file", "BlockFileWriter"]
+
+FILE_VERSION = 1
+_MEMBERS = ("meta", "codes", "scales")
+
+
+def _member(name: str | None, part: str) -> str:
+    return part if name is None else f"{name}/{part}"
+
+
+@dataclass(frozen=True)
+class StoredBlocks:
+    """One block array of a file, its data not yet read (``codes``/``scales`` read on demand)."""
+
+    path: str
+    name: str | None
+    layout: BlockLayout
+    per_tensor_scale: float | None
+    rotation: tuple[int, ...] | None
+    codes: ArrayEntry
+    scales: ArrayEntry
+
+    @property
+    def fmt(self) -> str:
+        return self.layout.fmt
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.layout.shape
+
+
+def read_block_file(path: str | os.PathLike[str]) -> dict[str | None, StoredBlocks]:
+    """The arrays of a block file by name (``None`` for the one array of a single-array file),
+    their metadata validated against their codes and scales; no data is read."""
+    path = os.fspath(path)
+    if not path.lower().endswith(".npz"):
+        raise FileFormatError(f"{path}: an MX file is a .npz file (the package's file of MX and NVFP4 arrays)")
+    try:
+        entries = open_arrays(path)
+    except FileFormatError as exc:
+        raise FileFormatError(f"{path}: cannot read an MX file ({exc})") from None
+    groups: dict[str | None, dict[str, ArrayEntry]] = {}
+    for entry in entries:
+        prefix, _, part = (entry.name or "").rpartition("/")
+        if part in _MEMBERS:
+            groups.setdefault(prefix if "/" in (entry.name or "") else None, {})[part] = entry
+    arrays = {name: parts for name, parts in groups.items() if set(parts) == set(_MEMBERS)}
+    if not arrays:
+        found = sorted(e.name or "" for e in entries)
+        raise FileFormatError(f"{path}: not an MX file (it has {found}; expected codes, scales, meta)")
+    return {name: _stored(path, name, parts) for name, parts in arrays.items()}
+
+
+def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> StoredBlocks:
+    where = path if name is None else f"{path}[{name}]"
+    try:
+        raw = parts["meta"].read()
+        meta = json.loads(np.ascontiguousarray(raw).tobytes().decode())
+        layout = BlockLayout(
+            meta["fmt"],
+            tuple(meta["shape"]),
+            meta["axis"],
+            meta["block_size"],
+            meta.get("block_rows", 1),
+            meta["packed"],
+        )
+        version, pts, rotation = meta["version"], meta.get("per_tensor_scale"), meta.get("rotation")
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise FileFormatError(f"{where}: corrupt MX metadata ({exc})") from None
+    if type(version) is not int or version != FILE_VERSION:
+        raise FileFormatError(
+            f"{where}: MX file version {version!r} is not supported (this package reads {FILE_VERSION})"
+        )
+    codes, scales = parts["codes"], parts["scales"]
+    problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scales.dtype))
+    if problem is None and pts is not None and not (isinstance(pts, float) and np.isfinite(pts) and pts > 0):
+        problem = f"invalid per_tensor_scale {pts!r}"
+    if problem is None and rotation is not None and not _signs(rotation):
+        problem = f"invalid rotation {rotation!r} (16 signs, each 1 or -1)"
+    if problem:
+        raise FileFormatError(f"{where}: {problem}")
+    return StoredBlocks(path, name, layout, pts, None if rotation is None else tuple(rotation), codes, scales)
+
+
+def _signs(rotation: Any) -> bool:
+    return isinstance(rotation, list) and len(rotation) == 16 and all(type(v) is int and v in (1, -1) for v in rotation)
+
+
+def _meta_bytes(layout: BlockLayout, per_tensor_scale: float | None, rotation: tuple[int, ...] | None) -> np.ndarray:
+    meta: dict[str, Any] = {
+        "version": FILE_VERSION,
+        "fmt": layout.fmt,
+        "block_size": layout.block_size,
+        "axis": layout.axis,
+        "shape": list(layout.shape),
+        "packed": layout.packed,
+    }
+    if layout.block_rows != 1:
+        meta["block_rows"] = layout.block_rows
+    if per_tensor_scale is not None:
+        meta["per_tensor_scale"] = float(per_tensor_scale)
+    if rotation is not None:
+        meta["rotation"] = [int(v) for v in rotation]
+    return np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+
+
+class _ArrayPieces:
+    """Appends codes to the zip and scale bytes to a spill file, piece by piece (see BlockFileWriter)."""
+
+    def __init__(self, codes: Any, spill: Any) -> None:
+        self._codes, self._spill = codes, spill
+
+    def write(self, codes: np.ndarray, scales: np.ndarray) -> None:
+        """The next pieces of the codes and scales, in C order (any shapes)."""
+        self._codes.write(codes)
+        self._spill.write(memoryview(np.ascontiguousarray(scales).reshape(-1).view(np.uint8)))
+
+
+class BlockFileWriter:
+    """A block file written array by array, each piece by piece, in bounded memory.
+
+    ``with BlockFileWriter(path) as w: with w.array(name, layout) as a: a.write(codes, scales)``,
+    consecutive C-order pieces of the whole array's. The codes go straight into the zip; the
+    scales (1/block_size of the data) into a temporary file beside it, copied in after the codes.
+    ``name=None`` writes the single-array layout.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._npz = NpzWriter(path)
+
+    @contextlib.contextmanager
+    def array(
+        self,
+        name: str | None,
+        layout: BlockLayout,
+        per_tensor_scale: float | None = None,
+        rotation: tuple[int, ...] | None = None,
+    ) -> Iterator[_ArrayPieces]:
+        self._npz.add(_member(name, "meta"), _meta_bytes(layout, per_tensor_scale, rotation))
+        folder = os.path.dirname(os.path.abspath(self._path))
+        with tempfile.TemporaryFile(dir=folder, prefix=".mx-scales-") as spill:
+            with self._npz.member(_member(name, "codes"), layout.codes_shape, np.uint8) as codes:
+                yield _ArrayPieces(codes, spill)
+            spill.seek(0)
+            with self._npz.member(_member(name, "scales"), layout.scales_shape, np.uint8) as scales:
+                while block := spill.read(1 << 24):
+                    scales.write_bytes(block)
+
+    def add(self, name: str | None, blocks: Any) -> None:
+        """Write a whole in-memory block array (anything with ``layout``, ``codes``, ``scales``,
+        ``per_tensor_scale`` and ``rotation``)."""
+        with self.array(name, blocks.layout, blocks.per_tensor_scale, blocks.rotation) as rows:
+            rows.write(blocks.codes, blocks.scales)
+
+    def __enter__(self) -> BlockFileWriter:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._npz.__exit__()

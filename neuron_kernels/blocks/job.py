@@ -1,0 +1,320 @@
+"""Validated quantisation options (:class:`BlockJob`), applied to whole arrays or to pieces of one.
+
+The public functions and the file commands build a job with :func:`block_job`, which checks every
+option and names what is accepted; the job then quantises or fake-quantises C-contiguous input
+arrays (:func:`input_array`) with the kernels of :mod:`neuron_kernels.kernels.blocks`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .._parallel import run_tasks
+from .._random import check_seed, draw_seed, stream_key
+from ..formats import BLOCK_FORMATS, BlockFormat, Format
+from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, SCALE_SEARCHES
+from .array import BlockArray
+from .inputs import input_array
+from .layout import BlockLayout
+from .rotation import check_length, rotate_array, rotated_amax, rotation_signs
+
+__all__ = ["BlockJob", "block_job", "input_array", "per_tensor_scale_of", "tensor_amax", "DEFAULT"]
+
+#: The default of options whose default depends on the format (``scale_mode``, ``per_tensor_scale``).
+DEFAULT: Any = "default"
+
+#: The largest float8_e4m3fn value: the default bound of NVFP4's per-tensor scale.
+_E4M3_MAX = 448.0
+
+
+def choice(value: Any, accepted: tuple[str, ...], what: str) -> str:
+    if not isinstance(value, str) or value not in accepted:
+        raise ValueError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+    return value
+
+
+def block_format(fmt: Any, accepted: tuple[str, ...] = tuple(BLOCK_FORMATS), what: str = "block format") -> BlockFormat:
+    if isinstance(fmt, BlockFormat):
+        fmt = fmt.name
+    return BLOCK_FORMATS[choice(fmt, accepted, what)]
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def _axis(axis: Any, ndim: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if ndim == 0:
+        raise ValueError("cannot quantise a 0-d array: blocks run along an axis")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for an array of {ndim} dimensions")
+    return int(axis) % ndim
+
+
+def _blocks(block_size: Any, block_shape: Any, fmt: BlockFormat, axis: Any, ndim: int) -> tuple[int, int, int]:
+    """(block_size, block_rows, axis) from ``block_size`` / ``block_shape`` / ``axis``."""
+    if block_shape is None:
+        size = fmt.block_size if block_size is DEFAULT else _positive_int(block_size, "block_size")
+        return size, 1, _axis(axis, ndim)
+    if (
+        isinstance(block_shape, (str, bytes))
+        or not isinstance(block_shape, (tuple, list))
+        or not 1 <= len(block_shape) <= 2
+    ):
+        raise TypeError(f"block_shape must be a tuple of one or two positive ints, got {block_shape!r}")
+    dims = [_positive_int(v, "block_shape") for v in block_shape]
+    if block_size is not DEFAULT and _positive_int(block_size, "block_size") != dims[-1]:
+        raise ValueError(f"block_size {block_size} and block_shape {tuple(block_shape)} disagree; give one of them")
+    if len(dims) == 1 or dims[0] == 1:
+        return dims[-1], 1, _axis(axis, ndim)
+    if ndim < 2:
+        raise ValueError(f"2-D blocks {tuple(dims)} need an array of 2 or more dimensions, got {ndim}")
+    if _axis(axis, ndim) != ndim - 1:
+        raise ValueError(f"2-D blocks {tuple(dims)} tile the last two axes; axis must be -1, got {axis}")
+    return dims[1], dims[0], ndim - 1
+
+
+def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
+    """``"amax"``, None or a positive finite float (NVFP4); None for formats without one."""
+    if value is DEFAULT:
+        return "amax" if fmt.per_tensor_scale else None
+    if value is None:
+        return None
+    if not fmt.per_tensor_scale:
+        raise ValueError(f"{fmt.name} has no per-tensor scale (per_tensor_scale applies to NVFP4); got {value!r}")
+    if isinstance(value, str):
+        if value != "amax":
+            raise ValueError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)):
+        raise TypeError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"per_tensor_scale must be a positive finite float, got {value!r}")
+    return float(np.float32(value))
+
+
+def tensor_amax(arr: np.ndarray, src: Format) -> float:
+    """The largest finite |x| of an input array (as its float32 value; 0 when there is none)."""
+    from ..kernels import blocks as K
+
+    view = K.input_view(arr).reshape(-1)
+    chunk = 1 << 16
+    n = -(-view.size // chunk)
+    if n == 0:
+        return 0.0
+    out = np.empty(n, np.uint32)
+    run_tasks(K.finite_amax_kernel(src.name), n, view.size, (view, out, chunk))
+    return float(out.max().view(np.float32))
+
+
+def per_tensor_scale_of(amax: float, bound: float) -> float:
+    """NVFP4's per-tensor scale from the tensor's finite amax: ``float32(amax) / float32(bound * 6)``
+    (the largest block scale times the largest element), 1.0 where that is 0 or not finite."""
+    pts = np.float32(amax) / np.float32(bound * 6.0)
+    return float(pts) if np.isfinite(pts) and pts > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class BlockJob:
+    """Validated options of a quantisation, applied to an array or to pieces of one.
+
+    ``quantize(arr, src, idx0)`` and ``fake_quantize(arr, src, out, idx0)`` take a C-contiguous
+    array from :func:`input_array` blocked along ``axis`` (or tiled over its last two axes);
+    ``idx0`` is the C-order index of its first element in the whole array (stochastic rounding
+    depends on it), so that a large array processed in pieces gives the result of processing it
+    whole. ``per_tensor_scale`` is ``"amax"`` until :meth:`with_amax` resolves it from the whole
+    tensor's amax (which :meth:`resolved` computes for an array in memory).
+    """
+
+    fmt: BlockFormat
+    block_size: int
+    block_rows: int
+    axis: int
+    scale_mode: str
+    rounding: str
+    key: int
+    pack: bool
+    per_tensor_scale: float | str | None = None
+    scale_bound: float = _E4M3_MAX
+    four_over_six: str | None = None
+    scale_search: str | None = None
+    rotation: tuple[int, ...] | None = None
+
+    @property
+    def needs_amax(self) -> bool:
+        return self.per_tensor_scale == "amax"
+
+    def with_amax(self, amax: float) -> BlockJob:
+        """This job with the per-tensor scale of a tensor whose finite amax is ``amax``."""
+        return replace(self, per_tensor_scale=per_tensor_scale_of(amax, self.scale_bound))
+
+    def amax(self, arr: np.ndarray, src: Format) -> float:
+        """The finite amax of ``arr`` as this job quantises it (rotated first, with a rotation)."""
+        if self.rotation is not None:
+            return rotated_amax(arr, src.name, self.axis, self.rotation)
+        return tensor_amax(arr, src)
+
+    def resolved(self, arr: np.ndarray, src: Format) -> BlockJob:
+        """This job with its per-tensor scale computed from ``arr`` if it needs one."""
+        return self.with_amax(self.amax(arr, src)) if self.needs_amax else self
+
+    def layout(self, shape: tuple[int, ...], axis: int | None = None) -> BlockLayout:
+        return BlockLayout(
+            self.fmt.name, shape, self.axis if axis is None else axis, self.block_size, self.block_rows, self.pack
+        )
+
+    def _pts(self) -> np.float32:
+        if isinstance(self.per_tensor_scale, str):
+            raise RuntimeError("the per-tensor scale of this job has not been computed yet")
+        return np.float32(self.per_tensor_scale or 0.0)
+
+    def _policy(self) -> int:
+        from ..kernels import blocks as K
+
+        return K.policy_id(self.four_over_six, self.scale_search)
+
+    def _run(self, kernel: Any, lay: BlockLayout, arrays: tuple[np.ndarray, ...], idx0: int, align: int = 1) -> None:
+        from ..kernels import blocks as K
+
+        row, vshape, _, _, tasks = lay.kernel_shapes()
+        geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
+        options: tuple[Any, ...] = (K.scale_mode_id(self.scale_mode), self._policy(), self._pts(), self.key, idx0)
+        if self._fused_rotation(row):
+            options += (np.array(self.rotation, np.float64),)
+        run_tasks(kernel, tasks, lay.size, (*arrays, *geometry, *options), align)
+
+    def _fused_rotation(self, row: bool) -> bool:
+        """Whether the kernel rotates (row kernels do; other layouts get a rotated copy)."""
+        return self.rotation is not None and row
+
+    def _source(self, arr: np.ndarray, src: Format, row: bool) -> tuple[np.ndarray, str]:
+        """The array the kernel reads and its dtype: a rotated float32 copy for a rotation along
+        an axis that is not the last."""
+        if self.rotation is not None:
+            check_length(arr.shape[self.axis], self.axis)
+            if not row:
+                return rotate_array(arr, src.name, self.axis, self.rotation), "float32"
+        return arr, src.name
+
+    def quantize(self, arr: np.ndarray, src: Format, idx0: int = 0) -> BlockArray:
+        from ..kernels import blocks as K
+
+        lay = self.layout(arr.shape)
+        codes = np.empty(lay.codes_shape, np.uint8)
+        scales = np.empty(lay.scales_shape, np.uint8)
+        if arr.size:
+            row, vshape, cshape, sshape, _ = lay.kernel_shapes()
+            arr, source = self._source(arr, src, row)
+            pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.pack and not row else int(self.pack)
+            kernel = K.quantize_kernel(source, self.fmt, self.rounding, pack, row, self._fused_rotation(row))
+            # Two blocks of odd length along the block axis share bytes of packed codes: keep such
+            # pairs on one thread (whole pairs of rows of tasks if a row has an odd number).
+            align = 1
+            if self.pack and not lay.two_d and self.block_size % 2:
+                align = 2 if sshape[1] % 2 == 0 else 2 * sshape[1]
+            arrays = (K.input_view(arr).reshape(vshape), codes.reshape(cshape), scales.reshape(sshape))
+            self._run(kernel, lay, arrays, idx0, align)
+        pts = self.per_tensor_scale if not isinstance(self.per_tensor_scale, str) else None
+        return BlockArray(
+            codes,
+            scales.view(self.fmt.scale_format.dtype),
+            self.fmt.name,
+            min(self.block_size, arr.shape[self.axis]) if arr.size else self.block_size,
+            self.axis,
+            arr.shape,
+            self.pack,
+            self.block_rows,
+            pts,
+            self.rotation,
+        )
+
+    def fake_quantize(self, arr: np.ndarray, src: Format, out: np.ndarray, idx0: int = 0) -> None:
+        """The dequantised values of every element of ``arr`` into the C-contiguous float32 ``out``."""
+        from ..kernels import blocks as K
+
+        lay = self.layout(arr.shape)
+        if arr.size:
+            row, vshape, _, _, _ = lay.kernel_shapes()
+            arr, source = self._source(arr, src, row)
+            kernel = K.fake_quantize_kernel(source, self.fmt, self.rounding, row, self._fused_rotation(row))
+            self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
+
+
+def block_job(
+    fmt: Any,
+    ndim: int,
+    *,
+    block_size: Any = DEFAULT,
+    block_shape: Any = None,
+    axis: Any = -1,
+    scale_mode: Any = DEFAULT,
+    rounding: Any = "nearest_even",
+    seed: Any = None,
+    pack: Any = True,
+    per_tensor_scale: Any = DEFAULT,
+    scale_bound: Any = _E4M3_MAX,
+    four_over_six: Any = None,
+    scale_search: Any = None,
+    rht: Any = False,
+    formats: tuple[str, ...] = tuple(BLOCK_FORMATS),
+    what: str = "block format",
+) -> BlockJob:
+    """Validate the options of :func:`neuron_kernels.quantize` for arrays of ``ndim`` dimensions
+    (``formats``: the formats accepted, named ``what`` in errors)."""
+    bf = block_format(fmt, formats, what)
+    size, rows, ax = _blocks(block_size, block_shape, bf, axis, ndim)
+    mode = bf.scale_modes[0] if scale_mode is DEFAULT else scale_mode
+    if not isinstance(mode, str) or mode not in bf.scale_modes:
+        raise ValueError(f"unknown scale mode {mode!r}; accepted: {', '.join(bf.scale_modes)} ({bf.name})")
+    rnd = choice(rounding, BLOCK_ROUNDING_MODES, "rounding mode")
+    if not isinstance(pack, (bool, np.bool_)):
+        raise TypeError(f"pack must be True or False, got {pack!r}")
+    check_seed(seed)
+    if rnd == "stochastic" and seed is None:
+        seed = draw_seed()
+    pts = _per_tensor(per_tensor_scale, bf)
+    if isinstance(scale_bound, bool) or not isinstance(scale_bound, numbers.Real):
+        raise TypeError(f"scale_bound must be a float in (0, 448], got {scale_bound!r}")
+    if not (np.isfinite(scale_bound) and 0 < scale_bound <= _E4M3_MAX):
+        raise ValueError(f"scale_bound must be a float in (0, 448] (448, or 256 with four_over_six), got {scale_bound}")
+    if four_over_six is not None:
+        choice(four_over_six, FOUR_OVER_SIX, "four_over_six error measure")
+        if bf.is_mx:
+            raise ValueError(f"four_over_six applies to NVFP4 (float8_e4m3fn scales), not {bf.name}")
+    if scale_search is not None:
+        choice(scale_search, SCALE_SEARCHES, "scale search")
+        if four_over_six is not None:
+            raise ValueError("four_over_six and scale_search are two scale policies; give one of them")
+    rotation = rotation_signs(rht)
+    if rotation is not None:
+        if rows > 1:
+            raise ValueError("rht= rotates along the block axis of 1-D blocks, not 2-D tiles")
+        if size % 16:
+            raise ValueError(
+                f"rht= rotates groups of 16 along the block axis; block_size must be a multiple of 16, got {size}"
+            )
+    return BlockJob(
+        bf,
+        size,
+        rows,
+        ax,
+        mode,
+        rnd,
+        stream_key(0 if seed is None else seed),
+        bool(pack) and bf.packable,
+        pts,
+        float(scale_bound),
+        four_over_six,
+        scale_search,
+        rotation,
+    )

@@ -1,0 +1,132 @@
+"""Error statistics of a block quantisation: what users of a dequantisation simulation look at to
+choose a format, a scale mode and a policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .array import BlockArray
+from .inputs import input_array
+from .layout import Pieces
+from .rotation import rotate_array
+
+__all__ = ["QuantizationError", "ErrorStats", "quantization_error"]
+
+
+@dataclass(frozen=True)
+class QuantizationError:
+    """What a quantisation did to an array, computed in float64 over the finite inputs of the
+    blocks with a finite scale (a block holding a NaN or an infinity dequantises to NaN as a
+    whole: its elements are left out).
+
+    ``sqnr_db``: 10 log10(sum x^2 / sum (x - dq)^2) (inf when exact); ``mse``; ``max_abs_error``;
+    ``max_rel_error`` (over non-zero inputs); ``saturated``: fraction of elements whose magnitude
+    exceeded the largest element times their block's scale; ``flushed``: fraction of non-zero
+    inputs that dequantise to zero.
+    """
+
+    sqnr_db: float
+    mse: float
+    max_abs_error: float
+    max_rel_error: float
+    saturated: float
+    flushed: float
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+class ErrorStats:
+    """Running sums of :class:`QuantizationError`, fed piece by piece (:meth:`add`), so that the
+    statistics of an array of any size take memory for one piece only."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signal = 0.0
+        self.noise = 0.0
+        self.max_abs = 0.0
+        self.max_rel = 0.0
+        self.saturated = 0
+        self.flushed = 0
+
+    def add(self, x: np.ndarray, q: BlockArray) -> None:
+        """Fold in ``x`` (float32/16/bfloat16/64, C-contiguous, of ``q``'s shape) and its
+        quantisation ``q``, in pieces of about a million elements (the float64 temporaries are
+        ~60 bytes an element)."""
+        pieces = Pieces(q.layout)
+        flat = x.reshape(-1)
+        codes, scales = q.codes.reshape(-1), q.scales.reshape(-1)
+        for cut in pieces.cuts(1 << 20):
+            start, stop, shape = pieces.values(cut)
+            (c0, c1, cshape), (s0, s1, sshape) = pieces.codes(cut), pieces.scales(cut)
+            lay = pieces.piece_layout(cut)
+            part = BlockArray(
+                codes[c0:c1].reshape(cshape),
+                scales[s0:s1].reshape(sshape),
+                q.fmt,
+                q.block_size,
+                lay.axis,
+                shape,
+                q.packed,
+                q.block_rows,
+                q.per_tensor_scale,
+                q.rotation,
+            )
+            self._add(flat[start:stop].reshape(shape), part)
+
+    def _add(self, x: np.ndarray, q: BlockArray) -> None:
+        from ..kernels.blocks import error_sums
+
+        if x.size == 0:
+            return
+        xv = x.astype(np.float32) if x.dtype.name == "bfloat16" else x
+        xv = np.ascontiguousarray(xv, dtype=np.float64).reshape(-1)
+        rotated = q.rotation is not None
+        dq = q.dequantize(np.float32, unrotate=rotated).reshape(-1)
+        # The largest value each block holds: the largest element code dequantised with its scale,
+        # compared with the values as quantised (rotated, with a rotation).
+        top = q.format.element_format.max_code
+        full = np.full(q.codes.shape, top | top << 4 if q.packed else top, np.uint8)
+        lim = np.abs(q.with_codes(full).dequantize(np.float32)).reshape(-1)
+        xs = rotate_array(x, input_array(x)[1].name, q.axis, q.rotation).reshape(-1) if rotated else xv
+        count, signal, noise, max_abs, max_rel, saturated, flushed = error_sums(xv, dq, xs, lim)
+        self.count += count
+        self.signal += signal
+        self.noise += noise
+        self.max_abs = max(self.max_abs, max_abs)
+        self.max_rel = max(self.max_rel, max_rel)
+        self.saturated += saturated
+        self.flushed += flushed
+
+    def result(self) -> QuantizationError:
+        n = max(self.count, 1)
+        if self.noise == 0:
+            sqnr = float("inf")
+        else:
+            sqnr = float(10 * np.log10(self.signal / self.noise)) if self.signal > 0 else float("-inf")
+        return QuantizationError(
+            sqnr_db=sqnr,
+            mse=self.noise / n,
+            max_abs_error=self.max_abs,
+            max_rel_error=self.max_rel,
+            saturated=self.saturated / n,
+            flushed=self.flushed / n,
+        )
+
+
+def quantization_error(x: Any, q: BlockArray) -> QuantizationError:
+    """Error statistics of ``q`` as a quantisation of ``x`` (see :class:`QuantizationError`).
+
+    For an array quantised with a rotation (``rht=``), ``x`` is compared with the dequantised
+    values rotated back (the error of the whole round trip)."""
+    if not isinstance(q, BlockArray):
+        raise TypeError(f"quantization_error takes an MXArray (a block-format array), got {type(q).__name__}")
+    arr, _ = input_array(x)
+    if arr.shape != q.shape:
+        raise ValueError(f"x has shape {arr.shape} but the MX array has shape {q.shape}")
+    stats = ErrorStats()
+    stats.add(arr, q)
+    return stats.result()

@@ -1,0 +1,941 @@
+"""Numba kernels of the block-scaled formats (MX, NVFP4): quantise, dequantise, fake-quantise.
+
+Geometry. *Row* kernels take (A, L) arrays with blocks of ``size`` consecutive elements along L,
+the last axis (the fast path). *Tile* kernels take (A, R, C) arrays with tiles of ``rows x cols``
+over (R, C): a 1-D block along an axis that is not the last is a tile ``(size, 1)`` of the array
+seen as (outer, L, inner); a 2-D block is a tile over the last two axes. A *task* is one (row,
+block) pair of a row kernel, or one row of tiles of a tile kernel; a kernel runs the tasks
+``[t0, t1)``, so that threads share an array without sharing a block.
+
+Scales come from the block's amax read as a float32 bit pattern (the integer max of |x|
+patterns; NaN patterns are the largest), never from a floating-point log2; a float32 block of 16,
+32 or 64 is reduced as one vector. The scale rule (``modes.SCALE_MODES``) and the scale policy
+(plain, four-over-six, MSE search) are run-time arguments; the element format, the source, the
+rounding mode and the layout are compiled in.
+
+Elements. MX (e8m0 scales): an element is ``x * (1 / X)``, a product by a power of two, exact
+where it matters (see :func:`_nearest_even`). NVFP4 (e4m3fn scales ``s``): ``x * (1 / s)``
+single-level, ``x * ((1 / pts) / s)`` two-level, each operation rounded to float32, as torchao's
+``nvfp4_quantize`` computes it (torchao 0.18 and later; earlier releases divided). The result is
+encoded with saturation, under ``nearest_even`` by float arithmetic of its own, in the other
+modes by the cast codec's generic encoder. Dequantised values are ``P * X`` (exact) and ``P * s``
+or ``P * float32(pts * s)``.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._jit import f32_bits, f32_from_bits, jit, u32_add, u32_amax_abs, u32_and, u32_or, u32_shl, u32_shr, u32_sub
+from ..formats import FORMATS, BlockFormat
+from ..modes import FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
+from . import codec as C
+
+__all__ = [
+    "Source",
+    "source_of",
+    "scale_mode_id",
+    "policy_id",
+    "quantize_kernel",
+    "fake_quantize_kernel",
+    "dequantize_kernel",
+    "finite_amax_kernel",
+    "error_sums",
+    "unpack_fp4_axis",
+]
+
+FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST = (SCALE_MODES.index(m) for m in SCALE_MODES)
+
+#: Scale policies, as the kernels number them: the plain rule, four-over-six by each error
+#: measure of ``modes.FOUR_OVER_SIX``, then each search of ``modes.SCALE_SEARCHES``.
+POLICIES: tuple[tuple[str, str] | None, ...] = (
+    None,
+    *(("four_over_six", m) for m in FOUR_OVER_SIX),
+    *(("scale_search", m) for m in SCALE_SEARCHES),
+)
+PLAIN, FOUR_SIX_MAE, FOUR_SIX_MSE, SEARCH_MSE = range(len(POLICIES))
+
+#: Where a tile kernel stores two 4-bit codes per byte: not at all, along R or along C.
+PACK_NONE, PACK_ROWS, PACK_COLS = 0, 1, 2
+
+
+def scale_mode_id(scale_mode: str) -> int:
+    return SCALE_MODES.index(scale_mode)
+
+
+def policy_id(four_over_six: str | None, scale_search: str | None) -> int:
+    """The kernels' id of a scale policy (at most one of the two is set)."""
+    if four_over_six is not None:
+        return POLICIES.index(("four_over_six", four_over_six))
+    if scale_search is not None:
+        return POLICIES.index(("scale_search", scale_search))
+    return PLAIN
+
+
+class Source(NamedTuple):
+    """How a kernel reads its input: the codec's source kind and codec, and whether blocks of 16,
+    32 or 64 are reduced as one vector (float32 rows)."""
+
+    kind: int
+    codec: C.Codec
+    vector: bool
+
+
+def source_of(dtype_name: str) -> Source:
+    """The :class:`Source` of an input dtype (float32, float64, or 16-bit float codes)."""
+    if dtype_name == "float32":
+        return Source(C.SOURCE_F32, C.NO_CODEC, True)
+    if dtype_name == "float64":
+        return Source(C.SOURCE_F64_NEAREST, C.NO_CODEC, False)
+    return Source(C.SOURCE_CODES, C.codec_of(FORMATS[dtype_name]), False)
+
+
+def input_view(x: np.ndarray) -> np.ndarray:
+    """The array as the kernels read it: float32 patterns, 16-bit float codes, or float64."""
+    if x.dtype == np.float64:
+        return x
+    return x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
+
+
+class Element(NamedTuple):
+    """The element format, as the kernels need it.
+
+    ``top``: the largest element; ``min_normal`` the smallest normal, ``magic`` a float whose ulp is
+    the smallest subnormal, ``rebias`` ``(127 - B) << M`` (mod 2^32): the constants of
+    :func:`_nearest_even`. ``nan_code``: the code of every element of a NaN block.
+    """
+
+    codec: C.Codec
+    mode: int
+    top: np.float32
+    min_normal: np.float32
+    magic: np.float32
+    rebias: int
+    nan_code: int
+
+
+class Scale(NamedTuple):
+    """The scale format, as the kernels need it.
+
+    ``e8m0``: power-of-two scales (MX) rather than float8_e4m3fn ones (NVFP4). ``emax``, ``mbits``
+    and ``rcp`` (float32(1 / max element)) serve the e8m0 rules; ``max_element`` and ``four``
+    (2^emax: the map-to-4 divisor of four-over-six) the e4m3fn ones, with the scale's codec, its
+    smallest normal (the lower clamp) and largest value, and ``nan_byte``, the scale of a block
+    holding a NaN or an infinity.
+    """
+
+    e8m0: bool
+    emax: int
+    mbits: int
+    rcp: np.float32
+    max_element: np.float32
+    four: np.float32
+    codec: C.Codec
+    lowest: np.float32
+    highest: np.float32
+    nan_byte: int
+
+
+def _element_of(bf: BlockFormat, rounding: str) -> Element:
+    c = C.codec_of(bf.element_format)
+    return Element(
+        codec=c,
+        mode=C.mode_id(rounding),
+        top=np.float32(bf.max_element),
+        min_normal=np.float32(2.0 ** (1 - c.bias)),
+        magic=np.float32(2.0 ** (1 - c.bias - c.mbits + 23)),
+        rebias=((127 - c.bias) << c.mbits) & 0xFFFFFFFF,
+        nan_code=bf.nan_element_code,
+    )
+
+
+def _scale_of(bf: BlockFormat) -> Scale:
+    sf = bf.scale_format
+    return Scale(
+        e8m0=bf.is_mx,
+        emax=bf.emax_elem,
+        mbits=bf.mbits,
+        rcp=np.float32(1.0 / bf.max_element),
+        max_element=np.float32(bf.max_element),
+        four=np.float32(2.0**bf.emax_elem),
+        codec=C.codec_of(sf),
+        lowest=np.float32(sf.smallest_normal),
+        highest=np.float32(sf.max),
+        nan_byte=sf.nan_code or 0,
+    )
+
+
+# ---- scales ----------------------------------------------------------------------------------
+
+
+@jit
+def _bit_length(v):  # pragma: no cover - compiled
+    n = 0
+    while v:
+        v >>= 1
+        n += 1
+    return n
+
+
+@jit
+def _e8m0_byte(amax, mode, sc):  # pragma: no cover - compiled
+    """The e8m0 byte of a block from its finite, non-zero amax bit pattern, by ``mode`` (the
+    formulas of ``modes.SCALE_MODES``), the exponent clamped to [-127, 127]."""
+    e_bits = np.int64(amax >> 23)
+    frac = np.int64(amax & 0x7FFFFF)
+    if e_bits > 0:
+        fl = e_bits - 127
+        sig = frac | 0x800000
+    else:
+        nbits = _bit_length(frac)
+        fl = nbits - 150
+        sig = frac << (24 - nbits)
+    if mode == CEIL:
+        e = fl + (1 if sig != 0x800000 else 0) - sc.emax
+    elif mode == EVEN:
+        e = fl + ((sig + (1 << (22 - sc.mbits))) >> 24) - sc.emax
+    elif mode == NEURON:
+        e = fl - (sc.emax - 1)
+    elif mode == RCEIL:
+        d = f32_bits(f32_from_bits(np.uint32(amax)) * sc.rcp)
+        d_exp = np.int64(d >> 23)
+        d_mant = np.int64(d & 0x7FFFFF)
+        if d_exp == 0:
+            u = 0 if d_mant <= 0x400000 else 1
+        else:
+            u = d_exp + (1 if d_mant != 0 else 0)
+        e = min(u, 0xFE) - 127
+    else:  # FLOOR
+        e = fl - sc.emax
+    return max(-127, min(127, e)) + 127
+
+
+@jit
+def _e4m3_byte(amax, divisor, pts, sc):  # pragma: no cover - compiled
+    """The float8_e4m3fn scale of a block: ``amax / divisor`` (then ``/ pts`` when ``pts != 0``),
+    in float32, clamped to [2^-6, 448] and rounded to the nearest e4m3fn code."""
+    t = f32_from_bits(np.uint32(amax)) / divisor
+    if pts != 0:
+        t = t / pts
+    t = min(max(t, sc.lowest), sc.highest)
+    return C.encode(f32_bits(t), np.uint32(0), np.uint32(0), sc.codec, C.NEAREST_EVEN, True)
+
+
+@jit
+def _scale_byte(amax, mode, pts, sc):  # pragma: no cover - compiled
+    """The scale byte of a block by the plain rule (NaN byte for a NaN/inf block; e8m0: 0 for
+    an all-zero block, e4m3fn: the lower clamp 2^-6)."""
+    if amax >= 0x7F800000:
+        return np.uint32(sc.nan_byte)
+    if sc.e8m0:
+        return np.uint32(0) if amax == 0 else np.uint32(_e8m0_byte(amax, mode, sc))
+    return np.uint32(_e4m3_byte(amax, sc.max_element, pts, sc))
+
+
+@jit(inline="always")
+def _multiplier(byte, pts, sc):  # pragma: no cover - compiled
+    """(What an element is multiplied by before encoding, the scale of the dequantised values),
+    in float32: MX, (1 / X, X) = (2^(127 - byte), 2^(byte - 127)); NVFP4, (1 / s, s) single-level
+    and ((1 / pts) / s, pts * s) two-level, torchao's order of operations. NaN for a NaN block."""
+    if sc.e8m0:
+        inv = f32_from_bits(u32_shl(u32_sub(254, byte), 23) if byte < np.uint32(254) else np.uint32(0x400000))
+        x = f32_from_bits(u32_shl(byte, 23) if byte != 0 else u32_or(byte, 0x400000))
+        x = np.float32(np.nan) if byte == np.uint32(0xFF) else x
+        return inv, x
+    s = f32_from_bits(C.decode(byte, sc.codec))
+    one = np.float32(1.0)
+    if pts != 0:
+        return (one / pts) / s, pts * s
+    return one / s, s
+
+
+@jit(inline="always")
+def _scaled(u, mul, sc):  # pragma: no cover - compiled
+    """The element value before encoding, ``x * mul``. NVFP4's multiplier overflows to inf for a
+    tensor of tiny amax: a zero element stays a signed zero (not 0 * inf = NaN)."""
+    x = f32_from_bits(u)
+    v = x * mul
+    if sc.e8m0:
+        return v
+    return v if x != 0 else x
+
+
+@jit(inline="always")
+def _nearest_even(v, el):  # pragma: no cover - compiled
+    """The saturating round-to-nearest-even code of the finite float32 ``v``, in float arithmetic.
+
+    |v| is clamped to the largest element first (the same as saturating after rounding, as the
+    largest element is a representable value). Below the smallest normal, adding a float whose
+    ulp is the element's smallest subnormal rounds |v| to a multiple of it (the hardware adder
+    rounds to nearest even), and the pattern difference is the code; above it, the float32
+    pattern's mantissa is rounded to ``mbits`` bits in integer arithmetic and rebiased. The sign
+    is a sign bit, or two's complement for fixed-point elements. For MX, ``v = x * 2^k`` is exact
+    whenever it is a normal float32, and otherwise below 2^-126, so far below half the element's
+    smallest subnormal (at least 2^-16 of X) that every mode gives the signed zero from it too.
+    """
+    c = el.codec
+    a = min(abs(v), el.top)
+    ab = f32_bits(a)
+    sub = u32_sub(f32_bits(a + el.magic), f32_bits(el.magic))
+    rounded = u32_add(u32_add(ab, (1 << (22 - c.mbits)) - 1), u32_and(u32_shr(ab, 23 - c.mbits), 1))
+    normal = u32_sub(u32_shr(rounded, 23 - c.mbits), el.rebias)
+    code = sub if a < el.min_normal else normal
+    negative = f32_bits(v) >= np.uint32(0x80000000)
+    if c.specials == C.FIXED:
+        return u32_and(u32_sub(0, code), (1 << c.bits) - 1) if negative else code
+    return u32_or(code, u32_and(u32_shr(f32_bits(v), 32 - c.bits), 1 << (c.bits - 1)))
+
+
+@jit(inline="always")
+def _code(v, rnd, el):  # pragma: no cover - compiled
+    """The saturating code of the finite float32 ``v`` under the element's rounding mode."""
+    if el.mode == C.NEAREST_EVEN:
+        return _nearest_even(v, el)
+    return C.encode(f32_bits(v), rnd, np.uint32(0), el.codec, el.mode, True)
+
+
+@jit(inline="always")
+def _value(code, scale, el):  # pragma: no cover - compiled
+    """The dequantised value P * scale; the positive quiet NaN for a NaN block (``scale`` is NaN),
+    whatever the code."""
+    v = f32_from_bits(C.decode(code, el.codec)) * scale
+    return v if scale == scale else np.float32(np.nan)
+
+
+@jit(inline="always")
+def _stream(key):  # pragma: no cover - compiled
+    return np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+
+
+# ---- scale policies -----------------------------------------------------------------------------
+
+
+@jit
+def _row_error(xr, l0, l1, base, byte, pts, squared, key, src, el, sc):  # pragma: no cover - compiled
+    """Sum over ``xr[l0:l1]`` of |dq - x| (or its square), in float64, with the scale ``byte``."""
+    key_lo, key_hi = _stream(key)
+    mul, scale = _multiplier(byte, pts, sc)
+    err = 0.0
+    rnd = np.uint32(0)
+    for i in range(l0, l1):
+        u = C.load(xr[i], src.kind, src.codec)
+        if el.mode == C.STOCHASTIC:
+            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+        d = np.float64(_value(_code(_scaled(u, mul, sc), rnd, el), scale, el)) - np.float64(f32_from_bits(u))
+        err += d * d if squared else abs(d)
+    return err
+
+
+@jit
+def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc):  # pragma: no cover - compiled
+    """:func:`_row_error` over the tile ``x[a, r0:r1, c0:c1]``."""
+    key_lo, key_hi = _stream(key)
+    mul, scale = _multiplier(byte, pts, sc)
+    rows, cols = x.shape[1], x.shape[2]
+    err = 0.0
+    rnd = np.uint32(0)
+    for rr in range(r0, r1):
+        for cc in range(c0, c1):
+            u = C.load(x[a, rr, cc], src.kind, src.codec)
+            if el.mode == C.STOCHASTIC:
+                rnd = C.random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
+            d = np.float64(_value(_code(_scaled(u, mul, sc), rnd, el), scale, el)) - np.float64(f32_from_bits(u))
+            err += d * d if squared else abs(d)
+    return err
+
+
+@jit(inline="always")
+def _candidate(k, byte, policy, amax, pts, sc):  # pragma: no cover - compiled
+    """(valid, byte) of the ``k``-th (0..3) alternative scale a policy tries besides the plain
+    one, in the order they are tried (the first of equal errors wins, and the plain scale wins
+    every tie): four-over-six, the map-to-4 scale; MSE search, e8m0: the exponent above; e4m3fn:
+    the codes two and one below, one and two above (positive finite codes only)."""
+    if policy == FOUR_SIX_MAE or policy == FOUR_SIX_MSE:
+        return k == 0, np.uint32(_e4m3_byte(amax, sc.four, pts, sc))
+    if sc.e8m0:
+        return (k == 0) & (byte < np.uint32(254)), u32_add(byte, 1)
+    b = np.int64(byte) + (k - 2 if k < 2 else k - 1)
+    return (b >= 1) & (b <= 0x7E), np.uint32(b)
+
+
+@jit(inline="always")
+def _policy_scale(byte, amax, policy, pts, sc):  # pragma: no cover - compiled
+    """Whether a policy looks past the plain scale of this block (not for zero or NaN blocks)."""
+    return (policy != PLAIN) & (amax != 0) & (amax < np.uint32(0x7F800000))
+
+
+# ---- row kernels (blocks along the last axis) ---------------------------------------------------
+
+
+@jit(inline="always")
+def _row_amax(xr, l0, l1, src, v16, v32, v64):  # pragma: no cover - compiled
+    """The largest |x| pattern of ``xr[l0:l1]``; one vector reduction for a float32 block of 16,
+    32 or 64 (``v16, v32, v64``: these lengths, compile-time constants, for float32 rows; else 0)."""
+    n = l1 - l0
+    if v32 != 0 and n == v32:
+        return u32_amax_abs(xr, l0, v32)
+    if v16 != 0 and n == v16:
+        return u32_amax_abs(xr, l0, v16)
+    if v64 != 0 and n == v64:
+        return u32_amax_abs(xr, l0, v64)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(C.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
+
+
+@jit(inline="always")
+def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc):  # pragma: no cover - compiled
+    """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate."""
+    byte = _scale_byte(amax, mode, pts, sc)
+    if not _policy_scale(byte, amax, policy, pts, sc):
+        return byte
+    squared = policy != FOUR_SIX_MAE
+    best = _row_error(xr, l0, l1, base, byte, pts, squared, key, src, el, sc)
+    chosen = byte
+    for k in range(4):
+        valid, cand = _candidate(k, byte, policy, amax, pts, sc)
+        if valid:
+            err = _row_error(xr, l0, l1, base, cand, pts, squared, key, src, el, sc)
+            if err < best:
+                best, chosen = err, cand
+    return chosen
+
+
+def _vector_lengths(source: Source) -> tuple[int, int, int]:
+    return (16, 32, 64) if source.vector else (0, 0, 0)
+
+
+def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
+    stochastic = el.mode == C.STOCHASTIC
+    V16, V32, V64 = _vector_lengths(source)  # noqa: N806 - compile-time constants
+    nan_code = el.nan_code
+
+    @jit
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        length = x.shape[1]
+        nb = scales.shape[1]
+        rnd = np.uint32(0)
+        rnd_hi = np.uint32(0)
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
+            base = idx0 + r * length
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                amax = _row_amax(xr, l0, l1, source, V16, V32, V64)
+                byte = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, source, el, sc)
+                sr[j] = byte
+                mul, _ = _multiplier(byte, pts, sc)
+                nan_block = amax >= np.uint32(0x7F800000)
+                if not pack:
+                    for i in range(l0, l1):
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+                        code = _code(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, el)
+                        cr[i] = nan_code if nan_block else code
+                elif (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                        lo_i = k + k
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(lo_i))
+                            rnd_hi = C.random_bits(key_lo, key_hi, base + np.int64(lo_i) + 1)
+                        lo = _code(_scaled(C.load(xr[lo_i], source.kind, source.codec), mul, sc), rnd, el)
+                        hi_u = C.load(xr[lo_i + np.uint64(1)], source.kind, source.codec)
+                        hi = _code(_scaled(hi_u, mul, sc), rnd_hi, el)
+                        pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
+                        cr[k] = nan_code if nan_block else pair
+                else:
+                    for i in range(l0, l1):
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+                        code = _code(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, el)
+                        code = u32_and(nan_code if nan_block else code, 0xF)
+                        pos = i >> np.uint64(1)
+                        if i & 1:
+                            cr[pos] = u32_or(cr[pos], u32_shl(code, 4))
+                        else:
+                            cr[pos] = code
+            t = (r + 1) * nb
+
+    return kernel
+
+
+def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
+    stochastic = el.mode == C.STOCHASTIC
+    V16, V32, V64 = _vector_lengths(source)  # noqa: N806 - compile-time constants
+
+    @jit
+    def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        length = x.shape[1]
+        nb = (length + size - 1) // size
+        rnd = np.uint32(0)
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, orow = x[r], out[r]
+            base = idx0 + r * length
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                amax = _row_amax(xr, l0, l1, source, V16, V32, V64)
+                byte = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, source, el, sc)
+                mul, scale = _multiplier(byte, pts, sc)
+                for i in range(l0, l1):
+                    if stochastic:
+                        rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+                    code = _code(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, el)
+                    orow[i] = _value(code, scale, el)
+            t = (r + 1) * nb
+
+    return kernel
+
+
+def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
+    @jit
+    def kernel(codes, scales, out, size, pts, t0, t1):  # pragma: no cover - compiled
+        length = out.shape[1]
+        nb = scales.shape[1]
+        t = t0
+        while t < t1:
+            r = t // nb
+            cr, sr, orow = codes[r], scales[r], out[r]
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc)
+                if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                        pair = np.uint32(cr[k])
+                        orow[k + k] = _value(u32_and(pair, 0xF), scale, el)
+                        orow[k + k + np.uint64(1)] = _value(u32_shr(pair, 4), scale, el)
+                elif packed:
+                    for pos in range(l0, l1):
+                        code = u32_and(u32_shr(cr[pos >> np.uint64(1)], 4 * (pos & 1)), 0xF)
+                        orow[pos] = _value(code, scale, el)
+                else:
+                    for pos in range(l0, l1):
+                        orow[pos] = _value(np.uint32(cr[pos]), scale, el)
+            t = (r + 1) * nb
+
+    return kernel
+
+
+# ---- tile kernels (1-D blocks along another axis, 2-D blocks) ----------------------------------
+
+
+@jit
+def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
+    """Scale bytes of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols`` wide) into ``bytes_``;
+    ``amax`` is scratch of one entry per tile."""
+    width = x.shape[2]
+    amax[:] = 0
+    if cols == 1:
+        for rr in range(r0, r1):
+            for cc in range(width):
+                v = u32_and(C.load(x[a, rr, cc], src.kind, src.codec), 0x7FFFFFFF)
+                amax[cc] = v if v > amax[cc] else amax[cc]
+    else:
+        for rr in range(r0, r1):
+            for j in range(amax.size):
+                m = amax[j]
+                for cc in range(j * cols, min(j * cols + cols, width)):
+                    v = u32_and(C.load(x[a, rr, cc], src.kind, src.codec), 0x7FFFFFFF)
+                    m = v if v > m else m
+                amax[j] = m
+    for j in range(amax.size):
+        m = amax[j]
+        byte = _scale_byte(m, mode, pts, sc)
+        if _policy_scale(byte, m, policy, pts, sc):
+            c0, c1 = j * cols, min(j * cols + cols, width)
+            squared = policy != FOUR_SIX_MAE
+            best = _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc)
+            plain = byte
+            for k in range(4):
+                valid, cand = _candidate(k, plain, policy, m, pts, sc)
+                if valid:
+                    err = _tile_error(x, a, r0, r1, c0, c1, cand, pts, squared, key, idx0, src, el, sc)
+                    if err < best:
+                        best, byte = err, cand
+        bytes_[j] = byte
+
+
+def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
+    stochastic = el.mode == C.STOCHASTIC
+    nan_code = el.nan_code
+
+    @jit
+    def kernel(x, codes, scales, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        height, width = x.shape[1], x.shape[2]
+        nrt, nct = scales.shape[1], scales.shape[2]
+        amax = np.empty(nct, np.uint32)
+        bytes_ = np.empty(nct, np.uint32)
+        col_mul = np.empty(width, np.float32)
+        col_nan = np.empty(width, np.bool_)
+        rnd = np.uint32(0)
+        for t in range(t0, t1):
+            a = t // nrt
+            i = t - a * nrt
+            r0 = i * rows
+            r1 = min(r0 + rows, height)
+            _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            for j in range(nct):
+                scales[a, i, j] = bytes_[j]
+                mul, _ = _multiplier(bytes_[j], pts, sc)
+                nan_block = amax[j] >= np.uint32(0x7F800000)
+                for cc in range(j * cols, min(j * cols + cols, width)):
+                    col_mul[cc] = mul
+                    col_nan[cc] = nan_block
+            for rr in range(r0, r1):
+                for cc in range(width):
+                    if stochastic:
+                        rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
+                    code = _code(_scaled(C.load(x[a, rr, cc], source.kind, source.codec), col_mul[cc], sc), rnd, el)
+                    code = nan_code if col_nan[cc] else code
+                    if pack == PACK_NONE:
+                        codes[a, rr, cc] = code
+                    elif pack == PACK_COLS:
+                        if cc & 1:
+                            codes[a, rr, cc >> 1] = u32_or(codes[a, rr, cc >> 1], u32_shl(u32_and(code, 0xF), 4))
+                        else:
+                            codes[a, rr, cc >> 1] = u32_and(code, 0xF)
+                    elif rr & 1:
+                        codes[a, rr >> 1, cc] = u32_or(codes[a, rr >> 1, cc], u32_shl(u32_and(code, 0xF), 4))
+                    else:
+                        codes[a, rr >> 1, cc] = u32_and(code, 0xF)
+
+    return kernel
+
+
+def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
+    stochastic = el.mode == C.STOCHASTIC
+
+    @jit
+    def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        height, width = x.shape[1], x.shape[2]
+        nrt = (height + rows - 1) // rows
+        nct = (width + cols - 1) // cols
+        amax = np.empty(nct, np.uint32)
+        bytes_ = np.empty(nct, np.uint32)
+        col_mul = np.empty(width, np.float32)
+        col_scale = np.empty(width, np.float32)
+        rnd = np.uint32(0)
+        for t in range(t0, t1):
+            a = t // nrt
+            i = t - a * nrt
+            r0 = i * rows
+            r1 = min(r0 + rows, height)
+            _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            for j in range(nct):
+                mul, scale = _multiplier(bytes_[j], pts, sc)
+                for cc in range(j * cols, min(j * cols + cols, width)):
+                    col_mul[cc] = mul
+                    col_scale[cc] = scale
+            for rr in range(r0, r1):
+                for cc in range(width):
+                    if stochastic:
+                        rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
+                    code = _code(_scaled(C.load(x[a, rr, cc], source.kind, source.codec), col_mul[cc], sc), rnd, el)
+                    out[a, rr, cc] = _value(code, col_scale[cc], el)
+
+    return kernel
+
+
+def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
+    @jit
+    def kernel(codes, scales, out, rows, cols, pts, t0, t1):  # pragma: no cover - compiled
+        height, width = out.shape[1], out.shape[2]
+        nrt, nct = scales.shape[1], scales.shape[2]
+        col_scale = np.empty(width, np.float32)
+        for t in range(t0, t1):
+            a = t // nrt
+            i = t - a * nrt
+            r0 = i * rows
+            r1 = min(r0 + rows, height)
+            for j in range(nct):
+                _, scale = _multiplier(np.uint32(scales[a, i, j]), pts, sc)
+                for cc in range(j * cols, min(j * cols + cols, width)):
+                    col_scale[cc] = scale
+            for rr in range(r0, r1):
+                for cc in range(width):
+                    if pack == PACK_NONE:
+                        code = np.uint32(codes[a, rr, cc])
+                    elif pack == PACK_COLS:
+                        code = u32_and(u32_shr(codes[a, rr, cc >> 1], 4 * (cc & 1)), 0xF)
+                    else:
+                        code = u32_and(u32_shr(codes[a, rr >> 1, cc], 4 * (rr & 1)), 0xF)
+                    out[a, rr, cc] = _value(code, col_scale[cc], el)
+
+    return kernel
+
+
+# ---- the random Hadamard rotation ---------------------------------------------------------------
+
+
+@jit(inline="always")
+def _rotate_group(src_row, start, dst, off, signs, t, src, inverse):  # pragma: no cover - compiled
+    """Rotate the 16 values ``src_row[start:start + 16]`` into the float32 patterns
+    ``dst[off:off + 16]``: forward ``(x * signs) @ H16 / 4``, inverse ``(y @ H16 / 4) * signs``.
+
+    In float64 (``t`` is scratch of 16): the signs multiply first (forward) and exactly; the fast
+    Walsh-Hadamard butterfly runs in stages h = 1, 2, 4, 8, each pair (j, j + h) with
+    ``j & h == 0`` in increasing j becoming (a + b, a - b); then each value is multiplied by 0.25
+    (and by its sign, inverse) and rounded once to float32."""
+    for k in range(16):
+        v = np.float64(f32_from_bits(C.load(src_row[start + k], src.kind, src.codec)))
+        t[k] = v if inverse else v * signs[k]
+    h = 1
+    while h < 16:
+        for j in range(16):
+            if j & h == 0:
+                a = t[j]
+                b = t[j + h]
+                t[j] = a + b
+                t[j + h] = a - b
+        h *= 2
+    for k in range(16):
+        v = t[k] * 0.25
+        dst[off + k] = f32_bits(np.float32(v * signs[k] if inverse else v))
+
+
+@cache
+def rotate_kernel(source: str) -> Any:
+    """Kernel ``(x, out, signs, inverse, t0, t1)``: the rotation (or its inverse) of every
+    16-element group of the rows of (A, L) ``x`` (L a multiple of 16) into the float32 patterns
+    ``out`` (uint32, the same shape; it may be ``x`` itself for a float32 ``x``). A task is a group."""
+    src = source_of(source)
+
+    @jit
+    def kernel(x, out, signs, inverse, t0, t1):  # pragma: no cover - compiled
+        t = np.empty(16, np.float64)
+        ng = x.shape[1] // 16
+        for task in range(t0, t1):
+            r = task // ng
+            g = (task - r * ng) * 16
+            _rotate_group(x[r], g, out[r], g, signs, t, src, inverse)
+
+    return kernel
+
+
+@cache
+def rotated_amax_kernel(source: str) -> Any:
+    """Kernel ``(x, out, signs, chunk, t0, t1)``: ``out[task]`` = the largest finite |y| pattern of
+    the rotation y of groups ``[task * chunk, (task + 1) * chunk)`` of (A, L) ``x``."""
+    src = source_of(source)
+
+    @jit
+    def kernel(x, out, signs, chunk, t0, t1):  # pragma: no cover - compiled
+        t = np.empty(16, np.float64)
+        buf = np.empty(16, np.uint32)
+        ng = x.shape[1] // 16
+        for task in range(t0, t1):
+            m = np.uint32(0)
+            for group in range(task * chunk, min(task * chunk + chunk, x.shape[0] * ng)):
+                r = group // ng
+                _rotate_group(x[r], (group - r * ng) * 16, buf, 0, signs, t, src, False)
+                for k in range(16):
+                    v = u32_and(buf[k], 0x7FFFFFFF)
+                    m = v if (v > m) & (v < np.uint32(0x7F800000)) else m
+            out[task] = m
+
+    return kernel
+
+
+def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
+    """:func:`_row_quantize` of the rotated input (blocks and rows of a multiple of 16): each block
+    is rotated into a scratch row first."""
+    f32 = source_of("float32")
+    stochastic = el.mode == C.STOCHASTIC
+    V16, V32, V64 = _vector_lengths(f32)  # noqa: N806 - compile-time constants
+    nan_code = el.nan_code
+
+    @jit
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
+        key_lo, key_hi = _stream(key)
+        length = x.shape[1]
+        nb = scales.shape[1]
+        buf = np.empty(size, np.uint32)
+        t64 = np.empty(16, np.float64)
+        rnd = np.uint32(0)
+        rnd_hi = np.uint32(0)
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, cr, sr = x[r], codes[r], scales[r]
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = j * size
+                n = min(size, length - l0)
+                base = idx0 + r * length + l0
+                for g in range(0, n, 16):
+                    _rotate_group(xr, l0 + g, buf, g, signs, t64, source, False)
+                amax = _row_amax(buf, np.uint64(0), np.uint64(n), f32, V16, V32, V64)
+                byte = _row_scale(buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc)
+                sr[j] = byte
+                mul, _ = _multiplier(byte, pts, sc)
+                nan_block = amax >= np.uint32(0x7F800000)
+                if pack:
+                    for k in range(n // 2):
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + 2 * k)
+                            rnd_hi = C.random_bits(key_lo, key_hi, base + 2 * k + 1)
+                        lo = _code(_scaled(buf[2 * k], mul, sc), rnd, el)
+                        hi = _code(_scaled(buf[2 * k + 1], mul, sc), rnd_hi, el)
+                        pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
+                        cr[l0 // 2 + k] = nan_code if nan_block else pair
+                else:
+                    for i in range(n):
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + i)
+                        code = _code(_scaled(buf[i], mul, sc), rnd, el)
+                        cr[l0 + i] = nan_code if nan_block else code
+            t = (r + 1) * nb
+
+    return kernel
+
+
+def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
+    """:func:`_row_fake_quantize` of the rotated input (values stay rotated)."""
+    f32 = source_of("float32")
+    stochastic = el.mode == C.STOCHASTIC
+    V16, V32, V64 = _vector_lengths(f32)  # noqa: N806 - compile-time constants
+
+    @jit
+    def kernel(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        length = x.shape[1]
+        nb = (length + size - 1) // size
+        buf = np.empty(size, np.uint32)
+        t64 = np.empty(16, np.float64)
+        rnd = np.uint32(0)
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, orow = x[r], out[r]
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = j * size
+                n = min(size, length - l0)
+                base = idx0 + r * length + l0
+                for g in range(0, n, 16):
+                    _rotate_group(xr, l0 + g, buf, g, signs, t64, source, False)
+                amax = _row_amax(buf, np.uint64(0), np.uint64(n), f32, V16, V32, V64)
+                byte = _row_scale(buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc)
+                mul, scale = _multiplier(byte, pts, sc)
+                for i in range(n):
+                    if stochastic:
+                        rnd = C.random_bits(key_lo, key_hi, base + i)
+                    orow[l0 + i] = _value(_code(_scaled(buf[i], mul, sc), rnd, el), scale, el)
+            t = (r + 1) * nb
+
+    return kernel
+
+
+# ---- the kernels, by specialisation -------------------------------------------------------------
+
+
+@cache
+def quantize_kernel(source: str, fmt: BlockFormat, rounding: str, pack: int, row: bool, rotate: bool = False) -> Any:
+    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)`` on (A, L)
+    arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales, rows,
+    cols, mode, policy, pts, key, idx0, t0, t1)`` on (A, R, C) arrays (``pack``: ``PACK_*``).
+
+    ``mode``, ``policy``: :func:`scale_mode_id`, :func:`policy_id`; ``pts``: the per-tensor scale
+    (float32; 0 for none); ``idx0``: the C-order index of x's first element in the whole array
+    (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
+    whole. ``rotate``: row kernels of the rotated input, taking the 16 signs (float64) after
+    ``idx0``."""
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt)
+    if rotate:
+        return _row_quantize_rotated(source_of(source), el, sc, bool(pack))
+    if row:
+        return _row_quantize(source_of(source), el, sc, bool(pack))
+    return _tile_quantize(source_of(source), el, sc, pack)
+
+
+@cache
+def fake_quantize_kernel(source: str, fmt: BlockFormat, rounding: str, row: bool, rotate: bool = False) -> Any:
+    """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
+    codes and scales)."""
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt)
+    if rotate:
+        return _row_fake_quantize_rotated(source_of(source), el, sc)
+    if row:
+        return _row_fake_quantize(source_of(source), el, sc)
+    return _tile_fake_quantize(source_of(source), el, sc)
+
+
+@cache
+def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
+    """Row kernel ``(codes, scales, out, size, pts, t0, t1)`` or tile kernel ``(codes, scales,
+    out, rows, cols, pts, t0, t1)``: the values into float32 ``out``."""
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
+    if row:
+        return _row_dequantize(el, sc, bool(pack))
+    return _tile_dequantize(el, sc, pack)
+
+
+@cache
+def finite_amax_kernel(source: str) -> Any:
+    """Kernel ``(x, out, chunk, t0, t1)``: ``out[t]`` = the largest finite |x| pattern of
+    ``x[t * chunk : (t + 1) * chunk]`` (x 1-D), 0 where there is none."""
+    src = source_of(source)
+
+    @jit
+    def kernel(x, out, chunk, t0, t1):  # pragma: no cover - compiled
+        for t in range(t0, t1):
+            m = np.uint32(0)
+            for i in range(t * chunk, min(t * chunk + chunk, x.size)):
+                v = u32_and(C.load(x[i], src.kind, src.codec), 0x7FFFFFFF)
+                m = v if (v > m) & (v < np.uint32(0x7F800000)) else m
+            out[t] = m
+
+    return kernel
+
+
+@jit
+def error_sums(xv, dq, xs, lim):  # pragma: no cover - compiled
+    """The sums behind the error statistics over flat arrays: x as float64, its dequantised
+    values, the values as quantised (x, or x rotated) and the largest value each one's block can
+    hold (max element times the block's scale). Elements with a non-finite x or a NaN dequantised
+    value (blocks holding a NaN or an infinity) are left out. Returns (count, sum x^2, sum err^2,
+    max |err|, max |err|/|x| over x != 0, saturated count, flushed count)."""
+    count = 0
+    signal = 0.0
+    noise = 0.0
+    max_abs = 0.0
+    max_rel = 0.0
+    saturated = 0
+    flushed = 0
+    for i in range(xv.size):
+        x = xv[i]
+        d = np.float64(dq[i])
+        if not np.isfinite(x) or np.isnan(d):
+            continue
+        err = abs(x - d)
+        count += 1
+        signal += x * x
+        noise += err * err
+        max_abs = max(max_abs, err)
+        if x != 0:
+            max_rel = max(max_rel, err / abs(x))
+            flushed += d == 0
+        saturated += abs(np.float64(xs[i])) > np.float64(lim[i])
+    return count, signal, noise, max_abs, max_rel, saturated, flushed
+
+
+def unpack_fp4_axis(codes: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """FP4 codes stored two per byte along ``axis`` -> one code per byte, ``shape``."""
+    moved = np.moveaxis(codes, axis, -1)
+    out = np.empty(moved.shape[:-1] + (2 * moved.shape[-1],), np.uint8)
+    out[..., 0::2] = moved & 0xF
+    out[..., 1::2] = moved >> 4
+    return np.ascontiguousarray(np.moveaxis(out[..., : shape[axis]], -1, axis))
