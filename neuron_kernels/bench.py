@@ -15,15 +15,17 @@ Casts (:func:`bench_casts`, one :class:`BenchRow` per (source, target) pair):
 A few pairs are measured again under ``rounding="stochastic"`` (:data:`STOCHASTIC_PAIRS`); no peer
 rounds stochastically, so their peer is ml_dtypes' round-to-nearest ``astype`` ("ml_dtypes RNE").
 
-MX block-scale quantisation (:func:`bench_mx`, one :class:`MXBenchRow` per MX format, floor
-scale, blocks of 32 along the last axis):
+Block formats (:func:`bench_mx`, one :class:`BlockBenchRow` per case of :data:`BLOCK_CASES`: every
+MX format with the floor scale, NVFP4 with its per-tensor scale from the amax (an extra pass) or
+given, and NVFP4's policies and rotation; blocks along the last axis):
 
-- ``copy``: as above, measured again for every format;
-- quantise: ``quantize_mx`` allocating its result, compared with the copy baseline and with the
-  peer, :func:`numpy_reference_quantize` (numpy + ml_dtypes), which allocates too; both move
-  ``x.nbytes + mx.nbytes``;
-- dequantise: ``dequantize_mx`` into a reused ``out=`` array (``x.nbytes + mx.nbytes``);
-- fake-quantise: ``fake_quantize_mx`` into a reused ``out=`` array (``2 * x.nbytes``);
+- ``copy``: as above, measured again for every case;
+- quantise: ``quantize`` allocating its result, compared with the copy baseline and with the
+  peer, :func:`numpy_reference_quantize` / :func:`numpy_reference_nvfp4` (numpy + ml_dtypes),
+  which allocates too; both move ``x.nbytes + q.nbytes``; and with torchao's ``to_mx`` /
+  ``nvfp4_quantize`` on the CPU when torch and torchao are installed;
+- dequantise: into a reused ``out=`` array (``x.nbytes + q.nbytes``);
+- fake-quantise: into a reused ``out=`` array (``2 * x.nbytes``);
 - SQNR: :func:`~neuron_kernels.quantization_error` of the built-in data (whose first block holds
   a NaN and infinities: it is left out, as it dequantises to NaN throughout).
 """
@@ -36,14 +38,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from .blocks import dequantize_mx, fake_quantize_mx, quantization_error, quantize_mx
+from .blocks import fake_quantize, quantization_error, quantize
 from .casting import cast
 from .formats import FORMATS, MX_FORMATS, get_format
 
 __all__ = [
     "BenchRow",
+    "BLOCK_CASES",
+    "BlockBenchRow",
     "MXBenchRow",
     "measure",
     "synthetic_input",
@@ -51,6 +56,7 @@ __all__ = [
     "bench_casts",
     "format_table",
     "numpy_reference_quantize",
+    "numpy_reference_nvfp4",
     "bench_mx",
     "format_mx_table",
 ]
@@ -229,9 +235,12 @@ def format_table(rows: list[BenchRow]) -> str:
 
 
 @dataclass
-class MXBenchRow:
-    """GB/s of one MX format (see the module docstring) and the SQNR of its quantisation."""
+class BlockBenchRow:
+    """GB/s of one block-format case (see the module docstring) and the SQNR of its quantisation.
+    ``torchao_gbs``: torchao's quantiser on the CPU, when torch and torchao are installed and
+    have the format (else None)."""
 
+    label: str
     fmt: str
     elements: int
     quantize_gbs: float
@@ -240,6 +249,7 @@ class MXBenchRow:
     copy_gbs: float
     peer_gbs: float
     sqnr_db: float
+    torchao_gbs: float | None = None
 
     @property
     def vs_copy(self) -> float:
@@ -257,6 +267,10 @@ class MXBenchRow:
     def vs_peer(self) -> float:
         return self.quantize_gbs / self.peer_gbs
 
+    @property
+    def vs_torchao(self) -> float | None:
+        return None if self.torchao_gbs is None else self.quantize_gbs / self.torchao_gbs
+
     def as_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
@@ -264,7 +278,26 @@ class MXBenchRow:
             "dequantize_vs_copy": self.dequantize_vs_copy,
             "fake_vs_copy": self.fake_vs_copy,
             "vs_peer": self.vs_peer,
+            "vs_torchao": self.vs_torchao,
         }
+
+
+#: The name the MX rows had; the block rows are the same records.
+MXBenchRow = BlockBenchRow
+
+#: A per-tensor scale given by the caller, in :data:`BLOCK_CASES`: the one the amax gives, computed
+#: before the timing (static calibration).
+GIVEN = "given"
+
+#: The block-format rows of ``neuron-kernels bench``: (label, format, options of ``quantize``).
+BLOCK_CASES: list[tuple[str, str, dict[str, Any]]] = [
+    *((name, name, {}) for name in MX_FORMATS),
+    ("nvfp4", "nvfp4", {}),
+    ("nvfp4 pts given", "nvfp4", {"per_tensor_scale": GIVEN}),
+    ("nvfp4 4/6", "nvfp4", {"four_over_six": "mse"}),
+    ("nvfp4 mse", "nvfp4", {"scale_search": "mse"}),
+    ("nvfp4 rht", "nvfp4", {"rht": True}),
+]
 
 
 def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -280,10 +313,7 @@ def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[
     x = np.asarray(x, dtype=np.float32)
     if x.ndim == 0:
         raise ValueError("cannot quantise a 0-d array: MX blocks run along an axis")
-    length = x.shape[-1]
-    tail = -length % block
-    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, tail)]) if tail else x
-    blocks = padded.reshape(padded.shape[:-1] + (-1, block))
+    blocks, length = _blocks_of(x, block)
     amax = np.max(np.abs(blocks), axis=-1, keepdims=True)
     _, e = np.frexp(amax)
     shared = np.clip(e - 1 - mxf.emax_elem, -127, 127)
@@ -296,17 +326,86 @@ def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[
         codes = np.clip(np.rint(scaled * step), -element.max_code, element.max_code).astype(element.result_dtype)
     else:
         codes = scaled.astype(element.result_dtype)
-    codes = codes.reshape(padded.shape)[..., :length]
+    codes = codes.reshape(codes.shape[:-2] + (-1,))[..., :length]
     return codes, (shared[..., 0] + 127).astype(np.uint8)
 
 
+def _blocks_of(x: np.ndarray, block: int) -> tuple[np.ndarray, int]:
+    """x's last axis padded with zeros to whole blocks, as (..., blocks, block); and its length."""
+    length = x.shape[-1]
+    tail = -length % block
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, tail)]) if tail else x
+    return padded.reshape(padded.shape[:-1] + (-1, block)), length
+
+
+def numpy_reference_nvfp4(
+    x: np.ndarray, per_tensor_scale: float | None = None, block: int = 16
+) -> tuple[np.ndarray, np.ndarray]:
+    """NVFP4 quantisation (blocks along the last axis) in plain numpy + ml_dtypes, as one writes it
+    from torchao's formulas: ``s = e4m3(clamp(amax / 6 [/ pts], 2^-6, 448))``, elements
+    ``clamp(x * (1 / s), -6, 6)`` (two-level: ``x * ((1 / pts) / s)``) cast to float4_e2m1fn and
+    packed two per byte. Returns ``(packed codes, scale codes)``."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks, length = _blocks_of(x, block)
+    t = np.max(np.abs(blocks), axis=-1, keepdims=True) / np.float32(6.0)
+    if per_tensor_scale is not None:
+        t = t / np.float32(per_tensor_scale)
+    s = np.clip(t, np.float32(2.0**-6), np.float32(448.0)).astype(ml_dtypes.float8_e4m3fn)
+    s32 = s.astype(np.float32)
+    inv = np.float32(1.0) / s32 if per_tensor_scale is None else (np.float32(1.0) / np.float32(per_tensor_scale)) / s32
+    v = np.clip(blocks * inv, np.float32(-6.0), np.float32(6.0))
+    codes = v.astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(v.shape[:-2] + (-1,))[..., :length]
+    if codes.shape[-1] % 2:
+        codes = np.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, 1)])
+    packed = (codes[..., 0::2] & np.uint8(0xF)) | (codes[..., 1::2] << np.uint8(4))
+    return packed, s.view(np.uint8)[..., 0]
+
+
+def _torchao_peer(fmt: str, options: dict[str, Any]) -> Callable[[np.ndarray], Any] | None:
+    """torchao's CPU quantiser of a case, when torch and torchao are installed and have it."""
+    try:
+        import torch
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+        from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
+    except Exception:  # noqa: BLE001 - any failure to import means the peer is absent
+        return None
+    if fmt == "nvfp4":
+        if set(options) - {"per_tensor_scale"}:
+            return None
+        pts_option = options.get("per_tensor_scale", "amax")
+
+        def nvfp4(a: np.ndarray) -> Any:
+            t = torch.from_numpy(a)
+            if pts_option is None:
+                return nvfp4_quantize(t, 16, None)
+            if pts_option == "amax":
+                return nvfp4_quantize(t, 16, per_tensor_amax_to_scale(t.abs().amax()))
+            return nvfp4_quantize(t, 16, torch.tensor(pts_option, dtype=torch.float32))
+
+        return nvfp4
+    dtypes = {
+        "mxfp8_e4m3": torch.float8_e4m3fn,
+        "mxfp8_e5m2": torch.float8_e5m2,
+        "mxfp4_e2m1": getattr(torch, "float4_e2m1fn_x2", None),
+    }
+    elem = dtypes.get(fmt)
+    if elem is None or options:
+        return None
+    return lambda a: to_mx(torch.from_numpy(a), elem, 32)
+
+
 def bench_mx(
-    n: int, repeat: int = 5, formats: list[str] | None = None, progress: Callable[[str], None] | None = None
-) -> list[MXBenchRow]:
-    """Measure MX quantise, dequantise and fake-quantise of ``formats`` (default: every MX format)
-    on ``n`` built-in elements, as rows of 1024 when ``n`` is a multiple of 1024, else 1-D."""
-    if formats is None:
-        formats = list(MX_FORMATS)
+    n: int,
+    repeat: int = 5,
+    formats: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    cases: list[tuple[str, str, dict[str, Any]]] | None = None,
+) -> list[BlockBenchRow]:
+    """Measure block-format quantise, dequantise and fake-quantise on ``n`` built-in elements, as
+    rows of 1024 when ``n`` is a multiple of 1024, else 1-D: every case of ``cases`` (default
+    :data:`BLOCK_CASES`), or the plain rule of every format of ``formats``."""
+    if cases is None:
+        cases = BLOCK_CASES if formats is None else [(f, f, {}) for f in formats]
     x = synthetic_input(n)
     if n % 1024 == 0:
         x = x.reshape(-1, 1024)
@@ -314,34 +413,48 @@ def bench_mx(
     dq_out = np.empty_like(x)
     fake_out = np.empty_like(x)
     rows = []
-    for fmt in formats:
+    for label, fmt, options in cases:
         if progress:
-            progress(fmt)
-        mx = quantize_mx(x, fmt)
-        moved = x.nbytes + mx.nbytes
+            progress(label)
+        if options.get("per_tensor_scale") == GIVEN:
+            options = {**options, "per_tensor_scale": quantize(x, fmt).per_tensor_scale}
+        q = quantize(x, fmt, **options)
+        moved = x.nbytes + q.nbytes
         copy_gbs = measure(lambda: np.copyto(copy_dst, x), 2 * x.nbytes, repeat)
-        quantize = measure(lambda: quantize_mx(x, fmt), moved, repeat)
-        dequantize = measure(lambda: dequantize_mx(mx, out=dq_out), moved, repeat)
-        fake = measure(lambda: fake_quantize_mx(x, fmt, out=fake_out), 2 * x.nbytes, repeat)
+        quantize_gbs = measure(lambda: quantize(x, fmt, **options), moved, repeat)
+        dequantize_gbs = measure(lambda: q.dequantize(out=dq_out), moved, repeat)
+        fake = measure(lambda: fake_quantize(x, fmt, out=fake_out, **options), 2 * x.nbytes, repeat)
+        few = max(1, min(repeat, 3))
         with np.errstate(all="ignore"):
-            peer = measure(lambda: numpy_reference_quantize(x, fmt), moved, max(1, min(repeat, 3)))
-        sqnr = quantization_error(x, mx).sqnr_db
-        rows.append(MXBenchRow(fmt, n, quantize, dequantize, fake, copy_gbs, peer, sqnr))
+            if fmt == "nvfp4":
+                pts = q.per_tensor_scale
+                peer = measure(lambda: numpy_reference_nvfp4(x, pts), moved, few)
+            else:
+                peer = measure(lambda: numpy_reference_quantize(x, fmt), moved, few)
+        torchao = _torchao_peer(fmt, options)
+        torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
+        sqnr = quantization_error(x, q).sqnr_db
+        rows.append(BlockBenchRow(label, fmt, n, quantize_gbs, dequantize_gbs, fake, copy_gbs, peer, sqnr, torchao_gbs))
     return rows
 
 
-def format_mx_table(rows: list[MXBenchRow]) -> str:
+def format_mx_table(rows: list[BlockBenchRow]) -> str:
     """The rows of :func:`bench_mx` as a fixed-width table."""
     head = (
-        f"{'MX format':<12}{'quantise':>10}{'vs copy':>9}{'dequant out=':>14}{'vs copy':>9}"
-        f"{'fake out=':>11}{'vs copy':>9}{'copy':>8}{'peer':>8}{'vs peer':>9}{'SQNR dB':>9}"
+        f"{'block format':<16}{'quantise':>10}{'vs copy':>9}{'dequant out=':>14}{'vs copy':>9}"
+        f"{'fake out=':>11}{'vs copy':>9}{'copy':>8}{'peer':>8}{'vs peer':>9}{'torchao':>9}{'vs':>7}"
+        f"{'SQNR dB':>9}"
     )
-    units = f"{'':<12}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}"
+    units = f"{'':<16}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}{'':>9}{'GB/s':>9}"
     lines = [head, units, "-" * len(head)]
     for r in rows:
+        ta = "-" if r.torchao_gbs is None else f"{r.torchao_gbs:.2f}"
+        vs = "-" if r.vs_torchao is None else f"{r.vs_torchao:.1f}x"
         lines.append(
-            f"{r.fmt:<12}{r.quantize_gbs:>10.1f}{r.vs_copy:>8.2f}x{r.dequantize_gbs:>14.1f}"
+            f"{r.label:<16}{r.quantize_gbs:>10.1f}{r.vs_copy:>8.2f}x{r.dequantize_gbs:>14.1f}"
             f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.copy_gbs:>8.1f}"
-            f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{r.sqnr_db:>9.2f}"
+            f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{ta:>9}{vs:>7}{r.sqnr_db:>9.2f}"
         )
+    if all(r.torchao_gbs is None for r in rows):
+        lines.append("(torchao peer: torch and torchao are not installed; pip install torch torchao to add it)")
     return "\n".join(lines)

@@ -42,12 +42,11 @@ def parse_size(text: str) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench_casts, bench_mx, default_cases, format_mx_table, format_table
-    from .formats import MX_FORMATS
+    from .bench import BLOCK_CASES, bench_casts, bench_mx, default_cases, format_mx_table, format_table
 
     if args.plot:
         _check_png(args.plot, force=True)
-    total = len(default_cases()) + len(MX_FORMATS)
+    total = len(default_cases()) + len(BLOCK_CASES)
     with _progress_bar(args, total, "bench", unit="pair") as step:
         rows = bench_casts(args.size, repeat=args.repeat, progress=step)
         mx_rows = bench_mx(args.size, repeat=args.repeat, progress=step)

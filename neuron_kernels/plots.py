@@ -116,7 +116,7 @@ def bench_chart(cast_rows: Sequence[BenchRow], mx_rows: Sequence[MXBenchRow], pa
         else:
             _bars(
                 ax,
-                [f"{r.fmt}\nSQNR {r.sqnr_db:.1f} dB" for r in mx_rows],
+                [f"{r.label}\nSQNR {r.sqnr_db:.1f} dB" for r in mx_rows],
                 [
                     ("quantise", "tab:blue", [r.quantize_gbs for r in mx_rows]),
                     ("dequantise (out=)", "tab:orange", [r.dequantize_gbs for r in mx_rows]),
@@ -125,7 +125,9 @@ def bench_chart(cast_rows: Sequence[BenchRow], mx_rows: Sequence[MXBenchRow], pa
                 ],
                 [r.copy_gbs for r in mx_rows],
             )
-            ax.set_title("MX block-scale quantisation (floor scale, blocks of 32)", loc="left", fontweight="bold")
+            ax.set_title(
+                "Block formats (MX: floor scale, blocks of 32; NVFP4: blocks of 16)", loc="left", fontweight="bold"
+            )
     n = cast_rows[0].elements if cast_rows else mx_rows[0].elements
     fig.suptitle(f"neuron_kernels bench: {_elements(n)} float32 elements")
     _save_png(fig, path)

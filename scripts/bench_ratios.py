@@ -43,13 +43,13 @@ def main(path: str) -> int:
     mx = {key: r for key, r in rows.items() if key[0].startswith("mx ")}
     if mx:
         print(
-            f"\nMX: GB/s, and ratios to the copy baseline (out = into a reused array)\n"
-            f"{'format':<14}{'n':>10}{'quant':>7}{'dequant':>8}{'fake':>7}{'peer':>7}"
-            f"{'q/copy':>8}{'dq/copy':>8}{'dq out':>8}{'fq/copy':>8}{'fq out':>8}{'q/peer':>8}"
+            f"\nBlock formats: GB/s, and ratios to the copy baseline (out = into a reused array)\n"
+            f"{'case':<18}{'n':>10}{'quant':>7}{'dequant':>8}{'fake':>7}{'peer':>7}"
+            f"{'q/copy':>8}{'dq/copy':>8}{'dq out':>8}{'fq/copy':>8}{'fq out':>8}{'q/peer':>8}{'q/torchao':>10}"
         )
         for (pair, n), r in sorted(mx.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             c = copy.get(n, float("nan"))
-            q, dq, dqo, fq, fqo, p = (
+            q, dq, dqo, fq, fqo, p, ta = (
                 r.get(k, float("nan"))
                 for k in (
                     "ours_quantize",
@@ -58,11 +58,12 @@ def main(path: str) -> int:
                     "ours_fake_quantize",
                     "ours_fake_quantize_out",
                     "peer",
+                    "torchao",
                 )
             )
             print(
-                f"{pair[3:]:<14}{n:>10}{q:>7.1f}{dq:>8.1f}{fq:>7.1f}{p:>7.2f}{q / c:>7.2f}x{dq / c:>7.2f}x"
-                f"{dqo / c:>7.2f}x{fq / c:>7.2f}x{fqo / c:>7.2f}x{q / p:>7.1f}x"
+                f"{pair[3:]:<18}{n:>10}{q:>7.1f}{dq:>8.1f}{fq:>7.1f}{p:>7.2f}{q / c:>7.2f}x{dq / c:>7.2f}x"
+                f"{dqo / c:>7.2f}x{fq / c:>7.2f}x{fqo / c:>7.2f}x{q / p:>7.1f}x{q / ta:>9.1f}x"
             )
     for n, gbs in sorted(fresh.items()):
         print(f"copy into a fresh array (x.copy()), n={n}: {gbs:.1f} GB/s, {gbs / copy[n]:.2f}x the copy baseline")

@@ -11,6 +11,7 @@ import pytest
 
 import neuron_kernels as nk
 from neuron_kernels.bench import (
+    BLOCK_CASES,
     BenchRow,
     MXBenchRow,
     bench_casts,
@@ -18,6 +19,7 @@ from neuron_kernels.bench import (
     default_cases,
     format_mx_table,
     format_table,
+    numpy_reference_nvfp4,
     numpy_reference_quantize,
     synthetic_input,
 )
@@ -40,7 +42,8 @@ def assert_png(path) -> None:
 
 
 def test_bench_mx_rows(mx_rows):
-    assert [r.fmt for r in mx_rows] == list(nk.MX_FORMATS)
+    assert [(r.label, r.fmt) for r in mx_rows] == [(label, fmt) for label, fmt, _ in BLOCK_CASES]
+    assert {r.fmt for r in mx_rows} == set(nk.MX_FORMATS) | {"nvfp4"}
     for r in mx_rows:
         assert r.elements == 4096
         for gbs in (r.quantize_gbs, r.dequantize_gbs, r.fake_gbs, r.copy_gbs, r.peer_gbs):
@@ -52,10 +55,11 @@ def test_bench_mx_rows(mx_rows):
         assert d["fake_vs_copy"] == r.fake_gbs / r.copy_gbs
         assert d["vs_peer"] == r.quantize_gbs / r.peer_gbs
         assert d["fmt"] == r.fmt and d["sqnr_db"] == r.sqnr_db
+        assert (r.torchao_gbs is None) == (d["vs_torchao"] is None)
 
 
 def test_bench_mx_sqnr_grows_with_mantissa(mx_rows):
-    sqnr = {r.fmt: r.sqnr_db for r in mx_rows}
+    sqnr = {r.label: r.sqnr_db for r in mx_rows}
     assert sqnr["mxfp4_e2m1"] < sqnr["mxfp6_e3m2"] < sqnr["mxfp6_e2m3"] < sqnr["mxint8"]
 
 
@@ -70,11 +74,23 @@ def test_bench_mx_one_dimensional_partial_block():
 def test_format_mx_table(mx_rows):
     table = format_mx_table(mx_rows)
     lines = table.splitlines()
-    for name in nk.MX_FORMATS:
-        assert sum(line.startswith(name + " ") for line in lines) == 1
-    assert "SQNR dB" in lines[0] and "vs peer" in lines[0]
+    for label, _, _ in BLOCK_CASES:
+        assert sum(re.split(r"\s{2,}", line)[0] == label for line in lines) == 1
+    assert "SQNR dB" in lines[0] and "vs peer" in lines[0] and "torchao" in lines[0]
     assert "GB/s" in lines[1]
-    assert len({len(line) for line in lines[:1] + lines[2:]}) == 1  # fixed width
+    rows = [line for line in lines[2:] if not line.startswith("(")]  # a note on absent peers may follow
+    assert len({len(line) for line in lines[:1] + rows}) == 1  # fixed width
+
+
+def test_numpy_nvfp4_peer_equals_quantize_nvfp4():
+    # The peer is an independent numpy + ml_dtypes transcription of the formulas: on finite data
+    # its codes and scales are the package's, single and two level.
+    x = ordinary_data(np.random.default_rng(5), (64, 96))
+    for pts in (None, "amax"):
+        q = nk.quantize_nvfp4(x, per_tensor_scale=pts)
+        codes, scales = numpy_reference_nvfp4(x, q.per_tensor_scale)
+        np.testing.assert_array_equal(codes, q.codes)
+        np.testing.assert_array_equal(scales, q.scales.view(np.uint8))
 
 
 def ordinary_data(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

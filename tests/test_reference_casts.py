@@ -152,11 +152,14 @@ def in_range_random(name: str, n: int, seed: int) -> np.ndarray:
 
 
 def decoded_order_key(codes: np.ndarray, x: np.ndarray, name: str) -> np.ndarray:
-    """Decoded values, where a NaN code produced by a non-NaN input (an overflow code) counts as
-    +-inf with the input's sign, so that orders can be compared."""
+    """Decoded values, where a NaN code produced by a non-NaN input counts as +-inf with the
+    input's sign (an overflow code), or as a zero for an input below the smallest value (e8m0's
+    NaN for a value rounded down below 2^-127: e8m0 has no zero), so that orders can be compared."""
     d = decode_ref(codes, name).astype(np.float64)
+    x64 = x.astype(np.float64)
     nan = np.isnan(d)
-    d[nan] = np.copysign(np.inf, x.astype(np.float64)[nan])
+    tiny = np.abs(x64) < FORMATS_REF[name].min_subnormal
+    d[nan] = np.where(tiny[nan], np.copysign(0.0, x64[nan]), np.copysign(np.inf, x64[nan]))
     return d
 
 
@@ -610,7 +613,7 @@ HAND_CASES = [
     ("float8_e8m0fnu", 5.0, "toward_zero", False, 0x81),
     ("float8_e8m0fnu", 5.0, "toward_positive", False, 0x82),
     ("float8_e8m0fnu", 2.0**-130, "toward_positive", False, 0x00),
-    ("float8_e8m0fnu", 2.0**-130, "toward_zero", False, 0x00),
+    ("float8_e8m0fnu", 2.0**-130, "toward_zero", False, 0xFF),  # rounded down: nothing below 2^-127
     ("float8_e8m0fnu", 1.9 * 2.0**127, "toward_positive", False, 0xFF),
     ("float8_e8m0fnu", 1.9 * 2.0**127, "toward_zero", False, 0xFE),
     ("float8_e8m0fnu", 1.9 * 2.0**127, "toward_positive", True, 0xFE),
@@ -744,8 +747,8 @@ def test_saturate_only_changes_overflows(name):
         sat = encode_ref(x, name, rounding=mode, saturate=True)
         d = decode_ref(plain, name)
         overflowed = ~np.isnan(x) & (np.isinf(d) | np.isnan(d))
-        if not fmt.signed:
-            overflowed &= x > 0
+        if not fmt.signed:  # e8m0: 0, negatives and values rounded down below 2^-127 are NaN too
+            overflowed &= x >= fmt.min_normal
         assert np.array_equal(sat[~overflowed], plain[~overflowed]), mode
         sign = np.where(np.signbit(x[overflowed]), fmt.sign_bit, 0)
         assert np.array_equal(sat[overflowed], sign | (fmt.max_code << fmt.code_shift)), mode
