@@ -79,8 +79,9 @@ def _resolved(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob:
         return job
     amax = 0.0
     pieces = Pieces(job.layout(entry.shape))
-    for _, _, arr, src in _input_pieces(entry, pieces, chunk_bytes):
-        amax = max(amax, tensor_amax(arr, src))
+    cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
+    for k, _, arr, src in _input_pieces(entry, pieces, chunk_bytes):
+        amax = max(amax, dataclasses.replace(job, axis=pieces.piece_layout(cuts[k]).axis).amax(arr, src))
     return job.with_amax(amax)
 
 
@@ -359,7 +360,7 @@ def error_table(
         cut_layout = dataclasses.replace(first.layout(entry.shape), block_size=int(np.lcm.reduce(list(sizes))))
         pieces = Pieces(cut_layout)
         cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
-        if any(j.needs_amax for j in jobs.values()):
+        if any(j.needs_amax for j in jobs.values()):  # no job of the table rotates: one amax serves all
             amax = 0.0
             for _, _, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
                 amax = max(amax, tensor_amax(arr, src_fmt))

@@ -106,6 +106,40 @@ def test_quantize_containers_keep_names(files):
 
 
 @pytest.mark.parametrize(
+    "options, kwargs",
+    [
+        ([], {}),
+        (["--per-tensor-scale", "none", "--rounding", "stochastic", "--seed", "3"], {"per_tensor_scale": None,
+         "rounding": "stochastic", "seed": 3}),
+        (["--per-tensor-scale", "0.002", "--scale-search", "mse"], {"per_tensor_scale": 0.002, "scale_search": "mse"}),
+        (["--four-over-six", "mse", "--rht"], {"four_over_six": "mse", "rht": True}),
+        (["--block-shape", "16x16"], {"block_shape": (16, 16)}),
+        (["--axis", "0"], {"axis": 0}),
+    ],
+    ids=["amax", "single-stochastic", "given-mse", "4over6-rht", "tiles", "axis0"],
+)  # fmt: skip
+def test_quantize_nvfp4_in_pieces_equals_in_memory(tmp_path, options, kwargs):
+    # Several pieces of 1 MiB; the per-tensor scale from the amax takes a first pass over them.
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((1600, 512)) * np.exp2(rng.integers(-6, 6, (1600, 512)))).astype(np.float32)
+    x[7, 3] = 300.0  # the tensor's amax sits in one piece only
+    np.save(tmp_path / "x.npy", x)
+    r = run("quantize", "x.npy", "q.npz", "--format", "nvfp4", "--chunk-mb", "1", *options, cwd=tmp_path)
+    got = MXArray.load(tmp_path / "q.npz")
+    want = nk.quantize_nvfp4(x, **kwargs)
+    assert (got.per_tensor_scale, got.block_shape, got.rotation) == (
+        want.per_tensor_scale,
+        want.block_shape,
+        want.rotation,
+    )
+    np.testing.assert_array_equal(got.codes, want.codes)
+    np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
+    assert f"{nk.quantization_error(x, want).sqnr_db:.2f}" in r.stdout
+    run("dequantize", "q.npz", "dq.npy", "--chunk-mb", "1", cwd=tmp_path)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq.npy").view(np.uint32), want.dequantize().view(np.uint32))
+
+
+@pytest.mark.parametrize(
     "output, dtype", [("dq.npz", "float32"), ("dq.safetensors", "bfloat16"), ("dq.npz", "float64")]
 )
 def test_dequantize(files, output, dtype):
