@@ -1,8 +1,7 @@
 """The Neuron compiler's implicit dtype promotion lattice (``promote_type`` and friends).
 
 Pure Python: this module never imports numba and works on dtype descriptions, not arrays.
-The rules, in the order they are applied (see ``docs`` in the README and the spec page
-``promotion.md``):
+The rules, in the order they are applied (the README's "Promotion rules in brief" says the same):
 
 1. ``promote_type(t0, t1)`` splits on whether each operand is floating (:func:`is_floating`):
    both floating -> the float rule; exactly one -> the float operand; neither -> the integer rule

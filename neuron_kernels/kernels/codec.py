@@ -16,9 +16,12 @@ A rounding carry out of the mantissa moves into the exponent by itself, so the r
 correct at binade edges, at the subnormal/normal boundary and at the overflow threshold.
 Everything is 32-bit integer arithmetic without branches, which vectorises.
 
-The special values, sign rules and ml_dtypes' quirks (float6/float4 map +NaN to the -0 code,
-fnuz types have no -0, float16 keeps NaN payloads) follow ``casts.md``; ``float8_e8m0fnu``
-has its own encoder (ties to the even code).
+Special values and signs: an input NaN gives the format's quiet NaN (float16 keeps the payload's
+top bits, as numpy does); fnuz formats have no -0 and one NaN (0x80); float6/float4 have no NaN and
+XOR the sign into their -0 code, so +NaN gives the -0 code and -NaN +0, as ml_dtypes does;
+overflow gives the infinity, the NaN (fn) or the largest value (float6/float4, or under
+``saturate`` and the directed modes that round toward zero). ``float8_e8m0fnu`` has its own
+encoder (:func:`encode_e8m0`: ties to the even code).
 """
 
 from __future__ import annotations
