@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import STOCHASTIC_PAIRS, _peer, default_pairs
+from neuron_kernels.bench import STOCHASTIC_PAIRS, default_pairs, peer_of
 
 from .conftest import SIZES, float32_input
 
@@ -64,7 +64,7 @@ def test_cast(benchmark, source, target, kind, n):
     elif kind == "ours_out":
         benchmark(nk.cast, x, target, out=out)
     else:
-        name, fn = _peer(source, target)
+        name, fn = peer_of(source, target)
         benchmark.extra_info["peer"] = name
         benchmark(fn, x)
     _record(benchmark, x.nbytes + out.nbytes)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import BLOCK_CASES, GIVEN, _torchao_peer, numpy_reference_nvfp4, numpy_reference_quantize
+from neuron_kernels.bench import BLOCK_CASES, GIVEN, numpy_reference_nvfp4, numpy_reference_quantize, torchao_peer
 
 from .conftest import SIZES, float32_input
 
@@ -54,7 +54,7 @@ def test_block(benchmark, kind, label, fmt, options, n):
                 benchmark.pedantic(numpy_reference_quantize, args=(x, fmt), rounds=2, iterations=1)
         moved = x.nbytes + q.nbytes
     else:
-        peer = _torchao_peer(fmt, options)
+        peer = torchao_peer(fmt, options)
         if peer is None:
             pytest.skip("torch and torchao are not installed, or torchao has no such quantiser")
         benchmark.pedantic(peer, args=(x,), rounds=2, iterations=1)

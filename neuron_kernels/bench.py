@@ -57,6 +57,8 @@ __all__ = [
     "format_table",
     "numpy_reference_quantize",
     "numpy_reference_nvfp4",
+    "peer_of",
+    "torchao_peer",
     "bench_mx",
     "format_mx_table",
 ]
@@ -121,7 +123,7 @@ def _numpy_tfloat32(values: np.ndarray) -> np.ndarray:
     return np.where((u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000), nan, r).view(np.float32)
 
 
-def _peer(source: str, target: str, rounding: str = "nearest_even") -> tuple[str, Callable[[np.ndarray], Any]]:
+def peer_of(source: str, target: str, rounding: str = "nearest_even") -> tuple[str, Callable[[np.ndarray], Any]]:
     """The peer of a pair: ml_dtypes ``astype``, or numpy code where ml_dtypes lacks the target.
 
     Packed targets: ml_dtypes ``astype`` to the element, then numpy packing of the codes. Other
@@ -213,7 +215,7 @@ def bench_casts(
         copy_gbs = measure(lambda: np.copyto(copy_dst, base), 2 * base.nbytes, repeat)
         ours_out = measure(lambda: cast(x, target, out=out, **options), moved, repeat)
         ours = measure(lambda: cast(x, target, **options), moved, repeat)
-        peer_name, peer = _peer(source, target, rounding)
+        peer_name, peer = peer_of(source, target, rounding)
         peer_gbs = measure(lambda: peer(x), moved, max(1, min(repeat, 3)))
         rows.append(BenchRow(source, target, n, ours, ours_out, copy_gbs, peer_name, peer_gbs, rounding))
     return rows
@@ -361,7 +363,7 @@ def numpy_reference_nvfp4(
     return packed, s.view(np.uint8)[..., 0]
 
 
-def _torchao_peer(fmt: str, options: dict[str, Any]) -> Callable[[np.ndarray], Any] | None:
+def torchao_peer(fmt: str, options: dict[str, Any]) -> Callable[[np.ndarray], Any] | None:
     """torchao's CPU quantiser of a case, when torch and torchao are installed and have it."""
     try:
         import torch
@@ -431,7 +433,7 @@ def bench_mx(
                 peer = measure(lambda: numpy_reference_nvfp4(x, pts), moved, few)
             else:
                 peer = measure(lambda: numpy_reference_quantize(x, fmt), moved, few)
-        torchao = _torchao_peer(fmt, options)
+        torchao = torchao_peer(fmt, options)
         torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
         sqnr = quantization_error(x, q).sqnr_db
         rows.append(BlockBenchRow(label, fmt, n, quantize_gbs, dequantize_gbs, fake, copy_gbs, peer, sqnr, torchao_gbs))
