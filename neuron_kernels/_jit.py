@@ -37,6 +37,7 @@ __all__ = [
     "u32_xor",
     "f32_bits",
     "f32_from_bits",
+    "f16_to_f32_bits",
     "i32_positive",
     "u32_amax_abs",
 ]
@@ -199,30 +200,54 @@ def i32_positive(typingctx: Any, u: Any) -> Any:
 
 
 @intrinsic
+def f16_to_f32_bits(typingctx: Any, u: Any) -> Any:
+    """The float32 pattern of the float16 pattern in the low 16 bits of the uint32 ``u``, by the
+    hardware conversion (F16C's vcvtph2ps where the CPU has it). Exact for every number; a NaN
+    comes out quiet (callers that keep signalling NaN payloads fix those up)."""
+    sig = types.uint32(types.uint32)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        half = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
+        return builder.bitcast(builder.fpext(half, ir.FloatType()), ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
 def u32_amax_abs(typingctx: Any, row: Any, start: Any, count: Any) -> Any:
-    """``max(row[start + i] & 0x7FFFFFFF for i < count)`` for a C-contiguous uint32 ``row`` and a
-    compile-time constant ``count``: one vector load and one reduction, no bounds check.
+    """``max(row[start + i] & sign mask for i < count)`` for a C-contiguous uint32 or uint16 ``row``
+    (float32 patterns, or float16/bfloat16 codes) and a compile-time constant ``count``: one vector
+    load and one reduction, no bounds check; the result as a uint32 (the 16-bit code's magnitude).
 
     A plain loop over a 32-element block runs at a quarter of the vector width (the vectoriser
-    wants 64 iterations); this is the block amax of the MX kernels. ``count == 0`` gives 0 for
+    wants 64 iterations); this is the block amax of the block kernels. ``count == 0`` gives 0 for
     any ``row`` (the kernels pass 0 where they have no fixed block length).
     """
     if not isinstance(count, types.IntegerLiteral) or count.literal_value < 0:
         return None
     n = count.literal_value
-    if n and not (isinstance(row, types.Array) and row.dtype == types.uint32 and row.ndim == 1 and row.layout == "C"):
+    if n and not (
+        isinstance(row, types.Array)
+        and row.dtype in (types.uint32, types.uint16)
+        and row.ndim == 1
+        and row.layout == "C"
+    ):
         return None
+    bits = 32 if n == 0 or row.dtype == types.uint32 else 16
     sig = types.uint32(row, types.uint64, count)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         if n == 0:
             return ir.Constant(ir.IntType(32), 0)
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        vty = ir.VectorType(ir.IntType(32), n)
+        lane = ir.IntType(bits)
+        vty = ir.VectorType(lane, n)
         ptr = builder.bitcast(builder.gep(data, [args[1]]), vty.as_pointer())
-        vec = builder.and_(builder.load(ptr, align=4), ir.Constant(vty, [0x7FFFFFFF] * n))
-        fnty = ir.FunctionType(ir.IntType(32), [vty])
-        reduce = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.vector.reduce.umax.v{n}i32")
-        return builder.call(reduce, [vec])
+        mask = (1 << (bits - 1)) - 1
+        vec = builder.and_(builder.load(ptr, align=bits // 8), ir.Constant(vty, [mask] * n))
+        fnty = ir.FunctionType(lane, [vty])
+        reduce = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.vector.reduce.umax.v{n}i{bits}")
+        result = builder.call(reduce, [vec])
+        return result if bits == 32 else builder.zext(result, ir.IntType(32))
 
     return sig, codegen

@@ -216,7 +216,9 @@ class BlockJob:
             row, vshape, cshape, sshape, _ = lay.kernel_shapes()
             arr, source = self._source(arr, src, row)
             pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.pack and not row else int(self.pack)
-            kernel = K.quantize_kernel(source, self.fmt, self.rounding, pack, row, self._fused_rotation(row))
+            kernel = K.quantize_kernel(
+                source, self.fmt, self.rounding, pack, row, self._fused_rotation(row), self._policy() != K.PLAIN
+            )
             # Two blocks of odd length along the block axis share bytes of packed codes: keep such
             # pairs on one thread (whole pairs of rows of tasks if a row has an odd number).
             align = 1
@@ -246,7 +248,9 @@ class BlockJob:
         if arr.size:
             row, vshape, _, _, _ = lay.kernel_shapes()
             arr, source = self._source(arr, src, row)
-            kernel = K.fake_quantize_kernel(source, self.fmt, self.rounding, row, self._fused_rotation(row))
+            kernel = K.fake_quantize_kernel(
+                source, self.fmt, self.rounding, row, self._fused_rotation(row), self._policy() != K.PLAIN
+            )
             self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
 
 

@@ -77,7 +77,8 @@ def policy_id(four_over_six: str | None, scale_search: str | None) -> int:
 
 class Source(NamedTuple):
     """How a kernel reads its input: the codec's source kind and codec, and whether blocks of 16,
-    32 or 64 are reduced as one vector (float32 rows)."""
+    32 or 64 are reduced as one vector (float32 patterns, and float16/bfloat16 codes, whose
+    magnitudes order as their values do: the largest code is decoded once)."""
 
     kind: int
     codec: C.Codec
@@ -90,7 +91,8 @@ def source_of(dtype_name: str) -> Source:
         return Source(C.SOURCE_F32, C.NO_CODEC, True)
     if dtype_name == "float64":
         return Source(C.SOURCE_F64_NEAREST, C.NO_CODEC, False)
-    return Source(C.SOURCE_CODES, C.codec_of(FORMATS[dtype_name]), False)
+    fmt = FORMATS[dtype_name]
+    return Source(C.source_of_codes(fmt), C.codec_of(fmt), fmt.itemsize == 2)
 
 
 def input_view(x: np.ndarray) -> np.ndarray:
@@ -124,7 +126,8 @@ class Scale(NamedTuple):
     and ``rcp`` (float32(1 / max element)) serve the e8m0 rules; ``max_element`` and ``four``
     (2^emax: the map-to-4 divisor of four-over-six) the e4m3fn ones, with the scale's codec, its
     smallest normal (the lower clamp) and largest value, and ``nan_byte``, the scale of a block
-    holding a NaN or an infinity.
+    holding a NaN or an infinity. ``policies``: whether the kernel evaluates scale policies at all
+    (their code, even untaken, costs the plain kernels a quarter more instructions per element).
     """
 
     e8m0: bool
@@ -137,6 +140,7 @@ class Scale(NamedTuple):
     lowest: np.float32
     highest: np.float32
     nan_byte: int
+    policies: bool
 
 
 def _element_of(bf: BlockFormat, rounding: str) -> Element:
@@ -152,7 +156,7 @@ def _element_of(bf: BlockFormat, rounding: str) -> Element:
     )
 
 
-def _scale_of(bf: BlockFormat) -> Scale:
+def _scale_of(bf: BlockFormat, policies: bool = False) -> Scale:
     sf = bf.scale_format
     return Scale(
         e8m0=bf.is_mx,
@@ -165,6 +169,7 @@ def _scale_of(bf: BlockFormat) -> Scale:
         lowest=np.float32(sf.smallest_normal),
         highest=np.float32(sf.max),
         nan_byte=sf.nan_code or 0,
+        policies=policies,
     )
 
 
@@ -180,7 +185,7 @@ def _bit_length(v):  # pragma: no cover - compiled
     return n
 
 
-@jit
+@jit(inline="always")
 def _e8m0_byte(amax, mode, sc):  # pragma: no cover - compiled
     """The e8m0 byte of a block from its finite, non-zero amax bit pattern, by ``mode`` (the
     formulas of ``modes.SCALE_MODES``), the exponent clamped to [-127, 127]."""
@@ -213,18 +218,22 @@ def _e8m0_byte(amax, mode, sc):  # pragma: no cover - compiled
     return max(-127, min(127, e)) + 127
 
 
-@jit
+@jit(inline="always")
 def _e4m3_byte(amax, divisor, pts, sc):  # pragma: no cover - compiled
     """The float8_e4m3fn scale of a block: ``amax / divisor`` (then ``/ pts`` when ``pts != 0``),
-    in float32, clamped to [2^-6, 448] and rounded to the nearest e4m3fn code."""
+    in float32, clamped to [2^-6, 448] and rounded to the nearest e4m3fn code. The clamp keeps it
+    in the scale format's normal range, so rounding the float32 mantissa to the scale's width
+    (ties to even, a carry moving into the exponent) and rebiasing is the encoding."""
     t = f32_from_bits(np.uint32(amax)) / divisor
     if pts != 0:
         t = t / pts
-    t = min(max(t, sc.lowest), sc.highest)
-    return C.encode(f32_bits(t), np.uint32(0), np.uint32(0), sc.codec, C.NEAREST_EVEN, True)
+    b = f32_bits(min(max(t, sc.lowest), sc.highest))
+    m = sc.codec.mbits
+    rounded = u32_add(u32_add(b, (1 << (22 - m)) - 1), u32_and(u32_shr(b, 23 - m), 1))
+    return u32_sub(u32_shr(rounded, 23 - m), ((127 - sc.codec.bias) << m) & 0xFFFFFFFF)
 
 
-@jit
+@jit(inline="always")
 def _scale_byte(amax, mode, pts, sc):  # pragma: no cover - compiled
     """The scale byte of a block by the plain rule (NaN byte for a NaN/inf block; e8m0: 0 for
     an all-zero block, e4m3fn: the lower clamp 2^-6)."""
@@ -280,12 +289,12 @@ def _nearest_even(v, el):  # pragma: no cover - compiled
     a = min(abs(v), el.top)
     ab = f32_bits(a)
     sub = u32_sub(f32_bits(a + el.magic), f32_bits(el.magic))
+    negative = f32_bits(v) >= np.uint32(0x80000000)
+    if c.specials == C.FIXED:  # one quantum over the whole range: the adder trick is the code
+        return u32_and(u32_sub(0, sub), (1 << c.bits) - 1) if negative else sub
     rounded = u32_add(u32_add(ab, (1 << (22 - c.mbits)) - 1), u32_and(u32_shr(ab, 23 - c.mbits), 1))
     normal = u32_sub(u32_shr(rounded, 23 - c.mbits), el.rebias)
     code = sub if a < el.min_normal else normal
-    negative = f32_bits(v) >= np.uint32(0x80000000)
-    if c.specials == C.FIXED:
-        return u32_and(u32_sub(0, code), (1 << c.bits) - 1) if negative else code
     return u32_or(code, u32_and(u32_shr(f32_bits(v), 32 - c.bits), 1 << (c.bits - 1)))
 
 
@@ -313,25 +322,43 @@ def _stream(key):  # pragma: no cover - compiled
 # ---- scale policies -----------------------------------------------------------------------------
 
 
+@jit(inline="always")
+def _term(u, rnd, mul, scale, squared, el, sc):  # pragma: no cover - compiled
+    """|dq - x| (or its square) of the element pattern ``u`` with a candidate scale, in float64."""
+    d = np.float64(_value(_code(_scaled(u, mul, sc), rnd, el), scale, el)) - np.float64(f32_from_bits(u))
+    return d * d if squared else abs(d)
+
+
 @jit
-def _row_error(xr, l0, l1, base, byte, pts, squared, key, src, el, sc):  # pragma: no cover - compiled
-    """Sum over ``xr[l0:l1]`` of |dq - x| (or its square), in float64, with the scale ``byte``."""
+def _row_errors(xr, l0, l1, base, b0, b1, b2, b3, b4, count, pts, squared, key, src, el, sc):  # pragma: no cover
+    """The error sums of the block ``xr[l0:l1]`` with the scales ``b0..b4`` (the first ``count`` of
+    them; 2 or 5), each accumulated left to right in float64 from 0.0. One pass over the elements
+    evaluates every candidate: their sums are independent chains the processor overlaps."""
     key_lo, key_hi = _stream(key)
-    mul, scale = _multiplier(byte, pts, sc)
-    err = 0.0
+    m0, s0 = _multiplier(b0, pts, sc)
+    m1, s1 = _multiplier(b1, pts, sc)
+    m2, s2 = _multiplier(b2, pts, sc)
+    m3, s3 = _multiplier(b3, pts, sc)
+    m4, s4 = _multiplier(b4, pts, sc)
+    e0 = e1 = e2 = e3 = e4 = 0.0
     rnd = np.uint32(0)
     for i in range(l0, l1):
         u = C.load(xr[i], src.kind, src.codec)
         if el.mode == C.STOCHASTIC:
             rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-        d = np.float64(_value(_code(_scaled(u, mul, sc), rnd, el), scale, el)) - np.float64(f32_from_bits(u))
-        err += d * d if squared else abs(d)
-    return err
+        e0 += _term(u, rnd, m0, s0, squared, el, sc)
+        e1 += _term(u, rnd, m1, s1, squared, el, sc)
+        if count > 2:
+            e2 += _term(u, rnd, m2, s2, squared, el, sc)
+            e3 += _term(u, rnd, m3, s3, squared, el, sc)
+            e4 += _term(u, rnd, m4, s4, squared, el, sc)
+    return e0, e1, e2, e3, e4
 
 
 @jit
 def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc):  # pragma: no cover - compiled
-    """:func:`_row_error` over the tile ``x[a, r0:r1, c0:c1]``."""
+    """The sum of |dq - x| (or its square) over the tile ``x[a, r0:r1, c0:c1]`` in C order, in float64,
+    with the scale ``byte``."""
     key_lo, key_hi = _stream(key)
     mul, scale = _multiplier(byte, pts, sc)
     rows, cols = x.shape[1], x.shape[2]
@@ -364,10 +391,19 @@ def _candidate(k, byte, policy, amax, pts, sc):  # pragma: no cover - compiled
 @jit(inline="always")
 def _policy_scale(byte, amax, policy, pts, sc):  # pragma: no cover - compiled
     """Whether a policy looks past the plain scale of this block (not for zero or NaN blocks)."""
+    if not sc.policies:
+        return False
     return (policy != PLAIN) & (amax != 0) & (amax < np.uint32(0x7F800000))
 
 
 # ---- row kernels (blocks along the last axis) ---------------------------------------------------
+
+
+@jit(inline="always")
+def _decoded_amax(m, src):  # pragma: no cover - compiled
+    """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
+    of 16-bit sources are decoded once, after the reduction)."""
+    return m if src.kind == C.SOURCE_F32 else C.load(m, src.kind, src.codec)
 
 
 @jit(inline="always")
@@ -376,11 +412,11 @@ def _row_amax(xr, l0, l1, src, v16, v32, v64):  # pragma: no cover - compiled
     32 or 64 (``v16, v32, v64``: these lengths, compile-time constants, for float32 rows; else 0)."""
     n = l1 - l0
     if v32 != 0 and n == v32:
-        return u32_amax_abs(xr, l0, v32)
+        return _decoded_amax(u32_amax_abs(xr, l0, v32), src)
     if v16 != 0 and n == v16:
-        return u32_amax_abs(xr, l0, v16)
+        return _decoded_amax(u32_amax_abs(xr, l0, v16), src)
     if v64 != 0 and n == v64:
-        return u32_amax_abs(xr, l0, v64)
+        return _decoded_amax(u32_amax_abs(xr, l0, v64), src)
     amax = np.uint32(0)
     for i in range(l0, l1):
         a = u32_and(C.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
@@ -395,19 +431,37 @@ def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc):  # 
     if not _policy_scale(byte, amax, policy, pts, sc):
         return byte
     squared = policy != FOUR_SIX_MAE
-    best = _row_error(xr, l0, l1, base, byte, pts, squared, key, src, el, sc)
-    chosen = byte
-    for k in range(4):
-        valid, cand = _candidate(k, byte, policy, amax, pts, sc)
-        if valid:
-            err = _row_error(xr, l0, l1, base, cand, pts, squared, key, src, el, sc)
-            if err < best:
-                best, chosen = err, cand
+    v0, c0 = _candidate(0, byte, policy, amax, pts, sc)
+    v1, c1 = _candidate(1, byte, policy, amax, pts, sc)
+    v2, c2 = _candidate(2, byte, policy, amax, pts, sc)
+    v3, c3 = _candidate(3, byte, policy, amax, pts, sc)
+    # invalid candidates are evaluated with the plain scale (never strictly better) and skipped
+    c0, c1, c2, c3 = (c0 if v0 else byte), (c1 if v1 else byte), (c2 if v2 else byte), (c3 if v3 else byte)
+    count = 5 if (policy == SEARCH_MSE) & (not sc.e8m0) else 2
+    e, e0, e1, e2, e3 = _row_errors(xr, l0, l1, base, byte, c0, c1, c2, c3, count, pts, squared, key, src, el, sc)
+    best, chosen = e, byte
+    for k in range(count - 1):
+        ek, ck, vk = (e0, c0, v0) if k == 0 else (e1, c1, v1) if k == 1 else (e2, c2, v2) if k == 2 else (e3, c3, v3)
+        if vk and ek < best:
+            best, chosen = ek, ck
     return chosen
 
 
 def _vector_lengths(source: Source) -> tuple[int, int, int]:
     return (16, 32, 64) if source.vector else (0, 0, 0)
+
+
+@jit(inline="always")
+def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc, v16, v32, v64):  # pragma: no cover
+    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``. A loop of its own,
+    before the elements': the per-block decisions (run-time scale mode and policy) then cost the
+    element loop nothing."""
+    length = xr.shape[0]
+    for j in range(j0, j1):
+        l0 = np.uint64(j * size)
+        l1 = np.uint64(min(j * size + size, length))
+        amax = _row_amax(xr, l0, l1, src, v16, v32, v64)
+        out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc)
 
 
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
@@ -427,14 +481,14 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             r = t // nb
             xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
             base = idx0 + r * length
-            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
+            _row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc, V16, V32, V64)
+            for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                amax = _row_amax(xr, l0, l1, source, V16, V32, V64)
-                byte = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, source, el, sc)
-                sr[j] = byte
+                byte = np.uint32(sr[j])
                 mul, _ = _multiplier(byte, pts, sc)
-                nan_block = amax >= np.uint32(0x7F800000)
+                nan_block = byte == np.uint32(sc.nan_byte)
                 if not pack:
                     for i in range(l0, l1):
                         if stochastic:
@@ -477,18 +531,19 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
         nb = (length + size - 1) // size
+        bytes_ = np.empty(nb, np.uint32)
         rnd = np.uint32(0)
         t = t0
         while t < t1:
             r = t // nb
             xr, orow = x[r], out[r]
             base = idx0 + r * length
-            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
+            _row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc, V16, V32, V64)
+            for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                amax = _row_amax(xr, l0, l1, source, V16, V32, V64)
-                byte = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, source, el, sc)
-                mul, scale = _multiplier(byte, pts, sc)
+                mul, scale = _multiplier(bytes_[j], pts, sc)
                 for i in range(l0, l1):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
@@ -694,15 +749,14 @@ def _rotate_group(src_row, start, dst, off, signs, t, src, inverse):  # pragma: 
     for k in range(16):
         v = np.float64(f32_from_bits(C.load(src_row[start + k], src.kind, src.codec)))
         t[k] = v if inverse else v * signs[k]
-    h = 1
-    while h < 16:
-        for j in range(16):
-            if j & h == 0:
-                a = t[j]
-                b = t[j + h]
-                t[j] = a + b
-                t[j + h] = a - b
-        h *= 2
+    for stage in range(4):  # constant trip counts and no branches: straight-line code
+        h = 1 << stage
+        for pair in range(8):  # the pairs (j, j + h) with j & h == 0, in increasing j
+            j = (pair >> stage << (stage + 1)) | (pair & (h - 1))
+            a = t[j]
+            b = t[j + h]
+            t[j] = a + b
+            t[j + h] = a - b
     for k in range(16):
         v = t[k] * 0.25
         dst[off + k] = f32_bits(np.float32(v * signs[k] if inverse else v))
@@ -843,7 +897,9 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
 
 
 @cache
-def quantize_kernel(source: str, fmt: BlockFormat, rounding: str, pack: int, row: bool, rotate: bool = False) -> Any:
+def quantize_kernel(
+    source: str, fmt: BlockFormat, rounding: str, pack: int, row: bool, rotate: bool = False, policies: bool = False
+) -> Any:
     """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)`` on (A, L)
     arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales, rows,
     cols, mode, policy, pts, key, idx0, t0, t1)`` on (A, R, C) arrays (``pack``: ``PACK_*``).
@@ -852,8 +908,8 @@ def quantize_kernel(source: str, fmt: BlockFormat, rounding: str, pack: int, row
     (float32; 0 for none); ``idx0``: the C-order index of x's first element in the whole array
     (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
     whole. ``rotate``: row kernels of the rotated input, taking the 16 signs (float64) after
-    ``idx0``."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt)
+    ``idx0``. ``policies``: kernels that evaluate the scale policies (else ``policy`` is ignored)."""
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
     if rotate:
         return _row_quantize_rotated(source_of(source), el, sc, bool(pack))
     if row:
@@ -862,10 +918,12 @@ def quantize_kernel(source: str, fmt: BlockFormat, rounding: str, pack: int, row
 
 
 @cache
-def fake_quantize_kernel(source: str, fmt: BlockFormat, rounding: str, row: bool, rotate: bool = False) -> Any:
+def fake_quantize_kernel(
+    source: str, fmt: BlockFormat, rounding: str, row: bool, rotate: bool = False, policies: bool = False
+) -> Any:
     """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
     codes and scales)."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt)
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
     if rotate:
         return _row_fake_quantize_rotated(source_of(source), el, sc)
     if row:
@@ -892,10 +950,12 @@ def finite_amax_kernel(source: str) -> Any:
     @jit
     def kernel(x, out, chunk, t0, t1):  # pragma: no cover - compiled
         for t in range(t0, t1):
+            seg = x[t * chunk : min(t * chunk + chunk, x.size)]  # a slice: LLVM vectorises its loop
             m = np.uint32(0)
-            for i in range(t * chunk, min(t * chunk + chunk, x.size)):
-                v = u32_and(C.load(x[i], src.kind, src.codec), 0x7FFFFFFF)
-                m = v if (v > m) & (v < np.uint32(0x7F800000)) else m
+            for i in range(seg.size):
+                v = u32_and(C.load(seg[i], src.kind, src.codec), 0x7FFFFFFF)
+                v = v if v < np.uint32(0x7F800000) else u32_and(v, 0)
+                m = max(m, v)
             out[t] = m
 
     return kernel

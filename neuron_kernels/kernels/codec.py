@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._jit import (
+    f16_to_f32_bits,
     f32_bits,
     f32_from_bits,
     i32_positive,
@@ -77,6 +78,12 @@ TOWARD_POSITIVE, TOWARD_NEGATIVE = MODE_IDS["toward_positive"], MODE_IDS["toward
 STOCHASTIC = MODE_IDS["stochastic"]
 
 
+def source_of_codes(fmt: Format) -> int:
+    """The source kind of arrays of codes of ``fmt``: the fast paths of bfloat16 (a shift) and
+    float16 (the hardware conversion), else the generic decoder."""
+    return {"bfloat16": SOURCE_BF16, "float16": SOURCE_F16}.get(fmt.name, SOURCE_CODES)
+
+
 def mode_id(rounding: str) -> int:
     """The kernels' id of a rounding mode of ``ROUNDING_MODES``."""
     return MODE_IDS[rounding]
@@ -89,6 +96,8 @@ SOURCE_F64_ODD = 2  # float64, rounded to float32 "to odd": one correct rounding
 SOURCE_CODES = 3  # codes of a small format, decoded exactly
 SOURCE_INT = 4  # integers, converted to float32 (round to nearest even), as ml_dtypes does
 SOURCE_F64_SPLIT = 5  # float64 truncated to float32, the rest kept as 32 more bits (stochastic rounding)
+SOURCE_BF16 = 6  # bfloat16 codes: the top half of a float32 pattern
+SOURCE_F16 = 7  # float16 codes: the hardware conversion, NaN payloads kept
 TARGET_F32 = 0
 TARGET_F64 = 1
 TARGET_CODES = 2
@@ -284,12 +293,12 @@ def decode(c, f):  # pragma: no cover - compiled
     if specials == E8M0:
         v = u32_shl(c, 23) if c != 0 else u32_or(c, 0x400000)
         return 0x7FC00000 if c == 0xFF else v
+    if specials == FIXED:  # the two's-complement integer of ``bits`` bits, times 2^-mbits (exact)
+        signed = np.int32(u32_shl(c, 32 - bits)) >> (32 - bits)
+        return f32_bits(np.float32(signed) * np.float32(2.0**-mbits))
     sign_bit = 1 << (bits - 1)
-    neg = c >= sign_bit if specials == NONE or specials == FIXED else u32_and(c, sign_bit) != 0
-    if specials == FIXED:  # two's complement: the magnitude is -c (2^(bits-1) itself included)
-        mag = u32_and(u32_sub(0, c), (1 << bits) - 1) if neg else u32_and(c, sign_bit - 1)
-    else:
-        mag = u32_and(c, sign_bit - 1)
+    neg = c >= sign_bit if specials == NONE else u32_and(c, sign_bit) != 0
+    mag = u32_and(c, sign_bit - 1)
     ex = u32_shr(mag, mbits)
     mant = u32_and(mag, (1 << mbits) - 1)
     normal = u32_add(u32_shl(mag, 23 - mbits), (127 - bias) << 23)
@@ -372,7 +381,7 @@ def random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
     return _mix32(u32_xor(u32_add(h, np.uint32((idx >> 32) & 0xFFFFFFFF)), key_hi))
 
 
-@jit
+@jit(inline="always")
 def load(x, source, c):  # pragma: no cover - compiled
     """The float32 pattern of one source item of kind ``source`` (``SOURCE_*``; codes are decoded
     with the source's :class:`Codec` ``c``)."""
@@ -384,7 +393,20 @@ def load(x, source, c):  # pragma: no cover - compiled
         return _f64_to_f32_odd(x)
     if source == SOURCE_F64_SPLIT:
         return _f64_to_f32_truncated(x)
+    if source == SOURCE_BF16:
+        return u32_shl(x, 16)
+    if source == SOURCE_F16:
+        return _f16_to_f32(x)
     return decode(x, c)
+
+
+@jit
+def _f16_to_f32(x):  # pragma: no cover - compiled
+    """float16 code -> float32 pattern, exact: the hardware conversion, except that a NaN keeps
+    its payload bits as they are (the conversion would make a signalling NaN quiet)."""
+    h = u32_and(x, 0xFFFF)
+    nan = u32_or(u32_or(u32_shl(u32_and(h, 0x8000), 16), 0x7F800000), u32_shl(u32_and(h, 0x3FF), 13))
+    return nan if u32_and(h, 0x7FFF) > np.uint32(0x7C00) else f16_to_f32_bits(h)
 
 
 class Store(NamedTuple):

@@ -133,7 +133,7 @@ def _build(
         if target.name == "float64":
             return c.copy_items
     else:
-        src_kind, src_codec = c.SOURCE_CODES, c.codec_of(s_el)
+        src_kind, src_codec = c.source_of_codes(s_el), c.codec_of(s_el)
     if t_el.name in ("float32", "float32r"):
         tgt_kind, tgt_codec = c.TARGET_F32, c.NO_CODEC
     elif t_el.name == "float64":
