@@ -1,0 +1,400 @@
+"""NVFP4, 2-D tiles, the scale policies and the random Hadamard rotation: the kernels against the slow
+reference ``tests/reference_blocks.py``, bit for bit (codes, scale bytes, per-tensor scale, values).
+
+The reference quantises 2-D arrays with 1-D blocks along the last axis or r x c tiles. The helper
+``reference`` takes the package's options, moves the block axis last (1-D blocks) or splits the
+leading axes (2-D tiles, one matrix at a time with the whole tensor's per-tensor scale), and gives
+codes, scale bytes and values in the package's layout; ``check`` compares every output of
+``quantize`` (packed and unpacked codes), ``dequantize`` (with and without ``out=``) and
+``fake_quantize`` with it. Stochastic draws are ``test_cast_modes.random_bits`` by C-order index.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import neuron_kernels as nk
+
+from .reference_blocks import (
+    RHT_DEFAULT_SIGNS,
+    dequantize_2d_ref,
+    nvfp4_per_tensor_scale_ref,
+    quantize_2d_ref,
+    rht_inverse_ref,
+    rht_ref,
+)
+from .reference_mx import pack_fp4_ref
+from .test_cast_modes import random_bits
+
+F32 = np.float32
+BF16 = np.dtype(ml_dtypes.bfloat16)
+MX_FORMATS = list(nk.MX_FORMATS)
+SCALE_MODES = ["floor", "ceil", "even", "rceil", "neuron"]
+ROUNDINGS = ["nearest_even", "nearest_away", "toward_zero", "stochastic"]
+DETERMINISTIC = ROUNDINGS[:3]
+INPUT_DTYPES = [np.float32, np.float16, BF16, np.float64]
+#: E2M1 magnitudes by code 0..7.
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+CUSTOM_SIGNS = (-1, 1, 1, -1, -1, 1, -1, 1, 1, 1, -1, -1, 1, -1, 1, 1)
+
+
+# ---- the reference in the package's layout ------------------------------------------------------
+
+
+class Want(NamedTuple):
+    """What the package must give: unpacked codes (x's shape), scale bytes (the package's scales
+    shape), the per-tensor scale (np.float32 or None), dequantised values (float32, x's shape; the
+    rotated values for ``rht``) and, for ``rht``, the values rotated back."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    pts: np.float32 | None
+    values: np.ndarray
+    unrotated: np.ndarray | None
+
+
+def as_float32(x) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(x).astype(F32)
+
+
+def _signs(rht) -> tuple[int, ...] | None:
+    if rht is None or rht is False:
+        return None
+    return tuple(RHT_DEFAULT_SIGNS) if rht is True else tuple(int(s) for s in rht)
+
+
+def reference(
+    x,
+    fmt: str,
+    *,
+    block_size: int | None = None,
+    block_shape: tuple[int, ...] | None = None,
+    axis: int = -1,
+    scale_mode: str | None = None,
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    per_tensor_scale: Any = "default",
+    scale_bound: float = 448.0,
+    four_over_six: str | None = None,
+    scale_search: str | None = None,
+    rht: Any = False,
+) -> Want:
+    """The reference's answer to ``nk.quantize(x, fmt, **options)`` (see :class:`Want`)."""
+    nv = fmt == "nvfp4"
+    x32 = as_float32(x)
+    rand = random_bits(seed, x32.size).reshape(x32.shape) if rounding == "stochastic" else None
+    kw: dict[str, Any] = {"rounding": rounding}
+    if nv:
+        kw.update(pts_bound=scale_bound, scale_search=scale_search)
+        if four_over_six is not None:
+            kw["policy"] = ("four_over_six", four_over_six)
+    else:
+        kw.update(scale_mode=scale_mode or "floor", scale_search=scale_search)
+    if per_tensor_scale == "default" and nv:
+        per_tensor_scale = "amax"
+    signs = _signs(rht)
+    if block_shape is not None and len(block_shape) == 2 and block_shape[0] > 1:
+        return _reference_2d(x32, fmt, tuple(block_shape), rand, per_tensor_scale, kw)
+    if block_shape is not None:
+        block_size = block_shape[-1]
+    size = block_size or (16 if nv else 32)
+    moved = np.moveaxis(x32, axis, -1)
+    flat = moved.reshape(-1, moved.shape[-1])
+    if signs is not None:
+        flat = rht_ref(flat, signs)
+    if rand is not None:
+        kw["rand"] = np.moveaxis(rand, axis, -1).reshape(flat.shape)
+    q = quantize_2d_ref(flat, fmt, (1, size), per_tensor_scale=per_tensor_scale if nv else None, **kw)
+    values = dequantize_2d_ref(q.codes, q.scales, fmt, (1, size), q.pts)
+    unrotated = None
+    if signs is not None:
+        unrotated = np.moveaxis(rht_inverse_ref(values, signs).reshape(moved.shape), -1, axis)
+    nb = q.scales.shape[1]
+    return Want(
+        np.moveaxis(q.codes.reshape(moved.shape), -1, axis),
+        np.moveaxis(q.scales.reshape(moved.shape[:-1] + (nb,)), -1, axis),
+        q.pts,
+        np.moveaxis(values.reshape(moved.shape), -1, axis),
+        unrotated,
+    )
+
+
+def _reference_2d(x32, fmt, block_shape, rand, per_tensor_scale, kw) -> Want:
+    """Tiles over the last two axes: each matrix on its own, with the whole tensor's pts."""
+    nv = fmt == "nvfp4"
+    pts = None
+    if nv and per_tensor_scale == "amax":
+        pts = nvfp4_per_tensor_scale_ref(x32, kw["pts_bound"])
+    elif nv and per_tensor_scale is not None:
+        pts = F32(per_tensor_scale)
+    mats = x32.reshape(-1, *x32.shape[-2:])
+    codes, scales, values = [], [], []
+    for a in range(mats.shape[0]):
+        if rand is not None:
+            kw["rand"] = rand.reshape(mats.shape)[a]
+        q = quantize_2d_ref(mats[a], fmt, block_shape, per_tensor_scale=pts, **kw)
+        codes.append(q.codes)
+        scales.append(q.scales)
+        values.append(dequantize_2d_ref(q.codes, q.scales, fmt, block_shape, q.pts))
+    lead = x32.shape[:-2]
+    return Want(
+        np.stack(codes).reshape(x32.shape),
+        np.stack(scales).reshape(lead + scales[0].shape),
+        pts,
+        np.stack(values).reshape(x32.shape),
+        None,
+    )
+
+
+# ---- comparisons ----------------------------------------------------------------------------------
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def assert_bits(got: np.ndarray, want: np.ndarray, what: str = "values") -> None:
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
+    g, w = bits(got), bits(want)
+    bad = np.flatnonzero((g != w).reshape(-1))
+    if bad.size:
+        i = np.unravel_index(bad[0], got.shape)
+        raise AssertionError(
+            f"{what}: {bad.size} of {got.size} differ; first at {tuple(int(k) for k in i)}: "
+            f"got {got[i]!r} (0x{int(g[i]):x}), want {want[i]!r} (0x{int(w[i]):x})"
+        )
+
+
+def pack_along(codes: np.ndarray, axis: int) -> np.ndarray:
+    """``pack_fp4_ref`` along ``axis`` (element 2i in the low nibble)."""
+    return np.moveaxis(pack_fp4_ref(np.moveaxis(codes, axis, -1)), -1, axis)
+
+
+def block_axis(q: nk.MXArray) -> int:
+    return len(q.shape) - 1 if q.block_rows > 1 else q.axis
+
+
+def check(x, fmt: str = "nvfp4", **options) -> Want:
+    """Every output of the package against :func:`reference` (see the module docstring)."""
+    want = reference(x, fmt, **options)
+    q = nk.quantize(x, fmt, pack=False, **options)
+    assert q.shape == np.shape(x)
+    assert_bits(q.codes, want.codes, "codes")
+    assert_bits(q.scales.view(np.uint8), want.scales, "scale bytes")
+    assert q.scales.dtype == nk.BLOCK_FORMATS[fmt].scale_format.dtype
+    if want.pts is None:
+        assert q.per_tensor_scale is None
+    else:
+        assert q.per_tensor_scale is not None
+        assert_bits(np.array([q.per_tensor_scale], F32), np.array([want.pts], F32), "per-tensor scale")
+    assert_bits(q.dequantize(), want.values, "dequantised values")
+    if nk.BLOCK_FORMATS[fmt].packable:
+        p = nk.quantize(x, fmt, **options)
+        assert p.packed
+        assert_bits(p.codes, pack_along(want.codes, block_axis(p)), "packed codes")
+        assert_bits(p.scales.view(np.uint8), want.scales, "scale bytes (packed)")
+        assert_bits(p.unpacked_codes(), want.codes, "unpacked codes")
+        assert_bits(nk.dequantize(p), want.values, "dequantised values (packed)")
+    out = np.full(np.shape(x), 7.0, F32)
+    assert nk.dequantize(q, out=out) is out
+    assert_bits(out, want.values, "dequantised values (out=)")
+    assert_bits(nk.fake_quantize(x, fmt, **options), want.values, "fake-quantised values")
+    if want.unrotated is not None:
+        assert_bits(q.dequantize(unrotate=True), want.unrotated, "values rotated back")
+    return want
+
+
+def check_nvfp4(x, **options) -> Want:
+    return check(x, "nvfp4", **options)
+
+
+# ---- data -----------------------------------------------------------------------------------------
+
+
+def binades(shape, seed: int, lo: int = -40, hi: int = 40) -> np.ndarray:
+    """Normal values scaled by 2^k, k uniform in [lo, hi) per element: blocks spanning many binades."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * np.exp2(rng.integers(lo, hi, shape))).astype(F32)
+
+
+def block_binades(shape, seed: int, lo: int = -60, hi: int = 60) -> np.ndarray:
+    """Normal values, one binade offset per row of 16 (blocks of a few binades, many overall)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    x *= np.exp2(rng.integers(lo, hi, shape[:-1] + (-(-shape[-1] // 16),))).repeat(16, axis=-1)[..., : shape[-1]]
+    return x.astype(F32)
+
+
+def special_blocks() -> np.ndarray:
+    """Rows of 48 (three blocks of 16) holding NVFP4's special blocks and edge cases."""
+    rng = np.random.default_rng(5)
+    rows = []
+
+    def add(*blocks):
+        rows.append(np.concatenate([np.asarray(b, F32).reshape(16) for b in blocks]))
+
+    normal = rng.standard_normal(16).astype(F32)
+    zeros = np.zeros(16, F32)
+    zeros[1::3] = -0.0
+    add(zeros, normal, -np.zeros(16, F32))  # all-zero blocks (both signs)
+    nan = normal.copy()
+    nan[4] = np.nan
+    inf = normal.copy()
+    inf[15] = np.inf
+    ninf = normal.copy()
+    ninf[0] = -np.inf
+    add(nan, inf, ninf)  # NaN / inf blocks
+    add(np.full(16, np.nan, F32), -np.full(16, np.nan, F32), np.full(16, np.inf, F32))
+    sub = (rng.standard_normal(16) * 1e-40).astype(F32)  # float32 subnormals
+    tiny = np.zeros(16, F32)
+    tiny[3] = np.float32(1.4e-45)  # the smallest subnormal alone
+    tiny[7] = -np.float32(1.4e-45)
+    add(sub, tiny, sub * np.float32(2.0**100))
+    huge = (rng.uniform(-1, 1, 16) * 3.4e38).astype(F32)
+    huge[2] = np.finfo(F32).max
+    add(huge, -huge, huge * np.float32(2.0**-1))
+    ties = np.array([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5, 0], F32)
+    add(ties, ties * np.float32(2.0**-6), ties * np.float32(256.0))  # scales 1, 2^-6, 256: exact ties
+    one = np.zeros(16, F32)
+    one[9] = -3.0
+    add(one, ties * np.float32(2.0**-9), ties * np.float32(2.0**9))  # beyond the scale clamps
+    near = np.full(16, np.nextafter(F32(6.0), F32(0)), F32)
+    near[::2] = np.nextafter(F32(6.0), F32(7))
+    add(near, near * np.float32(2.0**-7), near * np.float32(448.0))
+    return np.stack(rows)
+
+
+def nvfp4_data(seed: int = 0) -> np.ndarray:
+    """Special rows, then rows of many binades (the tensor's amax from the huge row)."""
+    return np.concatenate([special_blocks(), block_binades((12, 48), seed), binades((4, 48), seed + 1)])
+
+
+# ---- 1. NVFP4, 1-D blocks --------------------------------------------------------------------------
+
+PER_TENSOR = [None, "amax", 1.0, 0.75, 2.0**-20, 3.0e-3, 1.0e-40]
+
+
+@pytest.mark.parametrize("per_tensor_scale", PER_TENSOR, ids=str)
+@pytest.mark.parametrize("rounding", DETERMINISTIC)
+def test_nvfp4_special_and_binade_blocks(per_tensor_scale, rounding):
+    check_nvfp4(nvfp4_data(), per_tensor_scale=per_tensor_scale, rounding=rounding)
+
+
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.5])
+@pytest.mark.parametrize("rounding", DETERMINISTIC)
+def test_nvfp4_blocks_over_many_binades(per_tensor_scale, rounding):
+    # Without the huge row: the default per-tensor scale then comes from ordinary values.
+    x = np.concatenate([block_binades((20, 64), 3, -20, 20), binades((8, 64), 4, -12, 12)])
+    check_nvfp4(x, per_tensor_scale=per_tensor_scale, rounding=rounding)
+
+
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.01])
+@pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])
+def test_nvfp4_stochastic(per_tensor_scale, seed):
+    check_nvfp4(nvfp4_data(seed % 5), per_tensor_scale=per_tensor_scale, rounding="stochastic", seed=seed)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 7, 1, 5, 48])
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax"])
+def test_nvfp4_block_sizes_and_partial_blocks(block_size, per_tensor_scale):
+    for cols in (45, 16, 3, 50):
+        x = block_binades((5, cols), cols, -8, 8)
+        x[1, ::4] = 0.0
+        check_nvfp4(x, block_size=block_size, per_tensor_scale=per_tensor_scale)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2])
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax"])
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_nvfp4_any_axis(axis, per_tensor_scale, rounding):
+    x = binades((19, 6, 35), 11, -6, 6)
+    x[3, 2, :] = np.nan
+    x[:, 1, 4] = 0.0
+    check_nvfp4(x, axis=axis, per_tensor_scale=per_tensor_scale, rounding=rounding, seed=5)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_nvfp4_other_axis_with_odd_block_sizes(axis, block_size):
+    x = binades((33, 21), 12, -5, 5)
+    check_nvfp4(x, axis=axis, block_size=block_size, rounding="stochastic", seed=3)
+    check_nvfp4(x, axis=axis, block_size=block_size, per_tensor_scale=None)
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.125])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_nvfp4_input_dtypes(dtype, per_tensor_scale, axis):
+    x = block_binades((32, 48), 21, -10, 10)
+    if np.dtype(dtype) == np.float64:
+        # Values that round on the way to float32, and some beyond its range (inf there).
+        x = x.astype(np.float64) * (1 + 2.0**-30)
+        x[5, 3] = 1e39
+        x[6, 7] = -1e300
+        x[7, :16] = 1e-50
+    else:
+        with np.errstate(over="ignore"):
+            x = x.astype(dtype)
+    check_nvfp4(x, per_tensor_scale=per_tensor_scale, axis=axis)
+    check_nvfp4(x, per_tensor_scale=per_tensor_scale, axis=axis, rounding="stochastic", seed=4)
+
+
+def test_nvfp4_default_options_are_two_level_blocks_of_16():
+    x = block_binades((4, 40), 8, -4, 4)
+    want = reference(x, "nvfp4")
+    q = nk.quantize_nvfp4(x)
+    assert (q.fmt, q.block_size, q.axis, q.block_rows, q.packed) == ("nvfp4", 16, 1, 1, True)
+    assert q.per_tensor_scale == float(nvfp4_per_tensor_scale_ref(x))
+    assert_bits(q.unpacked_codes(), want.codes)
+    assert_bits(q.scales.view(np.uint8), want.scales)
+    assert_bits(nk.fake_quantize_nvfp4(x), want.values)
+    assert_bits(nk.quantize(x, "nvfp4").codes, q.codes)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16], ids=lambda d: np.dtype(d).name)
+def test_nvfp4_dequantize_dtypes_and_out(dtype):
+    x = block_binades((6, 48), 9, -6, 6)
+    x[0, :16] = np.nan
+    q = nk.quantize_nvfp4(x)
+    want = reference(x, "nvfp4").values
+    with np.errstate(over="ignore"):
+        expect = want.astype(dtype)
+    assert_bits(nk.dequantize(q, dtype), expect)
+    out = np.zeros(x.shape, dtype)
+    assert nk.dequantize(q, dtype, out=out) is out
+    assert_bits(out, expect)
+    strided = np.zeros((6, 96), dtype)[:, ::2]
+    assert q.dequantize(dtype, out=strided) is strided
+    assert_bits(np.ascontiguousarray(strided), expect)
+
+
+def test_nvfp4_fake_quantize_out_and_layouts():
+    x = block_binades((8, 64), 10, -6, 6)
+    want = reference(x, "nvfp4", per_tensor_scale=None).values
+    out = np.zeros((8, 64), F32, order="F")
+    assert nk.fake_quantize_nvfp4(x, per_tensor_scale=None, out=out) is out
+    assert_bits(np.ascontiguousarray(out), want)
+    # Non-contiguous inputs: the values matter, not the layout.
+    wide = np.zeros((8, 128), F32)
+    wide[:, ::2] = x
+    assert_bits(nk.fake_quantize_nvfp4(wide[:, ::2], per_tensor_scale=None), want)
+    assert_bits(nk.fake_quantize_nvfp4(np.asfortranarray(x), per_tensor_scale=None), want)
+    assert_bits(nk.fake_quantize_nvfp4(x.astype(">f4"), per_tensor_scale=None), want)
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_nvfp4_fake_quantize_is_dequantize_of_quantize(rounding, per_tensor_scale, axis):
+    x = nvfp4_data(3)
+    opts = dict(rounding=rounding, seed=17, per_tensor_scale=per_tensor_scale, axis=axis)
+    dq = nk.quantize_nvfp4(x, **opts).dequantize()
+    assert_bits(nk.fake_quantize_nvfp4(x, **opts), dq)
+    assert_bits(nk.fake_quantize(x, "nvfp4", **opts), dq)
