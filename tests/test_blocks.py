@@ -22,6 +22,7 @@ import neuron_kernels as nk
 from .reference_blocks import (
     RHT_DEFAULT_SIGNS,
     dequantize_2d_ref,
+    neuron_quantize_mx_ref,
     nvfp4_per_tensor_scale_ref,
     quantize_2d_ref,
     rht_inverse_ref,
@@ -398,3 +399,103 @@ def test_nvfp4_fake_quantize_is_dequantize_of_quantize(rounding, per_tensor_scal
     dq = nk.quantize_nvfp4(x, **opts).dequantize()
     assert_bits(nk.fake_quantize_nvfp4(x, **opts), dq)
     assert_bits(nk.fake_quantize(x, "nvfp4", **opts), dq)
+
+
+# ---- 2-D tiles ----------------------------------------------------------------------------------------
+
+
+def tile_data(shape, seed: int) -> np.ndarray:
+    """Values over a few binades per 8-row band, with a NaN, an infinity, a zero tile and subnormals."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    bands = np.exp2(rng.integers(-12, 12, shape[:-2] + (-(-shape[-2] // 8), 1))).repeat(8, axis=-2)
+    x = (x * bands[..., : shape[-2], :]).astype(F32)
+    m = x.reshape(-1, *shape[-2:])
+    m[0, :8, :4] = 0.0
+    m[0, 1, 1] = -0.0
+    if shape[-2] > 9 and shape[-1] > 6:
+        m[-1, 9, 5] = np.nan
+        m[-1, -1, -1] = -np.inf
+        m[0, 8:, -4:] *= np.float32(1e-41)
+    return x
+
+
+@pytest.mark.parametrize("shape", [(40, 37), (16, 16), (5, 70), (33, 16), (3, 20, 33), (2, 2, 17, 18)], ids=str)
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.02])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_nvfp4_16x16_tiles(shape, per_tensor_scale, rounding):
+    check_nvfp4(
+        tile_data(shape, len(shape)),
+        block_shape=(16, 16),
+        per_tensor_scale=per_tensor_scale,
+        rounding=rounding,
+        seed=23,
+    )
+
+
+@pytest.mark.parametrize("block_shape", [(2, 3), (3, 16), (16, 1), (7, 5), (1, 16), (16,)], ids=str)
+def test_nvfp4_other_tiles(block_shape):
+    # Odd tile widths make packed bytes straddle two tiles; (1, c) and (c,) are 1-D blocks.
+    x = tile_data((2, 19, 23), 4)
+    check_nvfp4(x, block_shape=block_shape)
+    check_nvfp4(x, block_shape=block_shape, per_tensor_scale=None, rounding="stochastic", seed=9)
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_tiles_input_dtypes(dtype):
+    with np.errstate(over="ignore"):
+        x = tile_data((24, 20), 6).astype(dtype)
+    check_nvfp4(x, block_shape=(16, 16))
+    check(x, "mxfp8_e4m3", block_shape=(8, 4))
+    check(x, "mxfp4_e2m1", block_shape=(8, 4), scale_mode="rceil", rounding="stochastic", seed=2)
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+def test_mx_8x4_tiles(fmt, scale_mode):
+    for shape in [(20, 22), (2, 16, 12)]:
+        x = tile_data(shape, 7)
+        check(x, fmt, block_shape=(8, 4), scale_mode=scale_mode)
+        check(x, fmt, block_shape=(8, 4), scale_mode=scale_mode, rounding="stochastic", seed=31)
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("rounding", ["nearest_away", "toward_zero"])
+def test_mx_tiles_rounding_and_shapes(fmt, rounding):
+    for block_shape in [(8, 4), (32, 32), (3, 5), (2, 1)]:
+        check(tile_data((1, 35, 13), 8), fmt, block_shape=block_shape, rounding=rounding)
+
+
+def test_quantize_mx_takes_block_shape():
+    x = tile_data((16, 12), 9)
+    want = reference(x, "mxfp8_e5m2", block_shape=(8, 4), scale_mode="neuron")
+    q = nk.quantize_mx(x, "mxfp8_e5m2", block_shape=(8, 4), scale_mode="neuron")
+    assert (q.block_rows, q.block_size, q.axis, q.block_shape) == (8, 4, 1, (8, 4))
+    assert_bits(q.codes, want.codes)
+    assert_bits(q.scales.view(np.uint8), want.scales)
+    fq = nk.fake_quantize_mx(x, "mxfp8_e5m2", block_shape=(8, 4), scale_mode="neuron")
+    assert_bits(fq, want.values)
+
+
+# ---- Neuron's quantize_mx ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("pf", [(32, 4), (32, 64), (64, 8), (128, 16), (96, 12)], ids=str)
+def test_neuron_quantize_mx_emulation(fmt, dtype, pf):
+    p, f = pf
+    rng = np.random.default_rng(p + f)
+    x = (rng.standard_normal((p, f)) * np.exp2(rng.integers(-14, 14, (p // 8, 1))).repeat(8, 0)).astype(dtype)
+    x[:8, :4] = 0
+    x[8:16, 4 % f : 4 % f + 4] = np.asarray(rng.standard_normal((8, 4)) * 2.0**-20, dtype)  # float16 subnormals
+    x[-1, -1] = np.asarray(np.nan, dtype)
+    if p >= 64:
+        x[40, 1] = np.asarray(-np.inf, dtype)
+        x[16:24, :4] = np.asarray(448.0 * 2**5, dtype)  # the group maximum on a power of two times max
+    packed, scales = neuron_quantize_mx_ref(x, fmt)
+    q = nk.quantize_mx(x, fmt, block_shape=(8, 4), scale_mode="neuron")
+    x4 = q.to_x4()
+    assert_bits(x4, packed, "x4 containers")
+    assert_bits(q.scales.view(np.uint8), scales, "scales")
+    assert_bits(nk.unpack_x4(x4, nk.BLOCK_FORMATS[fmt].x4).view(np.uint8), q.codes, "unpacked containers")
