@@ -21,6 +21,7 @@ import neuron_kernels as nk
 
 from .reference_blocks import (
     RHT_DEFAULT_SIGNS,
+    block_errors_ref,
     dequantize_2d_ref,
     neuron_quantize_mx_ref,
     nvfp4_per_tensor_scale_ref,
@@ -499,3 +500,122 @@ def test_neuron_quantize_mx_emulation(fmt, dtype, pf):
     assert_bits(x4, packed, "x4 containers")
     assert_bits(q.scales.view(np.uint8), scales, "scales")
     assert_bits(nk.unpack_x4(x4, nk.BLOCK_FORMATS[fmt].x4).view(np.uint8), q.codes, "unpacked containers")
+
+
+# ---- scale policies ----------------------------------------------------------------------------------------
+
+
+def policy_data(seed: int, special: bool = True) -> np.ndarray:
+    """Blocks where the policies matter: a few large values over small ones, near-ties of the
+    scale rounding, blocks on the E2M1 grid, plus (``special``) the special blocks."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((24, 48)) * np.exp2(rng.integers(-8, 8, (24, 1)))
+    x[::3, ::16] *= 6  # one outlier per block
+    x[1::3] = np.round(x[1::3] * 2) / 2  # values on a coarse grid
+    x[2, :16] = np.array(E2M1 * 2)[:16] * 3.0
+    return np.concatenate([x.astype(F32), special_blocks()]) if special else x.astype(F32)
+
+
+@pytest.mark.parametrize("measure", ["mae", "mse"])
+@pytest.mark.parametrize("scale_bound", [448.0, 256.0])
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.01])
+@pytest.mark.parametrize("rounding", ["nearest_even", "toward_zero", "stochastic"])
+def test_four_over_six(measure, scale_bound, per_tensor_scale, rounding):
+    x = policy_data(1)
+    opts = dict(four_over_six=measure, scale_bound=scale_bound, per_tensor_scale=per_tensor_scale)
+    check_nvfp4(x, rounding=rounding, seed=8, **opts)
+    check_nvfp4(x[:, :40], axis=0, block_size=7, rounding=rounding, seed=8, **opts)
+    check_nvfp4(x[:24], block_shape=(16, 16), rounding=rounding, seed=8, **opts)
+
+
+def test_four_over_six_picks_both_scales():
+    # The comparison is meaningful only if both candidates win somewhere.
+    x = policy_data(2)
+    plain = reference(x, "nvfp4", per_tensor_scale=None).scales
+    for measure in ("mae", "mse"):
+        chosen = check_nvfp4(x, per_tensor_scale=None, four_over_six=measure).scales
+        assert (chosen == plain).any() and (chosen != plain).any()
+
+
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 3e-4])
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away", "stochastic"])
+def test_nvfp4_scale_search(per_tensor_scale, rounding):
+    x = policy_data(3)
+    check_nvfp4(x, scale_search="mse", per_tensor_scale=per_tensor_scale, rounding=rounding, seed=12)
+    check_nvfp4(x[:, :33], axis=0, scale_search="mse", per_tensor_scale=per_tensor_scale, rounding=rounding, seed=1)
+    check_nvfp4(x[:24], block_shape=(16, 16), scale_search="mse", per_tensor_scale=per_tensor_scale)
+
+
+def test_nvfp4_scale_search_near_the_ends_of_the_codes():
+    # Computed codes 0x08 (the lower clamp: candidates 0x06, 0x07 are subnormal scales) and
+    # 0x7e (448: candidates above are skipped), single and two level.
+    x = np.zeros((4, 16), F32)
+    x[0] = np.linspace(-0.01, 0.02, 16)  # amax / 6 below 2^-6
+    x[1] = np.linspace(-2000, 2600, 16)  # amax / 6 above 448
+    x[2] = np.linspace(1e-3, 6 * 2.0**-6, 16)
+    x[3] = np.linspace(-2688, 100, 16)
+    for pts in (None, 1.0, "amax"):
+        want = check_nvfp4(x, scale_search="mse", per_tensor_scale=pts)
+        assert want.scales.min() <= 0x08 or pts == "amax"
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("scale_mode", ["floor", "rceil", "neuron"])
+def test_mx_scale_search(fmt, scale_mode):
+    x = np.concatenate([policy_data(4), nvfp4_data()])
+    x[0, :32] = 3.0e38  # amax near the top: the exponent above may be 0xff (skipped)
+    check(x, fmt, scale_search="mse", scale_mode=scale_mode)
+    check(x, fmt, scale_search="mse", scale_mode=scale_mode, axis=0, block_size=9, rounding="stochastic", seed=4)
+    check(x, fmt, scale_search="mse", scale_mode=scale_mode, block_shape=(8, 4))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1"])
+def test_quantize_mx_takes_scale_search(fmt):
+    x = policy_data(5)
+    want = reference(x, fmt, scale_search="mse", block_size=16)
+    q = nk.quantize_mx(x, fmt, scale_search="mse", block_size=16)
+    assert_bits(q.scales.view(np.uint8), want.scales)
+    assert_bits(q.unpacked_codes(), want.codes)
+    assert_bits(nk.fake_quantize_mx(x, fmt, scale_search="mse", block_size=16), want.values)
+
+
+#: (format, policy, error measure, whether some 1-D block or 8 x 4 tile improves on this data).
+POLICY_CASES = [
+    ("nvfp4", {"four_over_six": "mae"}, "mae", True),
+    ("nvfp4", {"four_over_six": "mse"}, "mse", True),
+    ("nvfp4", {"four_over_six": "mse", "scale_bound": 256.0}, "mse", True),
+    ("nvfp4", {"four_over_six": "mae", "per_tensor_scale": None}, "mae", True),
+    ("nvfp4", {"scale_search": "mse"}, "mse", True),
+    ("nvfp4", {"scale_search": "mse", "per_tensor_scale": None}, "mse", True),
+    ("mxfp4_e2m1", {"scale_search": "mse"}, "mse", True),
+    ("mxfp6_e3m2", {"scale_search": "mse"}, "mse", True),
+    ("mxfp6_e2m3", {"scale_search": "mse", "scale_mode": "ceil"}, "mse", False),
+    ("mxfp8_e4m3", {"scale_search": "mse", "scale_mode": "rceil"}, "mse", False),
+    ("mxint8", {"scale_search": "mse"}, "mse", False),
+]
+
+
+def banded(seed: int) -> np.ndarray:
+    """Normal values, one binade per band of 16 rows, with outliers (x4) here and there."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((6, 16, 48)) * np.exp2(rng.integers(-8, 8, (6, 1, 1)))
+    x = x.reshape(96, 48)
+    x[::5, ::7] *= 4
+    return x.astype(F32)
+
+
+@pytest.mark.parametrize("fmt, policy, metric, improves", POLICY_CASES, ids=str)
+@pytest.mark.parametrize("block_shape", [(1, 16), (16, 16), (8, 4)], ids=str)
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_policies_never_increase_a_block_error(fmt, policy, metric, improves, block_shape, rounding):
+    # Per-block float64 errors of the dequantised values: a policy keeps the plain scale unless a
+    # candidate is strictly better, so no block may get worse (every candidate sees the same draws).
+    x = banded(6)
+    base = {k: v for k, v in policy.items() if k in ("scale_bound", "scale_mode", "per_tensor_scale")}
+    opts = dict(block_shape=block_shape, rounding=rounding, seed=6)
+    plain = block_errors_ref(x, nk.fake_quantize(x, fmt, **base, **opts), block_shape, metric)
+    chosen = block_errors_ref(x, nk.fake_quantize(x, fmt, **policy, **opts), block_shape, metric)
+    assert np.isfinite(plain).all() and plain.size >= 18
+    assert np.all(chosen <= plain)
+    if improves and block_shape != (16, 16):  # 256-element tiles rarely gain
+        assert np.any(chosen < plain)
