@@ -619,3 +619,188 @@ def test_policies_never_increase_a_block_error(fmt, policy, metric, improves, bl
     assert np.all(chosen <= plain)
     if improves and block_shape != (16, 16):  # 256-element tiles rarely gain
         assert np.any(chosen < plain)
+
+
+# ---- the random Hadamard rotation ----------------------------------------------------------------------
+
+
+def rotation_data(shape, seed: int) -> np.ndarray:
+    """Groups whose values span up to 200 binades (the float64 butterfly then rounds), exact small
+    integers, zeros, float32 subnormals and values near the top of float32 (sums overflow)."""
+    x = binades(shape, seed, -100, 100)
+    flat = x.reshape(-1)
+    n = flat.size
+    flat[: min(n, 64)] = np.arange(min(n, 64)) - 20.0
+    if n >= 160:
+        flat[64:80] = 0.0
+        flat[80:96] = np.float32(1e-42) * np.arange(16)
+        flat[96:112] = np.float32(3e38) * np.sign(np.arange(16) - 7.5)
+        flat[112:128] = np.float32(1.0) + np.float32(2.0**-23) * np.arange(16)
+        flat[128:144] = np.float32(2.0**24) + np.arange(16) * np.float32(2.0**-30)  # 1 + 2^-24 + 2^-80 cases
+    return x
+
+
+@pytest.mark.parametrize("signs", [True, CUSTOM_SIGNS, list(RHT_DEFAULT_SIGNS), np.array(CUSTOM_SIGNS)], ids=str)
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("shape, axis", [((12, 64), -1), ((64, 10), 0), ((3, 32, 5), 1), ((2, 3, 48), 2)], ids=str)
+def test_rotate_matches_reference(signs, inverse, shape, axis):
+    x = rotation_data(shape, shape[axis])
+    ref = rht_inverse_ref if inverse else rht_ref
+    want = ref(x, _signs(signs if not isinstance(signs, np.ndarray) else tuple(signs)), axis=axis)
+    got = nk.rotate(x, signs, axis=axis, inverse=inverse)
+    assert_bits(got, want)
+
+
+def test_rotate_butterfly_rounds_like_the_reference():
+    # Groups whose exact sums need more than 53 bits: the package must round where the reference does.
+    rng = np.random.default_rng(9)
+    x = (rng.choice([-1.0, 1.0], (512, 16)) * np.exp2(rng.integers(-60, 60, (512, 16)))).astype(F32)
+    for signs in (True, CUSTOM_SIGNS):
+        for inverse in (False, True):
+            ref = rht_inverse_ref if inverse else rht_ref
+            assert_bits(nk.rotate(x, signs, inverse=inverse), ref(x, _signs(signs)))
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_rotate_input_dtypes(dtype):
+    x = rotation_data((4, 48), 2)
+    if np.dtype(dtype) == np.float64:
+        x = x.astype(np.float64) * (1 + 2.0**-40)
+        x[1, 3] = 1e300
+    else:
+        with np.errstate(over="ignore"):
+            x = x.astype(dtype)
+    assert_bits(nk.rotate(x), rht_ref(as_float32(x)))
+    x16 = x[:, :32].T.copy()
+    assert_bits(nk.rotate(x16, CUSTOM_SIGNS, axis=0, inverse=True), rht_inverse_ref(as_float32(x16), CUSTOM_SIGNS, 0))
+
+
+def test_rotate_round_trip_is_close():
+    # Each value comes back within a few float32 ulps of its group's largest magnitude.
+    x = binades((16, 64), 3, -3, 3)
+    back = nk.rotate(nk.rotate(x), inverse=True)
+    group_max = np.abs(x).reshape(16, 4, 16).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(back - x).reshape(16, 4, 16) <= 4 * 2.0**-24 * group_max)
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("signs", [True, CUSTOM_SIGNS], ids=["default", "custom"])
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.05])
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_nvfp4_rht_matches_reference(axis, signs, per_tensor_scale, rounding):
+    # quantize(x, rht=...) is the reference of the rotated input, pts from the rotated amax, and
+    # dequantize(unrotate=True) the inverse rotation of the dequantised values.
+    x = np.concatenate([block_binades((16, 64), 4, -10, 10), special_blocks()[:, :32].reshape(-1, 64)])
+    x = x if axis == -1 else np.ascontiguousarray(x.T)
+    check_nvfp4(x, rht=signs, axis=axis, per_tensor_scale=per_tensor_scale, rounding=rounding, seed=3)
+
+
+@pytest.mark.parametrize("block_size", [32, 48])
+def test_nvfp4_rht_longer_blocks(block_size):
+    x = block_binades((6, 96), 5, -6, 6)
+    check_nvfp4(x, rht=True, block_size=block_size)
+    check_nvfp4(x[:, :80].T.copy(), rht=True, block_size=block_size, axis=0, four_over_six="mse")
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_nvfp4_rht_input_dtypes(dtype):
+    with np.errstate(over="ignore"):
+        x = block_binades((8, 48), 6, -8, 8).astype(dtype)
+    check_nvfp4(x, rht=True)
+    check_nvfp4(x.reshape(2, 4, 48).transpose(2, 0, 1), rht=True, axis=0)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp8_e4m3"])
+def test_mx_rht_matches_reference(fmt):
+    x = block_binades((8, 64), 7, -6, 6)
+    check(x, fmt, rht=True)
+    check(x.T.copy(), fmt, rht=CUSTOM_SIGNS, axis=0, scale_search="mse")
+
+
+@pytest.mark.parametrize("policy", [{"four_over_six": "mae"}, {"scale_search": "mse"}], ids=str)
+def test_nvfp4_rht_with_policies(policy):
+    check_nvfp4(policy_data(8, special=False), rht=True, **policy)
+
+
+def test_unrotate_to_other_dtypes_and_out():
+    x = block_binades((8, 64), 8, -6, 6)
+    q = nk.quantize_nvfp4(x, rht=True)
+    want = reference(x, "nvfp4", rht=True).unrotated
+    for dtype in (np.float64, np.float16, BF16):
+        with np.errstate(over="ignore"):
+            expect = want.astype(dtype)
+        assert_bits(q.dequantize(dtype, unrotate=True), expect)
+    out = np.zeros((8, 64), F32)
+    assert q.dequantize(unrotate=True, out=out) is out
+    assert_bits(out, want)
+
+
+def grid_operand(shape, seed: int) -> np.ndarray:
+    """Values on the E2M1 grid with every block's largest magnitude 6 (so NVFP4 with scale 1 holds
+    them exactly), as float32."""
+    rng = np.random.default_rng(seed)
+    y = rng.choice(np.array(E2M1 + [-v for v in E2M1[1:]]), shape)
+    y.reshape(-1, 16)[:, 0] = 6.0
+    return y.astype(F32)
+
+
+def test_block_matmul_of_rotated_operands_exact():
+    # a and b whose rotations along K lie on the NVFP4 grid exactly (scale 1): quantising them
+    # with rht loses nothing, and the product of the rotated operands is the plain product.
+    ya = grid_operand((8, 64), 1)
+    yb = np.ascontiguousarray(grid_operand((6, 64), 2).T)  # (K, N): groups along K
+    a = rht_inverse_ref(ya)  # exact: multiples of 1/8 well inside float32
+    b = rht_inverse_ref(yb, axis=0)
+    assert_bits(rht_ref(a), ya)
+    qa = nk.quantize_nvfp4(a, rht=True, per_tensor_scale=None)
+    qb = nk.quantize_nvfp4(b, rht=True, per_tensor_scale=None, axis=0)
+    assert_bits(qa.dequantize(), ya)
+    assert_bits(qb.dequantize(), yb)
+    assert_bits(qa.dequantize(unrotate=True), a)
+    assert_bits(qb.dequantize(unrotate=True), b)
+    product = nk.block_matmul(qa, qb)
+    assert_bits(product, (a.astype(np.float64) @ b.astype(np.float64)).astype(F32))
+    assert_bits(product, ya @ yb)
+
+
+def test_rotation_cancels_in_a_product():
+    # Without quantisation: the product of the rotated operands is the plain product to float32
+    # rounding (a few ulps of the sum of |products|, as float32 accumulation allows).
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((16, 128)).astype(F32)
+    b = rng.standard_normal((128, 24)).astype(F32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    bound = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+    for signs in (True, CUSTOM_SIGNS):
+        rotated = nk.rotate(a, signs, axis=-1) @ nk.rotate(b, signs, axis=0)
+        assert np.all(np.abs(rotated - exact) <= 8 * 2.0**-24 * bound)
+
+
+def test_block_matmul_of_rotated_operands_is_close():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((32, 128)).astype(F32)
+    a[:, ::37] *= 20  # outliers: what the rotation spreads
+    b = rng.standard_normal((128, 16)).astype(F32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    qa, qb = nk.quantize_nvfp4(a, rht=True), nk.quantize_nvfp4(b, rht=True, axis=0)
+    rotated = nk.block_matmul(qa, qb)
+    assert_bits(rotated, qa.dequantize() @ qb.dequantize())
+    plain = nk.block_matmul(nk.quantize_nvfp4(a), nk.quantize_nvfp4(b, axis=0))
+
+    def rel(p):
+        return np.linalg.norm(p - exact) / np.linalg.norm(exact)
+
+    assert rel(rotated) < 0.25 and rel(plain) < 0.25
+    assert rel(rotated) < 1.5 * rel(plain) and rel(plain) < 1.5 * rel(rotated)
+    # The unrotated dequantised operands give nearly the same product.
+    back = qa.dequantize(unrotate=True) @ qb.dequantize(unrotate=True)
+    assert np.all(np.abs(back - rotated) <= 1e-5 * (np.abs(qa.dequantize()) @ np.abs(qb.dequantize())))
+
+
+def test_block_matmul_refuses_mismatched_rotations():
+    a = binades((4, 32), 1, -2, 2)
+    b = binades((32, 4), 2, -2, 2)
+    with pytest.raises(ValueError, match="rht"):
+        nk.block_matmul(nk.quantize_nvfp4(a, rht=True), nk.quantize_nvfp4(b, axis=0))
+    with pytest.raises(ValueError, match="rht"):
+        nk.block_matmul(nk.quantize_nvfp4(a, rht=True), nk.quantize_nvfp4(b, axis=0, rht=CUSTOM_SIGNS))
