@@ -11,6 +11,7 @@ codes, scale bytes and values in the package's layout; ``check`` compares every 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import ml_dtypes
@@ -18,6 +19,9 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
+from neuron_kernels.blocks.inputs import input_array
+from neuron_kernels.blocks.job import block_job
+from neuron_kernels.blocks.layout import Pieces
 
 from .reference_blocks import (
     RHT_DEFAULT_SIGNS,
@@ -804,3 +808,88 @@ def test_block_matmul_refuses_mismatched_rotations():
         nk.block_matmul(nk.quantize_nvfp4(a, rht=True), nk.quantize_nvfp4(b, axis=0))
     with pytest.raises(ValueError, match="rht"):
         nk.block_matmul(nk.quantize_nvfp4(a, rht=True), nk.quantize_nvfp4(b, axis=0, rht=CUSTOM_SIGNS))
+
+
+# ---- reproducibility: threads and pieces -----------------------------------------------------------------
+
+#: (id, shape, options): large enough (over 2 Mi elements) for two threads to split the work.
+THREAD_CASES = [
+    ("two_level", (2049, 1024), {}),
+    ("odd_blocks_packed", (2051, 1023), {"block_size": 5, "per_tensor_scale": None}),
+    ("axis0_odd_blocks", (1023, 2051), {"axis": 0, "block_size": 7}),
+    ("tiles_16x16", (3, 700, 1000), {"block_shape": (16, 16)}),
+    ("stochastic", (2049, 1024), {"rounding": "stochastic", "seed": 77}),
+    ("stochastic_axis0", (1030, 2048), {"rounding": "stochastic", "seed": 5, "axis": 0}),
+    ("rht", (1024, 2064), {"rht": True, "four_over_six": "mse"}),
+    ("search_tiles", (2, 1030, 1030), {"block_shape": (16, 16), "scale_search": "mse"}),
+]
+
+
+@pytest.mark.parametrize("shape, options", [c[1:] for c in THREAD_CASES], ids=[c[0] for c in THREAD_CASES])
+def test_results_do_not_depend_on_threads(threads, shape, options):
+    x = block_binades(shape, 1, -20, 20)
+    assert x.size > 2**21
+    runs = []
+    for n in (1, 2):
+        threads(n)
+        q = nk.quantize_nvfp4(x, **options)
+        runs.append((q, nk.fake_quantize_nvfp4(x, **options)))
+    (q1, f1), (q2, f2) = runs
+    assert_bits(q2.codes, q1.codes, "codes")
+    assert_bits(q2.scales.view(np.uint8), q1.scales.view(np.uint8), "scales")
+    assert q1.per_tensor_scale == q2.per_tensor_scale
+    assert_bits(f2, f1, "fake-quantised values")
+    assert_bits(q2.dequantize(), f1, "dequantised values")
+    if "rounding" not in options and len(shape) == 2 and options.get("axis", -1) == -1:
+        # The last rows against the reference, with the whole tensor's per-tensor scale.
+        pts = options.get("per_tensor_scale", q1.per_tensor_scale)
+        want = reference(x[-3:], "nvfp4", **{**options, "per_tensor_scale": pts})
+        assert_bits(q1.unpacked_codes()[-3:], want.codes)
+        assert_bits(f1[-3:], want.values)
+
+
+def quantize_in_pieces(x, fmt: str, budget: int, **options) -> tuple[np.ndarray, np.ndarray, Any]:
+    """Codes, scale bytes (flat) and per-tensor scale of ``x`` quantised piece by piece, as the
+    file commands do: the job resolved on the whole array, each piece at its C-order offset."""
+    arr, src = input_array(x)
+    job = block_job(fmt, arr.ndim, **options).resolved(arr, src)
+    pieces = Pieces(job.layout(arr.shape))
+    cuts = pieces.cuts(budget)
+    assert len(cuts) > 2
+    codes, scales = [], []
+    for cut in cuts:
+        start, stop, shape = pieces.values(cut)
+        piece_job = dataclasses.replace(job, axis=pieces.piece_layout(cut).axis)
+        q = piece_job.quantize(arr.reshape(-1)[start:stop].reshape(shape), src, idx0=start)
+        c0, c1, _ = pieces.codes(cut)
+        s0, s1, _ = pieces.scales(cut)
+        assert (c1 - c0, s1 - s0) == (q.codes.size, q.scales.size)
+        codes.append(q.codes.reshape(-1))
+        scales.append(q.scales.view(np.uint8).reshape(-1))
+    return np.concatenate(codes), np.concatenate(scales), job.per_tensor_scale
+
+
+PIECE_CASES = [
+    ("nvfp4_two_level", "nvfp4", (6, 200), {}, 64),
+    ("nvfp4_rows", "nvfp4", (40, 48), {"per_tensor_scale": 0.5}, 100),
+    ("nvfp4_axis1_odd", "nvfp4", (10, 23, 3), {"axis": 1, "block_size": 5}, 30),
+    ("nvfp4_axis0", "nvfp4", (50, 6), {"axis": 0, "rounding": "stochastic", "seed": 9}, 40),
+    ("nvfp4_stochastic", "nvfp4", (5, 160), {"rounding": "stochastic", "seed": 11, "four_over_six": "mae"}, 48),
+    ("nvfp4_tiles", "nvfp4", (3, 40, 36), {"block_shape": (16, 16), "rounding": "stochastic", "seed": 2}, 1000),
+    ("nvfp4_tile_rows", "nvfp4", (2, 50, 36), {"block_shape": (16, 16), "scale_search": "mse"}, 600),
+    ("nvfp4_odd_tiles", "nvfp4", (2, 21, 15), {"block_shape": (3, 5), "per_tensor_scale": None}, 100),
+    ("nvfp4_rht", "nvfp4", (4, 128), {"rht": True, "rounding": "stochastic", "seed": 4}, 64),
+    ("nvfp4_rht_axis0", "nvfp4", (64, 5), {"rht": True, "axis": 0}, 100),
+    ("mx_tiles", "mxfp8_e4m3", (4, 24, 20), {"block_shape": (8, 4), "scale_mode": "neuron"}, 200),
+    ("mxfp4_tiles", "mxfp4_e2m1", (2, 33, 18), {"block_shape": (8, 4), "rounding": "stochastic", "seed": 8}, 200),
+]
+
+
+@pytest.mark.parametrize("fmt, shape, options, budget", [c[1:] for c in PIECE_CASES], ids=[c[0] for c in PIECE_CASES])
+def test_pieces_reassemble_the_whole(fmt, shape, options, budget):
+    x = block_binades(shape, 3, -12, 12)
+    whole = nk.quantize(x, fmt, **options)
+    codes, scales, pts = quantize_in_pieces(x, fmt, budget, **options)
+    assert_bits(codes, whole.codes.reshape(-1), "codes")
+    assert_bits(scales, whole.scales.view(np.uint8).reshape(-1), "scales")
+    assert pts == whole.per_tensor_scale
