@@ -893,3 +893,122 @@ def test_pieces_reassemble_the_whole(fmt, shape, options, budget):
     assert_bits(codes, whole.codes.reshape(-1), "codes")
     assert_bits(scales, whole.scales.view(np.uint8).reshape(-1), "scales")
     assert pts == whole.per_tensor_scale
+
+
+# ---- containers: files, x4, codes, error statistics ------------------------------------------------------
+
+SAVE_CASES = [
+    ("nvfp4_two_level", "nvfp4", (6, 40), {}),
+    ("nvfp4_given_pts", "nvfp4", (6, 40), {"per_tensor_scale": 3e-3, "pack": False}),
+    ("nvfp4_single_level_axis0", "nvfp4", (33, 5), {"per_tensor_scale": None, "axis": 0}),
+    ("nvfp4_tiles", "nvfp4", (2, 20, 35), {"block_shape": (16, 16)}),
+    ("nvfp4_rht", "nvfp4", (4, 64), {"rht": CUSTOM_SIGNS}),
+    ("nvfp4_rht_axis0", "nvfp4", (32, 3), {"rht": True, "axis": 0, "four_over_six": "mse"}),
+    ("mx_tiles", "mxfp8_e4m3", (16, 12), {"block_shape": (8, 4), "scale_mode": "neuron"}),
+    ("mxfp4_tiles", "mxfp4_e2m1", (3, 17, 9), {"block_shape": (8, 4)}),
+]
+
+
+@pytest.mark.parametrize("fmt, shape, options", [c[1:] for c in SAVE_CASES], ids=[c[0] for c in SAVE_CASES])
+def test_save_load_round_trip(tmp_path, fmt, shape, options):
+    x = block_binades(shape, 5, -10, 10)
+    q = nk.quantize(x, fmt, **options)
+    q.save(tmp_path / "q")  # .npz is appended
+    back = nk.MXArray.load(tmp_path / "q.npz")
+    for field in ("fmt", "block_size", "axis", "shape", "packed", "block_rows", "rotation", "block_shape"):
+        assert getattr(back, field) == getattr(q, field), field
+    if q.per_tensor_scale is None:
+        assert back.per_tensor_scale is None
+    else:
+        assert_bits(np.array([back.per_tensor_scale], F32), np.array([q.per_tensor_scale], F32))
+    assert_bits(back.codes, q.codes)
+    assert back.scales.dtype == q.scales.dtype
+    assert_bits(back.scales.view(np.uint8), q.scales.view(np.uint8))
+    assert_bits(back.dequantize(), q.dequantize())
+    if q.rotation is not None:
+        assert_bits(back.dequantize(unrotate=True), q.dequantize(unrotate=True))
+    assert repr(back) == repr(q)
+
+
+def test_nvfp4_per_tensor_scale_is_exact_float32_in_files(tmp_path):
+    # A pts that is not a short decimal (the float32 nearest 1 / 3) survives the file bit for bit.
+    x = block_binades((2, 32), 2)
+    q = nk.quantize_nvfp4(x, per_tensor_scale=1 / 3)
+    assert q.per_tensor_scale == float(np.float32(1 / 3))
+    q.save(tmp_path / "q.npz")
+    back = nk.MXArray.load(tmp_path / "q.npz")
+    assert back.per_tensor_scale == q.per_tensor_scale
+    assert_bits(back.dequantize(), reference(x, "nvfp4", per_tensor_scale=1 / 3).values)
+
+
+@pytest.mark.parametrize("options", [{}, {"pack": False}, {"axis": 0}, {"block_shape": (16, 16)}], ids=str)
+def test_nvfp4_to_x4(options):
+    x = block_binades((32, 48), 6, -4, 4)
+    q = nk.quantize_nvfp4(x, **options)
+    codes = reference(x, "nvfp4", **{k: v for k, v in options.items() if k != "pack"}).codes
+    x4 = q.to_x4()
+    assert x4.dtype == np.uint16 and x4.shape == (32, 12)
+    want = np.zeros((32, 12), np.uint16)
+    for i in range(4):  # lane i of container j: element 4j + i, bits [4i, 4i + 4)
+        want |= codes[:, i::4].astype(np.uint16) << (4 * i)
+    assert_bits(x4, want)
+    assert_bits(nk.unpack_x4(x4, "float4_e2m1fn_x4").view(np.uint8), codes)
+    assert q.element_codes().dtype == np.dtype(ml_dtypes.float4_e2m1fn)
+    assert_bits(q.element_codes().view(np.uint8), codes)
+
+
+def test_nvfp4_to_x4_needs_a_multiple_of_4():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        nk.quantize_nvfp4(np.ones((2, 18), F32)).to_x4()
+
+
+def test_nvfp4_element_codes_decode_to_the_values():
+    # Single level: value = decode(code) * s, with s the scale's float8_e4m3fn value.
+    x = block_binades((8, 48), 4, -6, 6)
+    q = nk.quantize_nvfp4(x, per_tensor_scale=None)
+    scales = np.repeat(q.scales.astype(F32), 16, axis=1)
+    assert_bits(q.element_codes().astype(F32) * scales, q.dequantize())
+
+
+def reference_error_stats(x, want: Want, fmt: str, block_shape, pts) -> dict[str, float]:
+    """The statistics of ``QuantizationError`` from the reference's values (float64; blocks with a
+    NaN value and non-finite inputs left out)."""
+    x64 = as_float32(x).astype(np.float64)
+    dq = (want.unrotated if want.unrotated is not None else want.values).astype(np.float64)
+    keep = np.isfinite(x64) & ~np.isnan(dq)
+    err = np.abs(x64 - dq)[keep]
+    xs = x64[keep]
+    top = np.full(want.codes.shape, 0x7 if fmt == "nvfp4" else 0x6, np.uint8)  # 6 and 448 codes
+    lim = dequantize_2d_ref(top, want.scales, fmt, block_shape, pts)
+    quantised = as_float32(rht_ref(as_float32(x))) if want.unrotated is not None else as_float32(x)
+    sat = np.abs(quantised.astype(np.float64))[keep] > lim.astype(np.float64)[keep]
+    nz = xs != 0
+    return {
+        "mse": float(np.sum(err * err) / max(err.size, 1)),
+        "max_abs_error": float(err.max()),
+        "max_rel_error": float((err[nz] / np.abs(xs[nz])).max()),
+        "saturated": float(sat.sum() / max(err.size, 1)),
+        "flushed": float((dq[keep][nz] == 0).sum() / max(err.size, 1)),
+        "sqnr_db": float(10 * np.log10(np.sum(xs * xs) / np.sum(err * err))),
+    }
+
+
+@pytest.mark.parametrize(
+    "options, block_shape",
+    [
+        ({}, (1, 16)),
+        ({"per_tensor_scale": None}, (1, 16)),
+        ({"block_shape": (16, 16)}, (16, 16)),
+        ({"rht": True}, (1, 16)),
+    ],
+    ids=["two_level", "single_level", "tiles", "rht"],
+)
+def test_quantization_error_of_nvfp4(options, block_shape):
+    x = np.concatenate([block_binades((32, 64), 7, -6, 6), special_blocks()[:2, :32].reshape(-1, 64)])
+    x[3, 5] *= 1e5  # single level: its block scale clamps at 448 and the element saturates
+    q = nk.quantize_nvfp4(x, **options)
+    want = reference(x, "nvfp4", **options)
+    stats = nk.quantization_error(x, q).as_dict()
+    expect = reference_error_stats(x, want, "nvfp4", block_shape, want.pts)
+    for name, value in expect.items():
+        assert stats[name] == pytest.approx(value, rel=1e-9, abs=0), name
