@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import neuron_kernels as nk
 from neuron_kernels.blocks.inputs import input_array
@@ -227,7 +229,8 @@ def check_nvfp4(x, **options) -> Want:
 def binades(shape, seed: int, lo: int = -40, hi: int = 40) -> np.ndarray:
     """Normal values scaled by 2^k, k uniform in [lo, hi) per element: blocks spanning many binades."""
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal(shape) * np.exp2(rng.integers(lo, hi, shape))).astype(F32)
+    with np.errstate(over="ignore"):
+        return (rng.standard_normal(shape) * np.exp2(rng.integers(lo, hi, shape))).astype(F32)
 
 
 def block_binades(shape, seed: int, lo: int = -60, hi: int = 60) -> np.ndarray:
@@ -404,6 +407,113 @@ def test_nvfp4_fake_quantize_is_dequantize_of_quantize(rounding, per_tensor_scal
     dq = nk.quantize_nvfp4(x, **opts).dequantize()
     assert_bits(nk.fake_quantize_nvfp4(x, **opts), dq)
     assert_bits(nk.fake_quantize(x, "nvfp4", **opts), dq)
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.zeros((2, 16), F32),
+        -np.zeros((3, 20), F32),
+        np.full((2, 16), np.nan, F32),
+        np.full((1, 17), -np.inf, F32),
+        np.array([[3.0]], F32),
+        np.array([[1e-45]], F32),
+        np.array([[-3e38, 3e38]], F32),
+    ],
+    ids=["zeros", "negative_zeros", "all_nan", "all_inf", "one", "one_subnormal", "two_huge"],
+)
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax"])
+def test_nvfp4_degenerate_tensors(x, per_tensor_scale):
+    # No finite non-zero value: the default per-tensor scale is 1.0.
+    want = check_nvfp4(x, per_tensor_scale=per_tensor_scale)
+    check_nvfp4(x, per_tensor_scale=per_tensor_scale, block_shape=(16, 16))
+    check_nvfp4(x.T.copy(), per_tensor_scale=per_tensor_scale, axis=0, four_over_six="mse")
+    if per_tensor_scale == "amax" and not np.any(np.isfinite(x) & (x != 0)):
+        assert want.pts == 1.0
+
+
+@pytest.mark.parametrize(
+    "shape, options",
+    [
+        ((0, 16), {}),
+        ((4, 0), {}),
+        ((5, 0), {"axis": 0}),
+        ((0,), {"per_tensor_scale": None}),
+        ((2, 0, 5), {"block_shape": (16, 16)}),
+        ((0, 32), {"rht": True}),
+        ((32, 0), {"rht": True, "axis": 0}),
+    ],
+    ids=str,
+)
+def test_nvfp4_empty_arrays(shape, options):
+    x = np.zeros(shape, F32)
+    q = nk.quantize_nvfp4(x, **options)
+    assert q.shape == shape and q.dequantize().shape == shape and nk.fake_quantize_nvfp4(x, **options).shape == shape
+    assert q.per_tensor_scale == (None if "per_tensor_scale" in options else 1.0)
+    assert q.codes.size == 0 and q.scales.size == 0
+
+
+#: (format, input dtype, rounding) of the random cases: a fixed few, as each combination is a kernel
+#: of its own to compile (the slow random test draws from all of them).
+KERNEL_CHOICES = [
+    ("nvfp4", np.float32, "nearest_even"),
+    ("nvfp4", np.float32, "stochastic"),
+    ("nvfp4", BF16, "nearest_even"),
+    ("nvfp4", np.float16, "toward_zero"),
+    ("nvfp4", np.float64, "nearest_away"),
+    ("mxfp4_e2m1", np.float32, "nearest_even"),
+    ("mxfp8_e4m3", BF16, "stochastic"),
+    ("mxint8", np.float32, "nearest_even"),
+]
+ALL_KERNEL_CHOICES = [(f, d, r) for f in ["nvfp4", *MX_FORMATS] for d in INPUT_DTYPES for r in ROUNDINGS]
+
+
+@st.composite
+def block_cases(draw, kernels=tuple(KERNEL_CHOICES)):
+    """An input and the options of one quantisation: any rank, axis, block (1-D or tile), per-tensor
+    scale, policy, rotation and data; the format, input dtype and rounding from ``kernels``."""
+    fmt, dtype, rounding = draw(st.sampled_from(kernels))
+    nv = fmt == "nvfp4"
+    ndim = draw(st.integers(1, 3))
+    shape = draw(st.lists(st.integers(1, {1: 64, 2: 20, 3: 8}[ndim]), min_size=ndim, max_size=ndim))
+    options: dict[str, Any] = {"rounding": rounding, "seed": draw(st.integers(0, 2**63 - 1))}
+    tiles = ndim >= 2 and draw(st.booleans())
+    if tiles:
+        options["block_shape"] = (draw(st.integers(2, 17)), draw(st.integers(1, 17)))
+    else:
+        axis = draw(st.integers(-ndim, ndim - 1))
+        options["axis"] = axis
+        if draw(st.integers(0, 3)) == 0:
+            shape[axis] = 16 * draw(st.integers(1, 3))
+            options["block_size"] = draw(st.sampled_from([16, 32]))
+            options["rht"] = draw(st.sampled_from([True, CUSTOM_SIGNS]))
+        else:
+            options["block_size"] = draw(st.sampled_from([None, 1, 2, 3, 5, 8, 16, 17, 32]))
+    if nv:
+        options["per_tensor_scale"] = draw(
+            st.sampled_from([None, "amax"]) | st.floats(1e-30, 1e30).map(lambda v: float(np.float32(v)))
+        )
+        options["scale_bound"] = draw(st.sampled_from([448.0, 256.0]))
+        options["four_over_six"] = draw(st.sampled_from([None, None, "mae", "mse"]))
+    else:
+        options["scale_mode"] = draw(st.sampled_from(SCALE_MODES))
+    if options.get("four_over_six") is None:
+        options["scale_search"] = draw(st.sampled_from([None, None, "mse"]))
+    lo = draw(st.integers(-150, 110))
+    x = binades(tuple(shape), draw(st.integers(0, 2**32 - 1)), lo, min(lo + draw(st.integers(1, 40)), 129))
+    flat = x.reshape(-1)
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, flat.size - 1))
+        flat[i] = draw(st.sampled_from([0.0, -0.0, np.nan, np.inf, -np.inf, 6.0, 1e-45, 3e38]))
+    with np.errstate(over="ignore"):
+        return x.astype(dtype), fmt, options
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_cases())
+def test_random_cases_match_reference(case):
+    x, fmt, options = case
+    check(x, fmt, **options)
 
 
 # ---- 2-D tiles ----------------------------------------------------------------------------------------
