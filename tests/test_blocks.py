@@ -35,6 +35,7 @@ from .reference_blocks import (
     rht_inverse_ref,
     rht_ref,
 )
+from .reference_casts import decode_ref
 from .reference_mx import pack_fp4_ref
 from .test_cast_modes import random_bits
 
@@ -514,6 +515,80 @@ def block_cases(draw, kernels=tuple(KERNEL_CHOICES)):
 def test_random_cases_match_reference(case):
     x, fmt, options = case
     check(x, fmt, **options)
+
+
+# ---- exhaustive: every scale code, every tie -----------------------------------------------------------
+
+#: The float8_e4m3fn codes the plain rule can give a finite block: 2^-6 (the lower clamp) to 448.
+SCALE_CODES = list(range(0x08, 0x7F))
+TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]  # midpoints of adjacent E2M1 magnitudes
+
+
+def e4m3(code: int) -> float:
+    return float(decode_ref(np.array([code], np.uint8), "float8_e4m3fn")[0])
+
+
+def scale_sweep_blocks(multiplier: float = 1.0) -> np.ndarray:
+    """Three blocks of 16 per positive finite scale code c the plain rule reaches: amax = 6 s(c)
+    (gives c), the midpoint of s(c) and the next code times 6 (a tie of the scale's rounding), and
+    one float32 ulp above that midpoint; the other elements are ties, grid values and fractions of
+    the block's scale. ``multiplier`` (a per-tensor scale) multiplies every amax."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for c in SCALE_CODES:
+        s = e4m3(c)
+        mid = (s + e4m3(c + 1)) / 2 if c < 0x7E else s * 1.0625
+        for amax in (6 * s, 6 * mid, float(np.nextafter(F32(6 * mid), F32(np.inf)))):
+            amax = float(F32(amax * multiplier))
+            fill = np.array(TIES + [-t for t in TIES] + [0.5], np.float64) * s * multiplier
+            row = np.concatenate([[amax], fill[: 16 - 1]])
+            row[8:] = row[8:] * rng.uniform(0.5, 1.0, 8)
+            rows.append(row.astype(F32))
+            rows[-1][0] = amax if len(rows) % 2 else -amax
+    return np.stack(rows)
+
+
+def test_every_scale_code_single_level():
+    x = scale_sweep_blocks()
+    want = check_nvfp4(x, per_tensor_scale=None)
+    assert sorted(set(want.scales[::3, 0].tolist())) == SCALE_CODES  # amax = 6 s(c) gives c
+    check_nvfp4(x, per_tensor_scale=None, rounding="stochastic", seed=1)
+
+
+@pytest.mark.parametrize("pts", [2.0**-12, 0.37, 1000.0])
+def test_every_scale_code_two_level(pts):
+    # A given per-tensor scale P, then the default one: the tensor's amax 6 * 448 * P gives P back.
+    x = scale_sweep_blocks(pts)
+    want = check_nvfp4(x, per_tensor_scale=pts)
+    codes = set(want.scales[::3, 0].tolist())
+    assert codes == set(SCALE_CODES) if pts == 2.0**-12 else len(codes) > 110
+    check_nvfp4(x, per_tensor_scale="amax")
+    check_nvfp4(x, per_tensor_scale=pts, rounding="toward_zero")
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("per_tensor_scale", [None, 1.0, 2.0**-3, 0.3])
+def test_every_fp4_tie_at_every_scale(rounding, per_tensor_scale):
+    # Block per code: amax 6 s and every E2M1 tie and grid value (both signs) times s: exact ties
+    # of the element rounding when s * pts is a power of two, near-ties through 1/s otherwise.
+    grid = [v for v in E2M1[1:]]
+    row = np.array([6.0] + TIES + [-t for t in TIES] + [-6.0], np.float64)
+    rows = []
+    pts = 1.0 if per_tensor_scale is None else per_tensor_scale
+    for c in SCALE_CODES:
+        s = e4m3(c) * pts
+        rows.append(row * s)
+        rows.append(np.array([6.0] + grid + [-g for g in grid] + [0.0, -0.0], np.float64)[:16] * s)
+    x = np.stack(rows).astype(F32)
+    check_nvfp4(x, per_tensor_scale=per_tensor_scale, rounding=rounding, seed=5)
+
+
+def test_scale_search_reaches_the_codes_below_the_clamp():
+    # Blocks with amax / 6 below 2^-6 (computed code 0x08): the search may pick 0x06 or 0x07.
+    rng = np.random.default_rng(3)
+    x = (rng.uniform(-1, 1, (128, 16)) * np.exp2(rng.uniform(-12, -5, (128, 1)))).astype(F32)
+    want = check_nvfp4(x, per_tensor_scale=None, scale_search="mse")
+    assert {6, 7} <= set(want.scales.ravel().tolist())
 
 
 # ---- 2-D tiles ----------------------------------------------------------------------------------------
