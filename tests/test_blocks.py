@@ -388,6 +388,34 @@ def test_nvfp4_dequantize_dtypes_and_out(dtype):
     assert_bits(np.ascontiguousarray(strided), expect)
 
 
+@pytest.mark.parametrize("pts", [None, 0.37, 1e-30, 3e30, 2.0**-149])
+def test_nvfp4_dequantize_every_scale_byte_and_code(pts):
+    # Any container (a file, from_parts) dequantises by the formula, whatever its scale bytes:
+    # every e4m3fn byte (subnormal, negative, NaN) with every E2M1 code, single and two level. The
+    # package writes the positive quiet NaN for the NaN bytes; the reference's 0xff is a negative
+    # NaN (the spec says only "NaN"), so NaNs compare as NaNs and every other value bit for bit.
+    codes = np.tile(np.arange(16, dtype=np.uint8), (256, 1))
+    scales = np.arange(256, dtype=np.uint8).reshape(256, 1)
+    q = nk.MXArray.from_parts(codes, scales, "nvfp4", 16, 1, (256, 16), False, per_tensor_scale=pts)
+    want = dequantize_2d_ref(codes, scales, "nvfp4", (1, 16), pts)
+    got = q.dequantize()
+    assert_bits(got, want, nan_bits=False)
+    assert_bits(got[:255], want[:255])
+    packed = nk.MXArray.from_parts(pack_along(codes, 1), scales, "nvfp4", 16, 1, (256, 16), True, per_tensor_scale=pts)
+    assert_bits(packed.dequantize(), got)
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+def test_mx_dequantize_every_scale_byte_and_code(fmt):
+    n = 16 if fmt == "mxfp4_e2m1" else 64 if fmt.startswith("mxfp6") else 256
+    codes = np.tile(np.arange(n, dtype=np.uint8), (256, 1))
+    scales = np.arange(256, dtype=np.uint8).reshape(256, 1)
+    q = nk.MXArray.from_parts(codes, scales, fmt, n, 1, (256, n), False)
+    assert_bits(q.dequantize(), dequantize_2d_ref(codes, scales, fmt, (1, n)))
+    tiles = nk.MXArray.from_parts(codes, scales.reshape(32, 8)[:, :1].copy(), fmt, n, 1, (256, n), False, block_rows=8)
+    assert_bits(tiles.dequantize(), dequantize_2d_ref(codes, tiles.scales.view(np.uint8), fmt, (8, n)))
+
+
 def test_nvfp4_fake_quantize_out_and_layouts():
     x = block_binades((8, 64), 10, -6, 6)
     want = reference(x, "nvfp4", per_tensor_scale=None).values
