@@ -310,7 +310,7 @@ def test_nvfp4_blocks_over_many_binades(per_tensor_scale, rounding):
     check_nvfp4(x, per_tensor_scale=per_tensor_scale, rounding=rounding)
 
 
-@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.01])
+@pytest.mark.parametrize("per_tensor_scale", [None, "amax", 0.01, 1e-40])
 @pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])
 def test_nvfp4_stochastic(per_tensor_scale, seed):
     check_nvfp4(nvfp4_data(seed % 5), per_tensor_scale=per_tensor_scale, rounding="stochastic", seed=seed)
@@ -1013,7 +1013,10 @@ def test_mx_rht_matches_reference(fmt):
 
 @pytest.mark.parametrize("policy", [{"four_over_six": "mae"}, {"scale_search": "mse"}], ids=str)
 def test_nvfp4_rht_with_policies(policy):
-    check_nvfp4(policy_data(8, special=False), rht=True, **policy)
+    x = policy_data(8, special=False)
+    check_nvfp4(x, rht=True, **policy)
+    check_nvfp4(x, rht=True, rounding="stochastic", seed=2, block_size=32, **policy)
+    check_nvfp4(x[:, :32].T.copy(), rht=CUSTOM_SIGNS, axis=0, rounding="stochastic", seed=2, **policy)
 
 
 def test_unrotate_to_other_dtypes_and_out():
