@@ -1094,6 +1094,31 @@ def test_block_matmul_of_rotated_operands_is_close():
     assert np.all(np.abs(back - rotated) <= 1e-5 * (np.abs(qa.dequantize()) @ np.abs(qb.dequantize())))
 
 
+@pytest.mark.parametrize("b_options", [{"block_shape": (16, 16)}, {"axis": 0}], ids=["tiles", "blocks"])
+def test_block_matmul_of_tiles(b_options):
+    a = block_binades((40, 48), 3, -3, 3)
+    b = np.ascontiguousarray(block_binades((20, 48), 4, -3, 3).T)
+    qa, qb = nk.quantize_nvfp4(a, block_shape=(16, 16)), nk.quantize_nvfp4(b, **b_options)
+    assert_bits(nk.block_matmul(qa, qb), qa.dequantize() @ qb.dequantize())
+    mx_a = nk.quantize_mx(a, "mxfp8_e4m3", block_shape=(8, 4), scale_mode="neuron")
+    mx_b = nk.quantize_mx(b, "mxfp8_e4m3", block_shape=(4, 8), scale_mode="neuron")
+    assert_bits(nk.block_matmul(mx_a, mx_b), mx_a.dequantize() @ mx_b.dequantize())
+    with pytest.raises(ValueError, match="block sizes differ along K"):
+        nk.block_matmul(mx_a, nk.quantize_mx(b, "mxfp8_e4m3", block_shape=(8, 4)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a container clips block_size (the tile's columns) to a shorter last axis but keeps block_rows: "
+    "16 x 16 tiles of a (4, 8) @ (8, 4) product give a.block_size 8 and b.block_rows 16, and block_matmul "
+    "refuses them as 'block sizes differ along K (8 vs 16)' although both are tiled alike",
+)
+def test_block_matmul_of_tiles_longer_than_k():
+    a, b = block_binades((4, 8), 1, -2, 2), block_binades((8, 4), 2, -2, 2)
+    qa, qb = nk.quantize_nvfp4(a, block_shape=(16, 16)), nk.quantize_nvfp4(b, block_shape=(16, 16))
+    assert_bits(nk.block_matmul(qa, qb), qa.dequantize() @ qb.dequantize())
+
+
 def test_block_matmul_refuses_mismatched_rotations():
     a = binades((4, 32), 1, -2, 2)
     b = binades((32, 4), 2, -2, 2)
