@@ -773,12 +773,6 @@ def test_scale_bound_sets_the_per_tensor_scale(scale_bound):
     check_nvfp4(x, scale_bound=scale_bound, block_shape=(16, 16), four_over_six="mae")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="job.per_tensor_scale_of forms float32(scale_bound * 6.0) in float64; the reference rounds the bound "
-    "to float32 first and multiplies in float32, float32(float32(bound) * 6), as every other step of NVFP4 is "
-    "done: they differ for bounds that are not float32 values (300.1: 1800.6 vs 1800.6001)",
-)
 @pytest.mark.parametrize("scale_bound", [300.1, 100.3])
 def test_scale_bound_that_is_not_a_float32(scale_bound):
     x = np.array([[1.0, 0.25] * 8], F32)
@@ -1107,12 +1101,6 @@ def test_block_matmul_of_tiles(b_options):
         nk.block_matmul(mx_a, nk.quantize_mx(b, "mxfp8_e4m3", block_shape=(8, 4)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a container clips block_size (the tile's columns) to a shorter last axis but keeps block_rows: "
-    "16 x 16 tiles of a (4, 8) @ (8, 4) product give a.block_size 8 and b.block_rows 16, and block_matmul "
-    "refuses them as 'block sizes differ along K (8 vs 16)' although both are tiled alike",
-)
 def test_block_matmul_of_tiles_longer_than_k():
     a, b = block_binades((4, 8), 1, -2, 2), block_binades((8, 4), 2, -2, 2)
     qa, qb = nk.quantize_nvfp4(a, block_shape=(16, 16)), nk.quantize_nvfp4(b, block_shape=(16, 16))
@@ -1485,12 +1473,6 @@ def test_bad_types_of_rotate_and_dequantize():
         nk.fake_quantize_nvfp4(X2, pack=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a per_tensor_scale that is positive and finite in float64 but 0 or inf in float32 is accepted by "
-    "block_job (checked before the float32 rounding): fake_quantize then runs single level (0) or returns NaN "
-    "(inf) without an error, and quantize fails late with 'inconsistent MXArray' (1e39 also warns on the cast)",
-)
 @pytest.mark.parametrize("pts", [1e-50, 1e39], ids=["underflows", "overflows"])
 def test_per_tensor_scale_that_is_not_a_float32(pts):
     for call in (nk.quantize_nvfp4, nk.fake_quantize_nvfp4):
@@ -1498,21 +1480,11 @@ def test_per_tensor_scale_that_is_not_a_float32(pts):
             call(X2, per_tensor_scale=pts)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the reference accepts a sign vector of shape (16,) only; rotation_signs flattens any array of 16 "
-    "values, so rht=np.ones((4, 4)) is taken as 16 signs",
-)
 def test_rht_signs_must_be_a_vector():
     with pytest.raises(ValueError, match="rht must be 16 signs"):
         nk.quantize_nvfp4(X2, rht=np.ones((4, 4)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the options' default sentinel (job.DEFAULT) is the string 'default', tested by identity: a caller's "
-    "'default' (the same interned string) is taken as the format's default instead of an unknown value",
-)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8_e4m3"])
 def test_per_tensor_scale_string_default_is_refused(fmt):
     with pytest.raises(ValueError, match="per_tensor_scale|no per-tensor scale"):

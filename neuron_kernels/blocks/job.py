@@ -24,8 +24,16 @@ from .rotation import check_length, rotate_array, rotated_amax, rotation_signs
 
 __all__ = ["BlockJob", "block_job", "input_array", "per_tensor_scale_of", "tensor_amax", "DEFAULT"]
 
+
 #: The default of options whose default depends on the format (``scale_mode``, ``per_tensor_scale``).
-DEFAULT: Any = "default"
+class _Default:
+    """The marker of options left at the format's default (a value no caller passes by chance)."""
+
+    def __repr__(self) -> str:
+        return "<the format's default>"
+
+
+DEFAULT: Any = _Default()
 
 #: The largest float8_e4m3fn value: the default bound of NVFP4's per-tensor scale.
 _E4M3_MAX = 448.0
@@ -98,9 +106,11 @@ def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
         return value
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)):
         raise TypeError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"per_tensor_scale must be a positive finite float, got {value!r}")
-    return float(np.float32(value))
+    with np.errstate(over="ignore", under="ignore"):
+        f32 = np.float32(value)  # the kernels compute in float32: the value must stay positive and finite there
+    if not (np.isfinite(value) and value > 0 and np.isfinite(f32) and f32 > 0):
+        raise ValueError(f"per_tensor_scale must be a positive float, finite and non-zero in float32; got {value!r}")
+    return float(f32)
 
 
 def tensor_amax(arr: np.ndarray, src: Format) -> float:
@@ -118,9 +128,11 @@ def tensor_amax(arr: np.ndarray, src: Format) -> float:
 
 
 def per_tensor_scale_of(amax: float, bound: float) -> float:
-    """NVFP4's per-tensor scale from the tensor's finite amax: ``float32(amax) / float32(bound * 6)``
-    (the largest block scale times the largest element), 1.0 where that is 0 or not finite."""
-    pts = np.float32(amax) / np.float32(bound * 6.0)
+    """NVFP4's per-tensor scale from the tensor's finite amax: ``amax / (bound * 6)`` (the largest
+    block scale times the largest element), every operation in float32, 1.0 where that is 0 or
+    not finite."""
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        pts = np.float32(amax) / (np.float32(bound) * np.float32(6.0))
     return float(pts) if np.isfinite(pts) and pts > 0 else 1.0
 
 
@@ -235,7 +247,7 @@ class BlockJob:
             self.axis,
             arr.shape,
             self.pack,
-            self.block_rows,
+            min(self.block_rows, arr.shape[-2]) if arr.size and self.block_rows > 1 else self.block_rows,
             pts,
             self.rotation,
         )
@@ -289,8 +301,13 @@ def block_job(
     pts = _per_tensor(per_tensor_scale, bf)
     if isinstance(scale_bound, bool) or not isinstance(scale_bound, numbers.Real):
         raise TypeError(f"scale_bound must be a float in (0, 448], got {scale_bound!r}")
-    if not (np.isfinite(scale_bound) and 0 < scale_bound <= _E4M3_MAX):
+    if not (np.isfinite(scale_bound) and 0 < scale_bound <= _E4M3_MAX and np.float32(scale_bound) > 0):
         raise ValueError(f"scale_bound must be a float in (0, 448] (448, or 256 with four_over_six), got {scale_bound}")
+    if scale_bound != _E4M3_MAX and pts != "amax":
+        raise ValueError(
+            "scale_bound bounds the per-tensor scale computed from the amax (per_tensor_scale='amax', "
+            f"NVFP4); it does not apply here (per_tensor_scale={pts!r}, {bf.name})"
+        )
     if four_over_six is not None:
         choice(four_over_six, FOUR_OVER_SIX, "four_over_six error measure")
         if bf.is_mx:

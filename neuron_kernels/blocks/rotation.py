@@ -34,7 +34,9 @@ def rotation_signs(rht: Any) -> tuple[int, ...] | None:
         return DEFAULT_SIGNS
     if isinstance(rht, (str, bytes)) or not hasattr(rht, "__len__"):
         raise TypeError(f"rht must be True, False or a sequence of 16 signs (1 or -1), got {rht!r}")
-    values = list(np.asarray(rht).reshape(-1).tolist()) if isinstance(rht, np.ndarray) else list(rht)
+    if isinstance(rht, np.ndarray) and rht.ndim != 1:
+        raise ValueError(f"rht must be 16 signs (a 1-D sequence), got an array of shape {rht.shape}")
+    values = rht.tolist() if isinstance(rht, np.ndarray) else list(rht)
     if len(values) != 16 or any(isinstance(v, bool) or v not in (1, -1) for v in values):
         raise ValueError(f"rht must be 16 signs, each 1 or -1; got {rht!r}")
     return tuple(int(v) for v in values)
