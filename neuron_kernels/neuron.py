@@ -39,8 +39,9 @@ it packs into one container the four elements that lie K/4 apart (128 for a full
 is right for data quantised after the shuffle (``quantize_mx`` on the shuffled tile), not for an
 OCP MX array, whose blocks are 32 *consecutive* K: those four lanes would belong to four
 different blocks. For MX arrays blocked along K this module puts K element ``4 * p + l`` of a tile
-on partition p, lane l, so block a of the tile is exactly group a: the order nki-library's kernels
-use for data in natural order (``h = 512 * t + 4 * p + q`` on the ``rmsnorm_mx_prefill`` page).
+on partition p, lane l, so block a of the tile is exactly group a. It is the order the
+``rmsnorm_mx_prefill`` page gives for natural-order data meeting MX activations (its host-side
+weight permutation puts element ``h = 512 * t + 4 * p + q`` on partition p, lane q of K tile t).
 
 What this module accepts
 ========================
