@@ -35,6 +35,7 @@ from .formats import (
     canonical_name,
     format_info,
 )
+from .neuron import NcMatmulMxOperand, from_nc_matmul_mx, to_nc_matmul_mx
 from .promotion import (
     NoPromotionPathError,
     Promotion,
@@ -75,6 +76,7 @@ __all__ = [
     "Format",
     "FormatInfo",
     "NKDType",
+    "NcMatmulMxOperand",
     "NoPromotionPathError",
     "Promotion",
     "UnsupportedCastError",
@@ -91,6 +93,7 @@ __all__ = [
     "fake_quantize_mx",
     "fake_quantize_nvfp4",
     "format_info",
+    "from_nc_matmul_mx",
     "get_num_threads",
     "get_x1_from_x4",
     "get_x4_from_x1",
@@ -111,5 +114,6 @@ __all__ = [
     "rotate",
     "set_num_threads",
     "supported_casts",
+    "to_nc_matmul_mx",
     "unpack_x4",
 ]
