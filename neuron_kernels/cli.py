@@ -230,7 +230,7 @@ def _stats_columns(st: Any) -> str:
 
 def _quantize_checkpoint(args: argparse.Namespace) -> int:
     from .checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
-    from .files import atomic_output
+    from .files import atomic_output, check_output_path
 
     if args.name is not None:
         raise _UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
@@ -239,6 +239,7 @@ def _quantize_checkpoint(args: argparse.Namespace) -> int:
     if layout.single_file and not args.output.lower().endswith(".npz"):
         raise _UsageError(f"the npz layout writes one .npz file; OUTPUT must end in .npz, not {args.output!r}")
     options = _block_options_of(args)
+    check_output_path(args.output, args.force, (args.input,), directory=not layout.single_file)
     ckpt = open_checkpoint(args.input)
     with (
         _progress_bar(args, ckpt.nbytes, f"quantize {args.format}") as progress,
