@@ -4,7 +4,8 @@ Subcommands:
 
 - ``bench``: throughput of every compiled cast and MX format on built-in data;
 - ``quantize``, ``dequantize``, ``cast``: files (``.npy``, ``.npz``, ``.safetensors``) of any size,
-  processed in bounded memory, written atomically;
+  processed in bounded memory, written atomically; ``quantize`` and ``dequantize`` also take model
+  checkpoint folders (to and from the layouts runtimes load, :mod:`neuron_kernels.checkpoints`);
 - ``error``: which block format, scale mode and scale policy suits an array (SQNR table, histogram);
 - ``promote``: the promotion lattice (one pair, ``--explain``, or ``--table``);
 - ``formats``: the format table.
@@ -284,8 +285,16 @@ def _dequantize_checkpoint(args: argparse.Namespace) -> int:
     if args.name is not None:
         raise _UsageError("--name picks an array of a file; a checkpoint is dequantised whole")
     dtype = args.dtype or "bfloat16"
+    source = args.input
+    total = (
+        sum(e.stat().st_size for e in os.scandir(source) if e.name.endswith(".safetensors"))
+        if os.path.isdir(source)
+        else os.path.getsize(source)
+        if os.path.isfile(source)
+        else 0
+    )
     with (
-        _progress_bar(args, 0, "dequantize") as progress,
+        _progress_bar(args, total, "dequantize") as progress,
         atomic_output(args.output, args.force, (args.input,), directory=True) as tmp,
     ):
         reports = dequantize_checkpoint(
