@@ -37,7 +37,7 @@ import fnmatch
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -832,6 +832,28 @@ def quantize_checkpoint(
     return reports
 
 
+def _pipelined_stats(
+    pieces: Iterator[tuple[np.ndarray, BlockArray]], write: Callable[[BlockArray], None], progress: Progress
+) -> ErrorStats:
+    """Write each quantised piece and fold it into the error statistics, the statistics of one
+    piece running on a worker thread while the next is read and quantised (the statistics'
+    kernels are serial; this keeps a second core busy). At most one piece waits for them."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    acc = ErrorStats()
+    with ThreadPoolExecutor(1, thread_name_prefix="nk-stats") as pool:
+        pending: Future[None] | None = None
+        for arr, mx in pieces:
+            write(mx)
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(acc.add, arr, mx)
+            progress(arr.nbytes)
+        if pending is not None:
+            pending.result()
+    return acc
+
+
 def _quantize_item(
     name: str,
     entry: ArrayEntry,
@@ -851,13 +873,13 @@ def _quantize_item(
 
     def fill(sinks: dict[str, Any]) -> None:
         done = resolved.pop(name)
-        acc = ErrorStats()
         codes, scales = sinks[by_role["codes"]], sinks[by_role["scales"]]
-        for arr, mx in quantized_pieces(entry, done, chunk_bytes):
+
+        def write(mx: BlockArray) -> None:
             codes.write(mx.codes.reshape(-1).view(codes.spec.dtype))
             scales.write(mx.scales.reshape(-1).view(np.uint8).view(scales.spec.dtype))
-            acc.add(arr, mx)
-            progress(arr.nbytes)
+
+        acc = _pipelined_stats(quantized_pieces(entry, done, chunk_bytes), write, progress)
         if "per_tensor" in by_role:
             pts = done.per_tensor_scale
             assert isinstance(pts, float)
@@ -888,12 +910,9 @@ def _quantize_to_block_file(
                 continue
             job = resolved_job(entry, job, chunk_bytes)
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
-            acc = ErrorStats()
             with writer.array(name, job.layout(entry.shape), pts, job.rotation) as out:
-                for arr, mx in quantized_pieces(entry, job, chunk_bytes):
-                    out.write(mx.codes, mx.scales)
-                    acc.add(arr, mx)
-                    progress(arr.nbytes)
+                pieces = quantized_pieces(entry, job, chunk_bytes)
+                acc = _pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress)
             report.stats = acc.result()
             report.outputs = (name,)
 
