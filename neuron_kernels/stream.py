@@ -151,8 +151,22 @@ def decoded_pieces(
     chunk_bytes: int,
 ) -> Iterator[tuple[np.ndarray, int]]:
     """(values, bytes of codes and scales read) of a stored block array, piece by piece in C
-    order: ``codes`` and ``scales`` hold its codes and scale bytes in C order (any shapes)."""
+    order: ``codes`` and ``scales`` hold its codes and scale bytes in C order (any shapes).
+
+    The values of a piece are valid until the next piece is asked for: they live in buffers
+    reused from piece to piece (fresh pages would cost the operating system's zeroing each time)."""
+    from .casting import cast
+
     pieces = Pieces(layout)
+    buffers: dict[str, np.ndarray] = {}
+
+    def buffer(kind: str, dt: Any, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape, dtype=np.int64))
+        if kind not in buffers or buffers[kind].size < n:
+            buffers[kind] = np.empty(n, dt)
+        return buffers[kind][:n].reshape(shape)
+
+    narrow = dtype in ("float16", "bfloat16")
     for cut in pieces.cuts(_budget(chunk_bytes, 4)):
         (c0, c1, cshape), (s0, s1, sshape) = pieces.codes(cut), pieces.scales(cut)
         piece = pieces.piece_layout(cut)
@@ -169,7 +183,14 @@ def decoded_pieces(
             per_tensor_scale=per_tensor_scale,
             rotation=rotation,
         )
-        yield part.dequantize(dtype), part.codes.nbytes + part.scales.nbytes
+        used = part.codes.nbytes + part.scales.nbytes
+        if dtype == "float32" or narrow:
+            values = part.dequantize(np.float32, out=buffer("float32", np.float32, part.shape))
+            if narrow:
+                values = cast(values, dtype, out=buffer(dtype, get_format(dtype).result_dtype, part.shape))
+            yield values, used
+        else:
+            yield part.dequantize(dtype), used
 
 
 def stored_dtype(dtype: Any, path: str) -> np.dtype:
