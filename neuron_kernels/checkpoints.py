@@ -328,7 +328,7 @@ class CheckpointLayout:
     ``formats``: the block formats it stores; ``outputs(name, layout)``: the tensors a quantised
     weight becomes; ``config(fmt, kept_modules)``: the ``quantization_config``; ``detect(ckpt)``:
     whether a checkpoint is in this layout; ``weights(ckpt)``: its quantised weights;
-    ``single_file``: the layout is one file (the package's), not a folder of shards."""
+    ``suffix``: the layout is one file with this suffix (the package's), not a folder of shards."""
 
     name: str
     help: str
@@ -337,7 +337,11 @@ class CheckpointLayout:
     config: Callable[[str, list[str]], dict[str, Any]]
     detect: Callable[[Checkpoint], bool]
     weights: Callable[[Checkpoint], list[StoredWeight]]
-    single_file: bool = False
+    suffix: str | None = None
+
+    @property
+    def single_file(self) -> bool:
+        return self.suffix is not None
 
     def check_format(self, fmt: str) -> None:
         if fmt not in self.formats:
@@ -543,7 +547,7 @@ def _gptoss_weights(ckpt: Checkpoint) -> list[StoredWeight]:
 
 
 def _npz_detect(ckpt: Checkpoint) -> bool:
-    return ckpt.path.lower().endswith(".npz")
+    return os.path.isfile(ckpt.path) and ckpt.path.lower().endswith(LAYOUTS["npz"].suffix or "")
 
 
 def _npz_weights(ckpt: Checkpoint) -> list[StoredWeight]:
@@ -591,7 +595,7 @@ LAYOUTS: dict[str, CheckpointLayout] = {
         _no_config,
         _npz_detect,
         _npz_weights,
-        single_file=True,
+        suffix=".npz",
     ),
 }
 
@@ -611,9 +615,9 @@ def detect_layout(ckpt: Checkpoint) -> CheckpointLayout | None:
 
 
 def _open_any(path: str) -> tuple[Checkpoint, CheckpointLayout | None]:
-    if os.fspath(path).lower().endswith(".npz") and os.path.isfile(path):
-        ckpt = Checkpoint(os.fspath(path), None, {}, None)
-        return ckpt, LAYOUTS["npz"]
+    for layout in LAYOUTS.values():  # a layout that is one file of its own (the package's)
+        if layout.suffix and os.path.isfile(path) and path.lower().endswith(layout.suffix):
+            return Checkpoint(path, None, {}, None), layout
     ckpt = open_checkpoint(path)
     return ckpt, detect_layout(ckpt)
 

@@ -237,8 +237,11 @@ def _quantize_checkpoint(args: argparse.Namespace) -> int:
         raise _UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
     layout = LAYOUTS[args.layout or "compressed-tensors"]
     layout.check_format(args.format)
-    if layout.single_file and not args.output.lower().endswith(".npz"):
-        raise _UsageError(f"the npz layout writes one .npz file; OUTPUT must end in .npz, not {args.output!r}")
+    if layout.suffix and not args.output.lower().endswith(layout.suffix):
+        raise _UsageError(
+            f"the {layout.name} layout writes one {layout.suffix} file; OUTPUT must end in {layout.suffix}, "
+            f"not {args.output!r}"
+        )
     options = _block_options_of(args)
     check_output_path(args.output, args.force, (args.input,), directory=not layout.single_file)
     ckpt = open_checkpoint(args.input)
