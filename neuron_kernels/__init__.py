@@ -23,6 +23,7 @@ from .blocks import (
     rotate,
 )
 from .casting import auto_cast, cast, pack_x4, unpack_x4
+from .checkpoints import load_checkpoint, open_checkpoint
 from .formats import (
     BLOCK_FORMATS,
     FORMATS,
@@ -100,9 +101,11 @@ __all__ = [
     "is_floating",
     "is_x4_dtype",
     "launder_x4_dtype",
+    "load_checkpoint",
     "lookup_cast",
     "merge_type",
     "mx_matmul",
+    "open_checkpoint",
     "pack_x4",
     "promote_type",
     "promotion_table",

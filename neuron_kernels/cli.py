@@ -4,7 +4,8 @@ Subcommands:
 
 - ``bench``: throughput of every compiled cast and MX format on built-in data;
 - ``quantize``, ``dequantize``, ``cast``: files (``.npy``, ``.npz``, ``.safetensors``) of any size,
-  processed in bounded memory, written atomically;
+  processed in bounded memory, written atomically; ``quantize`` and ``dequantize`` also take model
+  checkpoint folders (to and from the layouts runtimes load, :mod:`neuron_kernels.checkpoints`);
 - ``error``: which block format, scale mode and scale policy suits an array (SQNR table, histogram);
 - ``promote``: the promotion lattice (one pair, ``--explain``, or ``--table``);
 - ``formats``: the format table.
@@ -39,6 +40,20 @@ def parse_size(text: str) -> int:
             f"invalid size {text!r}: give a positive element count such as 1048576, 1Mi or 64Mi"
         )
     return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+
+
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?)?[bB]?\s*$")
+_BYTE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30,
+               "ti": 1 << 40}  # fmt: skip
+
+
+def parse_bytes(text: str) -> int:
+    """``"5GB"`` -> 5000000000, ``"500MB"``, ``"2GiB"``, plain byte counts."""
+    m = _BYTES.match(text)
+    value = int(float(m.group(1)) * _BYTE_UNITS[(m.group(2) or "").lower()]) if m else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give a size such as 5GB, 500MB or 2GiB")
+    return value
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -126,12 +141,21 @@ def _percent(v: float) -> str:
     return f"{100 * v:.3g}%"
 
 
-def _cmd_quantize(args: argparse.Namespace) -> int:
-    from .files import atomic_output
-    from .stream import quantize_file
+def _checkpoint_input(args: argparse.Namespace) -> bool:
+    """Whether a command works on a checkpoint (a folder, a layout asked for, or an output that is
+    no array file) rather than on array files."""
+    from .files import ARRAY_FILES
 
-    if not args.output.lower().endswith(".npz"):
-        raise _UsageError(f"OUTPUT must be a .npz file (the package's MX file), not {args.output!r}")
+    output = getattr(args, "output", "") or ""
+    return (
+        os.path.isdir(args.input)
+        or getattr(args, "layout", None) is not None
+        or (bool(output) and os.path.splitext(output)[1].lower() not in ARRAY_FILES)
+    )
+
+
+def _block_options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :func:`neuron_kernels.quantize` given on the command line."""
     from .blocks.job import DEFAULT
 
     per_tensor: Any = DEFAULT
@@ -144,6 +168,30 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
                 raise _UsageError(
                     f"--per-tensor-scale must be amax, none or a positive number, not {args.per_tensor_scale!r}"
                 ) from None
+    return {
+        "block_size": DEFAULT if args.block_size is None else args.block_size,
+        "block_shape": args.block_shape,
+        "axis": args.axis,
+        "scale_mode": DEFAULT if args.scale_mode is None else args.scale_mode,
+        "rounding": args.rounding,
+        "seed": args.seed,
+        "pack": not args.no_pack,
+        "per_tensor_scale": per_tensor,
+        "four_over_six": args.four_over_six,
+        "scale_search": args.scale_search,
+        "rht": args.rht,
+    }
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from .files import array_file_kind, atomic_output
+    from .stream import quantize_file
+
+    if _checkpoint_input(args):
+        return _quantize_checkpoint(args)
+    if array_file_kind(args.output, "output").name != "npz":
+        raise _UsageError(f"OUTPUT must be a .npz file (the package's MX file), not {args.output!r}")
+    options = _block_options_of(args)
     entries = _entries(args)
     with (
         _progress_bar(args, sum(e.nbytes for e in entries), f"quantize {args.format}") as progress,
@@ -156,17 +204,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
             name=args.name,
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
-            block_size=DEFAULT if args.block_size is None else args.block_size,
-            block_shape=args.block_shape,
-            axis=args.axis,
-            scale_mode=DEFAULT if args.scale_mode is None else args.scale_mode,
-            rounding=args.rounding,
-            seed=args.seed,
-            pack=not args.no_pack,
-            per_tensor_scale=per_tensor,
-            four_over_six=args.four_over_six,
-            scale_search=args.scale_search,
-            rht=args.rht,
+            **options,
         )
     blocks = "x".join(map(str, args.block_shape)) if args.block_shape else str(args.block_size or "default")
     policy = f", four_over_six {args.four_over_six}" if args.four_over_six else ""
@@ -180,10 +218,100 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     )
     shapes = {e.label: e.shape for e in entries}
     for label, st in stats.items():
-        print(
-            f"{label:<32}{str(shapes[label]):>20}{st.sqnr_db:>9.2f}{st.mse:>11.3g}{st.max_abs_error:>11.3g}"
-            f"{st.max_rel_error:>11.3g}{_percent(st.saturated):>11}{_percent(st.flushed):>9}"
+        print(f"{label:<32}{str(shapes[label]):>20}" + _stats_columns(st))
+    return 0
+
+
+def _stats_columns(st: Any) -> str:
+    return (
+        f"{st.sqnr_db:>9.2f}{st.mse:>11.3g}{st.max_abs_error:>11.3g}{st.max_rel_error:>11.3g}"
+        f"{_percent(st.saturated):>11}{_percent(st.flushed):>9}"
+    )
+
+
+def _quantize_checkpoint(args: argparse.Namespace) -> int:
+    from .checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
+    from .files import atomic_output, check_output_path
+
+    if args.name is not None:
+        raise _UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
+    layout = LAYOUTS[args.layout or "compressed-tensors"]
+    layout.check_format(args.format)
+    if layout.suffix and not args.output.lower().endswith(layout.suffix):
+        raise _UsageError(
+            f"the {layout.name} layout writes one {layout.suffix} file; OUTPUT must end in {layout.suffix}, "
+            f"not {args.output!r}"
         )
+    options = _block_options_of(args)
+    check_output_path(args.output, args.force, (args.input,), directory=not layout.single_file)
+    ckpt = open_checkpoint(args.input)
+    with (
+        _progress_bar(args, ckpt.nbytes, f"quantize {args.format}") as progress,
+        atomic_output(args.output, args.force, (args.input,), directory=not layout.single_file) as tmp,
+    ):
+        reports = quantize_checkpoint(
+            args.input,
+            tmp,
+            layout.name,
+            args.format,
+            ignore=tuple(args.ignore or ()),
+            only=tuple(args.only or ()),
+            max_shard_bytes=args.max_shard_size,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+            **options,
+        )
+    done = [r for r in reports if r.action == "quantised"]
+    kept = [r for r in reports if r.action != "quantised"]
+    print(f"{args.output}: {layout.name} layout, {args.format}: {len(done)} tensor(s) quantised, {len(kept)} kept")
+    width = max([32] + [len(r.name) + 2 for r in reports])
+    if done:
+        print(
+            f"{'quantised':<{width}}{'shape':>20}{'dtype':>10}{'SQNR dB':>9}{'MSE':>11}{'max abs':>11}{'max rel':>11}"
+            f"{'saturated':>11}{'flushed':>9}"
+        )
+        for r in done:
+            print(f"{r.name:<{width}}{str(r.shape):>20}{r.dtype:>10}" + _stats_columns(r.stats))
+    if kept:
+        print(f"{'kept':<{width}}{'shape':>20}{'dtype':>10}  why")
+        for r in kept:
+            print(f"{r.name:<{width}}{str(r.shape):>20}{r.dtype:>10}  {r.reason}")
+    for name, why in ckpt.skipped:
+        print(f"not copied: {name}: {why}")
+    return 0
+
+
+def _dequantize_checkpoint(args: argparse.Namespace) -> int:
+    from .checkpoints import dequantize_checkpoint
+    from .files import atomic_output
+
+    if args.name is not None:
+        raise _UsageError("--name picks an array of a file; a checkpoint is dequantised whole")
+    dtype = args.dtype or "bfloat16"
+    source = args.input
+    total = (
+        sum(e.stat().st_size for e in os.scandir(source) if e.name.endswith(".safetensors"))
+        if os.path.isdir(source)
+        else os.path.getsize(source)
+        if os.path.isfile(source)
+        else 0
+    )
+    with (
+        _progress_bar(args, total, "dequantize") as progress,
+        atomic_output(args.output, args.force, (args.input,), directory=True) as tmp,
+    ):
+        reports = dequantize_checkpoint(
+            args.input,
+            tmp,
+            dtype=dtype,
+            max_shard_bytes=args.max_shard_size,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+        )
+    done = [r for r in reports if r.action == "dequantised"]
+    print(f"{args.output}: {len(done)} weight(s) dequantised to {dtype}, {len(reports) - len(done)} tensor(s) copied")
+    for r in done:
+        print(f"  {r.name} ({r.dtype}, {r.shape}) -> {', '.join(r.outputs)}")
     return 0
 
 
@@ -192,6 +320,9 @@ def _cmd_dequantize(args: argparse.Namespace) -> int:
     from .files import atomic_output
     from .stream import dequantize_file
 
+    if _checkpoint_input(args):
+        return _dequantize_checkpoint(args)
+    args.dtype = args.dtype or "float32"
     stored = read_block_file(args.input)
     total = sum(s.codes.nbytes + s.scales.nbytes for k, s in stored.items() if args.name in (None, k))
     with (
@@ -376,6 +507,16 @@ def _file_command(
     return p
 
 
+def _shard_option(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument(
+        "--max-shard-size",
+        type=parse_bytes,
+        default=default,
+        metavar="SIZE",
+        help="largest .safetensors shard of a checkpoint output (default 5GB; 500MB, 2GiB, ...)",
+    )
+
+
 def _block_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--block-size", type=_positive_int, default=None, help="elements per block (default: the format's, 32 or 16)"
@@ -426,16 +567,31 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress messages")
     b.set_defaults(func=_cmd_bench)
 
+    from .checkpoints import DEFAULT_MAX_SHARD_BYTES, LAYOUTS
+
     arrays = ".npy, .npz or .safetensors file"
     q = _file_command(
         sub,
         "quantize",
-        "quantise the arrays of a file to a block format (MX, NVFP4: the package's .npz file)",
+        "quantise the arrays of a file (to the package's .npz file) or a checkpoint (to a layout runtimes load)",
         _cmd_quantize,
-        arrays,
-        "the MX file to write (.npz)",
+        arrays + ", or a checkpoint folder of .safetensors shards",
+        "the MX file to write (.npz), or the checkpoint folder to write",
     )
     q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
+    q.add_argument(
+        "--layout",
+        choices=list(LAYOUTS),
+        help="checkpoint layout: "
+        + "; ".join(f"{k}: {v.help}" for k, v in LAYOUTS.items())
+        + " (default for a checkpoint folder: compressed-tensors)",
+    )
+    q.add_argument(
+        "--ignore", action="append", metavar="PATTERN", help="also keep tensors matching this pattern (repeatable)"
+    )
+    q.add_argument(
+        "--only", action="append", metavar="PATTERN", help="quantise only tensors matching this pattern (repeatable)"
+    )
     _block_options(q)
     q.add_argument("--block-shape", type=_block_shape, metavar="RxC", help="2-D tiles over the last two axes")
     q.add_argument("--scale-mode", default=None, choices=list(SCALE_MODES), help="default: the format's")
@@ -448,16 +604,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--scale-search", choices=list(SCALE_SEARCHES), help="try the neighbouring scales of each block")
     q.add_argument("--rht", action="store_true", help="NVFP4: random Hadamard rotation of 16-element groups")
+    _shard_option(q, DEFAULT_MAX_SHARD_BYTES)
 
     d = _file_command(
         sub,
         "dequantize",
-        "an MX file back to float arrays (.npy, .npz or .safetensors)",
+        "an MX file back to float arrays, or a quantised checkpoint back to a plain one",
         _cmd_dequantize,
-        "an MX .npz file",
-        ".npy (one array), .npz or .safetensors",
+        "an MX .npz file, or a quantised checkpoint folder (any --layout of quantize)",
+        ".npy (one array), .npz or .safetensors; or a checkpoint folder",
     )
-    d.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    d.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float64", "float16", "bfloat16"],
+        help="default: float32 for files, bfloat16 for checkpoints",
+    )
+    _shard_option(d, DEFAULT_MAX_SHARD_BYTES)
 
     c = _file_command(
         sub,

@@ -1,15 +1,21 @@
-"""Array files: ``.npy``, ``.npz`` and ``.safetensors`` inputs read in pieces, outputs written whole.
+"""Array files: ``.npy``, ``.npz`` and ``.safetensors``, read and written in pieces.
 
-Inputs are read in row ranges along their first axis, so that a file larger than memory can be
-processed piece by piece: a ``.npy`` file and an uncompressed ``.npz`` member through a memory map
-of the requested rows only (unmapped when the piece is dropped), a compressed ``.npz`` member by
-reading it whole (zip compression cannot be read from the middle), a ``.safetensors`` tensor
-through the safetensors package's slices.
+Each kind of file is one record (:class:`ArrayFileKind`, all of them in :data:`ARRAY_FILES`) that
+says how to open it (its arrays as :class:`ArrayEntry` objects, no data read) and how to write
+arrays produced piece by piece; :func:`array_file_kind` is the one place that maps a path to its
+record.
+
+Inputs are read in flat C-order ranges, so that a file larger than memory can be processed piece
+by piece: a ``.npy`` file, an uncompressed ``.npz`` member and a ``.safetensors`` tensor through a
+memory map of the requested range only (unmapped when the piece is dropped), a compressed ``.npz``
+member by reading it whole (zip compression cannot be read from the middle). ``.safetensors``
+headers are read and checked here (:func:`read_safetensors_header`): a header that names a dtype,
+a shape or a byte range the file does not hold is refused before any data is read.
 
 Outputs go to a temporary name beside the target and are renamed into place only once complete
-(:func:`atomic_output`): an interrupted or failed run leaves no output behind. ``.npy`` and
-``.npz`` outputs are written row range by row range (:class:`NpyWriter`, :class:`NpzWriter`);
-a ``.safetensors`` output is assembled in memory, as the safetensors package writes whole dicts.
+(:func:`atomic_output`, for a file or a directory): an interrupted or failed run, a full disk
+included, leaves no output behind. Every output is written piece by piece
+(:class:`NpyWriter`, :class:`NpzWriter`, :class:`SafetensorsWriter`).
 
 Every problem with a file raises :class:`FileFormatError`, whose message names the file and what
 is wrong with it.
@@ -18,11 +24,14 @@ is wrong with it.
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
+import shutil
 import struct
 import zipfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -31,20 +40,24 @@ import numpy.lib.format as npformat
 __all__ = [
     "FileFormatError",
     "ArrayEntry",
-    "INPUT_SUFFIXES",
+    "ArrayFileKind",
+    "ARRAY_FILES",
+    "OutArray",
+    "array_file_kind",
     "open_arrays",
     "check_output_path",
     "atomic_output",
     "NpyWriter",
     "NpzWriter",
-    "write_safetensors",
+    "SafetensorsWriter",
+    "TensorSpec",
+    "read_safetensors_header",
+    "safetensors_dtype_code",
     "stored_member_offset",
 ]
 
-INPUT_SUFFIXES = (".npy", ".npz", ".safetensors")
-
 #: safetensors dtype names and the numpy dtypes they are read as.
-_SAFETENSORS_DTYPES = {
+SAFETENSORS_DTYPES = {
     "F64": "float64",
     "F32": "float32",
     "F16": "float16",
@@ -61,6 +74,8 @@ _SAFETENSORS_DTYPES = {
     "U8": "uint8",
     "BOOL": "bool",
 }
+#: The largest header the safetensors format allows (its own readers refuse larger ones).
+_MAX_HEADER = 100_000_000
 
 
 class FileFormatError(ValueError):
@@ -77,6 +92,9 @@ class ArrayEntry:
     shape: tuple[int, ...]
     dtype: np.dtype
     _reader: Callable[[int, int], np.ndarray]  # flat C-order elements [start, stop), 1-D
+    #: Where the elements lie in the file as raw C-order bytes (None: not stored that way), so
+    #: that a copy can move bytes without reading them into memory.
+    offset: int | None = None
 
     @property
     def label(self) -> str:
@@ -110,33 +128,20 @@ class ArrayEntry:
         return self.read_flat(lo * row, hi * row).reshape((hi - lo,) + self.shape[1:])
 
 
-def _suffix(path: str, allowed: tuple[str, ...], what: str) -> str:
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in allowed:
-        raise FileFormatError(
-            f"{path}: unsupported {what} file type {suffix or '(none)'!r}; use one of {', '.join(allowed)}"
-        )
-    return suffix
-
-
 def open_arrays(path: str | os.PathLike[str]) -> list[ArrayEntry]:
     """The arrays of a ``.npy``, ``.npz`` or ``.safetensors`` file, without reading their data."""
     path = os.fspath(path)
-    suffix = _suffix(path, INPUT_SUFFIXES, "input")
+    kind = array_file_kind(path, "input")
     if not os.path.isfile(path):
         raise FileFormatError(f"{path}: no such file" if not os.path.exists(path) else f"{path}: not a regular file")
     if not os.access(path, os.R_OK):
         raise FileFormatError(f"{path}: not readable (permission denied)")
     try:
-        if suffix == ".npy":
-            return [_npy_entry(path, None, 0, os.path.getsize(path))]
-        if suffix == ".npz":
-            return _npz_entries(path)
-        return _safetensors_entries(path)
+        return kind.open(path)
     except FileFormatError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, struct.error, KeyError) as exc:
-        raise FileFormatError(f"{path}: cannot read it as {suffix} ({exc})") from None
+        raise FileFormatError(f"{path}: cannot read it as {kind.suffix} ({exc})") from None
 
 
 def _npy_header(fh: BinaryIO, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -178,7 +183,7 @@ def _npy_entry(path: str, name: str | None, start: int, end: int) -> ArrayEntry:
             return cache[0][start:stop]
         return np.memmap(path, dtype, "r", offset=data + start * dtype.itemsize, shape=(stop - start,))
 
-    return ArrayEntry(path, name, shape, dtype, read)
+    return ArrayEntry(path, name, shape, dtype, read, None if fortran else data)
 
 
 def stored_member_offset(zf: zipfile.ZipFile, fh: BinaryIO, info: zipfile.ZipInfo) -> int:
@@ -226,53 +231,99 @@ def _compressed_entry(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, nam
     return ArrayEntry(path, name, shape, dtype, read)
 
 
-def _safetensors_entries(path: str) -> list[ArrayEntry]:
-    from safetensors import SafetensorError, safe_open
+def safetensors_dtype_code(dtype: Any) -> str:
+    """The safetensors name of a numpy / ml_dtypes dtype (``FileFormatError`` if it has none)."""
+    name = np.dtype(dtype).name
+    for code, numpy_name in SAFETENSORS_DTYPES.items():
+        if numpy_name == name:
+            return code
+    raise FileFormatError(f"dtype {name} cannot be stored in a .safetensors file")
 
-    entries = []
+
+def read_safetensors_header(path: str) -> tuple[int, dict[str, str], dict[str, tuple[np.dtype, tuple[int, ...], int]]]:
+    """(file offset of the data, ``__metadata__``, name -> (dtype, shape, file offset)) of a
+    ``.safetensors`` file, every entry checked against the file: a known dtype, a shape of
+    non-negative ints, a byte range of the right length that the file holds."""
+    from .formats import as_dtype
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise FileFormatError(f"{path}: not a valid .safetensors file (only {len(head)} bytes)")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(size - 8, _MAX_HEADER):
+            raise FileFormatError(
+                f"{path}: not a valid .safetensors file (its header claims {length} bytes; the file holds {size})"
+            )
+        raw = fh.read(length)
     try:
-        with safe_open(path, framework="numpy") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open objects are not iterable
-                sl = f.get_slice(name)
-                code = sl.get_dtype()
-                if code not in _SAFETENSORS_DTYPES:
-                    raise FileFormatError(f"{path}[{name}]: safetensors dtype {code} is not supported")
-                from .formats import as_dtype
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FileFormatError(f"{path}: not a valid .safetensors file (its header is not JSON: {exc})") from None
+    if not isinstance(header, dict):
+        raise FileFormatError(f"{path}: not a valid .safetensors file (its header is not a JSON object)")
+    data, held = 8 + length, size - 8 - length
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise FileFormatError(f"{path}: not a valid .safetensors file (__metadata__ must map names to strings)")
+    tensors: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
+    for name, info in header.items():
+        where = f"{path}[{name}]"
+        try:
+            code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise FileFormatError(f"{where}: not a valid .safetensors entry ({info!r})") from None
+        if code not in SAFETENSORS_DTYPES:
+            raise FileFormatError(
+                f"{where}: safetensors dtype {code!r} is not supported; supported: {', '.join(SAFETENSORS_DTYPES)}"
+            )
+        ints = [*shape, begin, end] if isinstance(shape, list) else None
+        if ints is None or not all(type(v) is int and v >= 0 for v in ints):
+            raise FileFormatError(f"{where}: not a valid .safetensors entry (shape {shape!r}, offsets {begin}, {end})")
+        dtype = np.dtype(as_dtype(SAFETENSORS_DTYPES[code]))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if end - begin != nbytes:
+            raise FileFormatError(
+                f"{where}: its byte range [{begin}, {end}) does not fit shape {tuple(shape)} {dtype} ({nbytes} bytes)"
+            )
+        if end > held:
+            raise FileFormatError(
+                f"{where}: truncated file (the header places it at bytes [{begin}, {end}) of the data; "
+                f"the file holds {held})"
+            )
+        tensors[name] = (dtype, tuple(shape), data + begin)
+    return data, metadata, tensors
 
-                dtype = np.dtype(as_dtype(_SAFETENSORS_DTYPES[code]))
-                entries.append(ArrayEntry(path, name, tuple(sl.get_shape()), dtype, _safetensors_reader(path, name)))
-    except SafetensorError as exc:
-        raise FileFormatError(f"{path}: not a valid .safetensors file ({exc})") from None
-    if not entries:
-        raise FileFormatError(f"{path}: holds no tensors")
-    return entries
 
-
-def _safetensors_reader(path: str, name: str) -> Callable[[int, int], np.ndarray]:
-    """Flat ranges through the package's slices of the first axis: the rows that cover the range
-    are read, so a piece costs at most two first-axis rows more than its own size."""
+def _raw_entry(path: str, name: str | None, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> ArrayEntry:
+    """An array stored as raw C-order bytes at ``offset`` of ``path``, read through memory maps."""
 
     def read(start: int, stop: int) -> np.ndarray:
-        from safetensors import safe_open
+        return np.memmap(path, dtype, "r", offset=offset + start * dtype.itemsize, shape=(stop - start,))
 
-        with safe_open(path, framework="numpy") as f:
-            sl = f.get_slice(name)
-            shape = sl.get_shape()
-            if not shape:
-                return np.ascontiguousarray(f.get_tensor(name)).reshape(-1)[start:stop]
-            row = int(np.prod(shape[1:], dtype=np.int64))
-            lo, hi = start // row, -(-stop // row)
-            rows = np.ascontiguousarray(sl[lo:hi]).reshape(-1)
-            return rows[start - lo * row : stop - lo * row]
+    return ArrayEntry(path, name, shape, dtype, read, offset)
 
-    return read
+
+def _safetensors_entries(path: str) -> list[ArrayEntry]:
+    _, _, tensors = read_safetensors_header(path)
+    if not tensors:
+        raise FileFormatError(f"{path}: holds no tensors")
+    return [_raw_entry(path, name, shape, dtype, offset) for name, (dtype, shape, offset) in tensors.items()]
 
 
 # ---- outputs ------------------------------------------------------------------------------------
 
 
-def check_output_path(path: str, force: bool, inputs: tuple[str, ...] = ()) -> None:
-    """Refuse an output that exists (without ``force``), is an input, or has no writable folder."""
+def _overlaps(a: str, b: str) -> bool:
+    """Whether one of two paths is the other or lies inside it (symlinks resolved)."""
+    ra, rb = os.path.realpath(a), os.path.realpath(b)
+    return ra == rb or ra.startswith(rb.rstrip(os.sep) + os.sep) or rb.startswith(ra.rstrip(os.sep) + os.sep)
+
+
+def check_output_path(path: str, force: bool, inputs: tuple[str, ...] = (), directory: bool = False) -> None:
+    """Refuse an output that exists (without ``force``), is an input, lies inside an input folder
+    (or holds one), or has no writable folder. ``directory``: the output is a folder."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileFormatError(f"{path}: the folder {folder} does not exist")
@@ -281,26 +332,55 @@ def check_output_path(path: str, force: bool, inputs: tuple[str, ...] = ()) -> N
     for src in inputs:
         if os.path.exists(path) and os.path.samefile(path, src):
             raise FileFormatError(f"{path}: is also the input; the input is never overwritten")
-    if os.path.isdir(path):
+        if os.path.isdir(src) and _overlaps(path, src):
+            raise FileFormatError(
+                f"{path}: lies inside the input folder {src} (or holds it); write the output elsewhere"
+            )
+    if os.path.isdir(path) and not directory:
         raise FileFormatError(f"{path}: is a folder")
+    if os.path.exists(path) and directory and not os.path.isdir(path):
+        raise FileFormatError(f"{path}: exists and is not a folder")
     if os.path.exists(path) and not force:
         raise FileFormatError(f"{path}: exists; pass --force to overwrite it")
 
 
+#: Errors of a write that ran out of room (disk full, quota, file size limit).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str], force: bool = False, inputs: tuple[str, ...] = ()) -> Iterator[str]:
-    """Yield a temporary path beside ``path``; rename it to ``path`` if the block completes, else
-    remove it (on any exception, KeyboardInterrupt included)."""
+def atomic_output(
+    path: str | os.PathLike[str], force: bool = False, inputs: tuple[str, ...] = (), directory: bool = False
+) -> Iterator[str]:
+    """Yield a temporary path beside ``path`` (an empty folder with ``directory``); rename it to
+    ``path`` if the block completes, else remove it (on any exception, KeyboardInterrupt
+    included). A write that runs out of room becomes a :class:`FileFormatError` saying so."""
     path = os.fspath(path)
-    check_output_path(path, force, inputs)
+    check_output_path(path, force, inputs, directory)
     folder, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".partial-{os.getpid()}-{base}")  # same suffix: writers go by it
+    old = os.path.join(folder, f".replaced-{os.getpid()}-{base}")
+    if directory:
+        os.mkdir(tmp)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:
+            if exc.errno in _NO_ROOM:
+                raise FileFormatError(
+                    f"{path}: writing failed ({exc.strerror or exc}); no output was written"
+                ) from None
+            raise
+        if directory and os.path.isdir(path):  # --force on an existing folder: swap, then remove it
+            os.rename(path, old)
         os.replace(tmp, path)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+        for leftover in (tmp, old):
+            if os.path.isdir(leftover) and not os.path.islink(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(leftover)
 
 
 def _write_npy_header(fh: BinaryIO, shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -386,8 +466,231 @@ class NpzWriter:
         self._zip.close()
 
 
-def write_safetensors(path: str, arrays: dict[str, np.ndarray]) -> None:
-    """Write ``arrays`` with the safetensors package (which takes whole arrays)."""
-    from safetensors.numpy import save_file
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a ``.safetensors`` file to be written: its name, dtype and shape."""
 
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, path)
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+class _TensorSink:
+    """The bytes of one tensor of a :class:`SafetensorsWriter`, appended in C order."""
+
+    def __init__(self, fd: int, spec: TensorSpec, offset: int, where: str) -> None:
+        self._fd, self.spec, self._pos, self._end, self._where = fd, spec, offset, offset + spec.nbytes, where
+
+    def write(self, values: np.ndarray | bytes | memoryview) -> None:
+        """The next elements (an array of the tensor's dtype, any shape) or raw bytes."""
+        if isinstance(values, np.ndarray):
+            if values.dtype != self.spec.dtype:
+                raise ValueError(f"{self._where}: {values.dtype} elements written to a {self.spec.dtype} tensor")
+            raw: Any = memoryview(np.ascontiguousarray(values).reshape(-1).view(np.uint8))
+        else:
+            raw = memoryview(values).cast("B")
+        if self._pos + len(raw) > self._end:
+            raise ValueError(f"{self._where}: more bytes written than its shape {self.spec.shape} holds")
+        while len(raw):
+            done = os.pwrite(self._fd, raw, self._pos)
+            self._pos += done
+            raw = raw[done:]
+
+    def copy_from(self, path: str, offset: int, nbytes: int) -> None:
+        """``nbytes`` raw bytes of ``path`` at ``offset``, copied by the kernel where it can."""
+        if self._pos + nbytes > self._end:
+            raise ValueError(f"{self._where}: more bytes written than its shape {self.spec.shape} holds")
+        with open(path, "rb") as src:
+            fd_in = src.fileno()
+            while nbytes:
+                try:
+                    done = os.copy_file_range(fd_in, self._fd, min(nbytes, 1 << 30), offset, self._pos)
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                        raise
+                    done = 0
+                if done == 0:  # not supported here, or the source ended: fall back to reads
+                    block = os.pread(fd_in, min(nbytes, 1 << 24), offset)
+                    if not block:
+                        raise FileFormatError(f"{path}: ended early (truncated while being read?)")
+                    self.write(block)
+                    done = len(block)
+                else:
+                    self._pos += done
+                offset += done
+                nbytes -= done
+
+    def finish(self) -> None:
+        if self._pos != self._end:
+            raise ValueError(
+                f"{self._where}: {self._pos - self._end + self.spec.nbytes} bytes written, {self.spec.nbytes} expected"
+            )
+
+
+class SafetensorsWriter:
+    """A ``.safetensors`` file whose tensors are known up front and written piece by piece, in
+    any order: ``with SafetensorsWriter(path, specs) as w: with w.tensor(name) as t: t.write(piece)``.
+
+    The header (``__metadata__`` and every tensor's dtype, shape and byte range) is written first;
+    each tensor then fills its own byte range, so that several tensors may be written at once
+    (the codes and the scales of one quantised weight). Tensors are laid out by decreasing item
+    size (then in the given order), so that every tensor is aligned to its item size, as the
+    safetensors package lays them out.
+    """
+
+    def __init__(self, path: str, specs: Iterable[TensorSpec], metadata: dict[str, str] | None = None) -> None:
+        self._path = path
+        specs = list(specs)
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{path}: a tensor name appears twice")
+        order = sorted(range(len(specs)), key=lambda i: (-np.dtype(specs[i].dtype).itemsize, i))
+        header: dict[str, Any] = {"__metadata__": dict(metadata or {})} if metadata else {}
+        pos = 0
+        offsets: dict[str, int] = {}
+        for i in order:
+            spec = specs[i]
+            header[spec.name] = {
+                "dtype": safetensors_dtype_code(spec.dtype),
+                "shape": list(spec.shape),
+                "data_offsets": [pos, pos + spec.nbytes],
+            }
+            offsets[spec.name] = pos
+            pos += spec.nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self._specs = {s.name: s for s in specs}
+        self._data = 8 + len(raw)
+        self._offsets = offsets
+        self._done: set[str] = set()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(self._fd, struct.pack("<Q", len(raw)) + raw)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.nbytes = self._data + pos
+
+    @contextlib.contextmanager
+    def tensor(self, name: str) -> Iterator[_TensorSink]:
+        """The sink of tensor ``name``; its bytes must all be written before the block ends."""
+        sink = _TensorSink(self._fd, self._specs[name], self._data + self._offsets[name], f"{self._path}[{name}]")
+        yield sink
+        sink.finish()
+        self._done.add(name)
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        try:
+            if kind is None:
+                missing = [n for n in self._specs if n not in self._done]
+                if missing:
+                    raise ValueError(f"{self._path}: tensors never written: {', '.join(missing[:5])}")
+                os.ftruncate(self._fd, self.nbytes)
+        finally:
+            os.close(self._fd)
+
+
+# ---- the records of array files -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutArray:
+    """An array to write: name, shape, dtype (as stored), and ``pieces()``, which yields its
+    consecutive C-order pieces (any shapes)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    pieces: Callable[[], Iterator[np.ndarray]] = field(repr=False)
+
+
+def _write_npy(path: str, items: list[OutArray]) -> None:
+    (item,) = items
+    with NpyWriter(path, item.shape, item.dtype) as w:
+        for piece in item.pieces():
+            w.write(piece)
+
+
+def _write_npz(path: str, items: list[OutArray]) -> None:
+    with NpzWriter(path) as z:
+        for item in items:
+            with z.member(item.name, item.shape, item.dtype) as m:
+                for piece in item.pieces():
+                    m.write(piece)
+
+
+def _write_safetensors(path: str, items: list[OutArray]) -> None:
+    specs = [TensorSpec(i.name, np.dtype(i.dtype), tuple(i.shape)) for i in items]
+    with SafetensorsWriter(path, specs, {"format": "pt"}) as w:
+        for item in items:
+            with w.tensor(item.name) as t:
+                for piece in item.pieces():
+                    t.write(piece)
+
+
+@dataclass(frozen=True)
+class ArrayFileKind:
+    """One kind of array file: how to open it and how to write arrays to it.
+
+    ``open(path)`` gives its arrays (no data read); ``write(path, items)`` writes
+    :class:`OutArray` items piece by piece; ``one_array``: it holds exactly one array;
+    ``native_dtypes``: it stores the ml_dtypes types (bfloat16, FP8) as themselves (otherwise as
+    their unsigned-integer codes, see :meth:`stored_dtype`)."""
+
+    name: str
+    suffix: str
+    open: Callable[[str], list[ArrayEntry]]
+    write: Callable[[str, list[OutArray]], None]
+    one_array: bool = False
+    native_dtypes: bool = False
+
+    def stored_dtype(self, dtype: Any) -> np.dtype:
+        """The dtype an array of ``dtype`` is written with: .npy/.npz cannot describe the
+        ml_dtypes types (bfloat16, FP8, ...), which are stored there as their unsigned-integer codes."""
+        dtype = np.dtype(dtype)
+        if self.native_dtypes:
+            return dtype
+        try:
+            if npformat.descr_to_dtype(npformat.dtype_to_descr(dtype)) == dtype:
+                return dtype
+        except (TypeError, ValueError):
+            pass
+        return np.dtype(f"u{dtype.itemsize}")
+
+    def check_count(self, path: str, count: int) -> None:
+        """Refuse ``count`` arrays for a file that holds one."""
+        if self.one_array and count != 1:
+            raise FileFormatError(
+                f"{path}: a {self.suffix} file holds one array and there are {count}; write .npz or "
+                f".safetensors, or pick one array by name"
+            )
+
+
+def _npy_file(path: str) -> list[ArrayEntry]:
+    return [_npy_entry(path, None, 0, os.path.getsize(path))]
+
+
+#: Every kind of array file, by suffix.
+ARRAY_FILES: dict[str, ArrayFileKind] = {
+    ".npy": ArrayFileKind("npy", ".npy", _npy_file, _write_npy, one_array=True),
+    ".npz": ArrayFileKind("npz", ".npz", _npz_entries, _write_npz),
+    ".safetensors": ArrayFileKind("safetensors", ".safetensors", _safetensors_entries, _write_safetensors,
+                                  native_dtypes=True),
+}  # fmt: skip
+
+
+def array_file_kind(path: str, role: str = "input") -> ArrayFileKind:
+    """The record of the array file ``path`` by its suffix (``role`` names it in the error)."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in ARRAY_FILES:
+        raise FileFormatError(
+            f"{path}: unsupported {role} file type {suffix or '(none)'!r}; use one of {', '.join(ARRAY_FILES)}"
+        )
+    return ARRAY_FILES[suffix]

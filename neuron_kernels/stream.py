@@ -13,23 +13,32 @@ array.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import numpy.lib.format as npformat
 
 from .blocks.array import BlockArray
 from .blocks.file import BlockFileWriter, StoredBlocks, read_block_file
 from .blocks.inputs import input_array
 from .blocks.job import DEFAULT, BlockJob, block_job, tensor_amax
-from .blocks.layout import Pieces
+from .blocks.layout import BlockLayout, Pieces
 from .blocks.stats import ErrorStats, QuantizationError
-from .files import ArrayEntry, FileFormatError, NpyWriter, NpzWriter, open_arrays, write_safetensors
+from .files import ArrayEntry, FileFormatError, OutArray, array_file_kind, open_arrays
 from .formats import BLOCK_FORMATS, get_format
 
-__all__ = ["select_arrays", "quantize_file", "dequantize_file", "cast_file", "error_table", "stored_dtype", "Progress"]
+__all__ = [
+    "select_arrays",
+    "quantize_file",
+    "dequantize_file",
+    "cast_file",
+    "error_table",
+    "stored_dtype",
+    "quantized_pieces",
+    "decoded_pieces",
+    "resolved_job",
+    "Progress",
+]
 
 Progress = Callable[[int], None]
 _FLOATS = ("float32", "float16", "bfloat16", "float64")
@@ -73,7 +82,7 @@ def _input_pieces(entry: ArrayEntry, pieces: Pieces, chunk_bytes: int) -> Iterat
         yield k, start, arr, src
 
 
-def _resolved(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob:
+def resolved_job(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob:
     """``job`` with its per-tensor scale, from a first pass over ``entry`` if it needs the amax."""
     if not job.needs_amax:
         return job
@@ -85,7 +94,7 @@ def _resolved(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob:
     return job.with_amax(amax)
 
 
-def _quantized_pieces(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, BlockArray]]:
+def quantized_pieces(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, BlockArray]]:
     """(input piece, its quantisation) over ``entry``, in C order; ``job`` is for the whole array
     (its per-tensor scale resolved)."""
     pieces = Pieces(job.layout(entry.shape))
@@ -116,15 +125,15 @@ def quantize_file(
     for entry in entries:  # every array is checked before anything is written
         _check_quantizable(entry)
     jobs = [block_job(fmt, len(e.shape), **options) for e in entries]
-    named = not src.lower().endswith(".npy")
+    named = not array_file_kind(src).one_array
     stats: dict[str, QuantizationError] = {}
     with BlockFileWriter(dst) as writer:
         for entry, job in zip(entries, jobs):
-            job = _resolved(entry, job, chunk_bytes)
+            job = resolved_job(entry, job, chunk_bytes)
             acc = ErrorStats()
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
             with writer.array(entry.name if named else None, job.layout(entry.shape), pts, job.rotation) as out:
-                for arr, mx in _quantized_pieces(entry, job, chunk_bytes):
+                for arr, mx in quantized_pieces(entry, job, chunk_bytes):
                     out.write(mx.codes, mx.scales)
                     acc.add(arr, mx)
                     progress(arr.size * entry.dtype.itemsize)
@@ -132,62 +141,62 @@ def quantize_file(
     return stats
 
 
-def _output_kind(path: str) -> str:
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in (".npy", ".npz", ".safetensors"):
-        raise FileFormatError(
-            f"{path}: unsupported output file type {suffix or '(none)'!r}; use one of .npy, .npz, .safetensors"
-        )
-    return suffix
+def decoded_pieces(
+    codes: ArrayEntry,
+    scales: ArrayEntry,
+    layout: BlockLayout,
+    per_tensor_scale: float | None,
+    rotation: tuple[int, ...] | None,
+    dtype: str,
+    chunk_bytes: int,
+) -> Iterator[tuple[np.ndarray, int]]:
+    """(values, bytes of codes and scales read) of a stored block array, piece by piece in C
+    order: ``codes`` and ``scales`` hold its codes and scale bytes in C order (any shapes).
 
+    The values of a piece are valid until the next piece is asked for: they live in buffers
+    reused from piece to piece (fresh pages would cost the operating system's zeroing each time)."""
+    from .casting import cast
 
-def _one_output(kind: str, dst: str, count: int) -> None:
-    if kind == ".npy" and count != 1:
-        raise FileFormatError(
-            f"{dst}: a .npy file holds one array and there are {count}; write .npz or "
-            f".safetensors, or pick one array by name"
+    pieces = Pieces(layout)
+    buffers: dict[str, np.ndarray] = {}
+
+    def buffer(kind: str, dt: Any, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape, dtype=np.int64))
+        if kind not in buffers or buffers[kind].size < n:
+            buffers[kind] = np.empty(n, dt)
+        return buffers[kind][:n].reshape(shape)
+
+    narrow = dtype in ("float16", "bfloat16")
+    for cut in pieces.cuts(_budget(chunk_bytes, 4)):
+        (c0, c1, cshape), (s0, s1, sshape) = pieces.codes(cut), pieces.scales(cut)
+        piece = pieces.piece_layout(cut)
+        part = BlockArray.from_parts(
+            np.asarray(codes.read_flat(c0, c1)).reshape(cshape),
+            np.asarray(scales.read_flat(s0, s1)).reshape(sshape),
+            layout.fmt,
+            layout.block_size,
+            piece.axis,
+            piece.shape,
+            layout.packed,
+            codes.where,
+            block_rows=layout.block_rows,
+            per_tensor_scale=per_tensor_scale,
+            rotation=rotation,
         )
+        used = part.codes.nbytes + part.scales.nbytes
+        if dtype == "float32" or narrow:
+            values = part.dequantize(np.float32, out=buffer("float32", np.float32, part.shape))
+            if narrow:
+                values = cast(values, dtype, out=buffer(dtype, get_format(dtype).result_dtype, part.shape))
+            yield values, used
+        else:
+            yield part.dequantize(dtype), used
 
 
 def stored_dtype(dtype: Any, path: str) -> np.dtype:
-    """The dtype an array of ``dtype`` is written with to ``path``: .npy/.npz cannot describe the
-    ml_dtypes types (bfloat16, FP8, ...), which are stored there as their unsigned-integer codes."""
-    dtype = np.dtype(dtype)
-    if _output_kind(path) == ".safetensors":
-        return dtype
-    try:
-        if npformat.descr_to_dtype(npformat.dtype_to_descr(dtype)) == dtype:
-            return dtype
-    except (TypeError, ValueError):
-        pass
-    return np.dtype(f"u{dtype.itemsize}")
-
-
-_Item = tuple[str, tuple[int, ...], np.dtype, Callable[[], Iterator[np.ndarray]]]
-
-
-def _write_arrays(dst: str, kind: str, items: list[_Item]) -> None:
-    """Write arrays produced piece by piece. ``items``: (name, shape, dtype, pieces) where
-    ``pieces()`` yields consecutive C-order pieces of the array (any shapes)."""
-    if kind == ".npy":
-        ((_, shape, dtype, pieces),) = items
-        with NpyWriter(dst, shape, dtype) as w:
-            for piece in pieces():
-                w.write(piece)
-    elif kind == ".npz":
-        with NpzWriter(dst) as z:
-            for name, shape, dtype, pieces in items:
-                with z.member(name, shape, dtype) as m:
-                    for piece in pieces():
-                        m.write(piece)
-    else:  # the safetensors package writes whole arrays
-        write_safetensors(
-            dst,
-            {
-                name: np.concatenate([p.reshape(-1) for p in pieces()]).reshape(shape)
-                for name, shape, dtype, pieces in items
-            },
-        )
+    """The dtype an array of ``dtype`` is written with to ``path`` (see
+    :meth:`neuron_kernels.files.ArrayFileKind.stored_dtype`)."""
+    return array_file_kind(path, "output").stored_dtype(dtype)
 
 
 def _stored_as(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -206,7 +215,7 @@ def dequantize_file(
 ) -> list[str]:
     """Dequantise the MX file ``src`` (every array, or ``name``) into ``dst`` (.npy/.npz/.safetensors;
     a temporary path, called ``shown`` in messages). Returns the names written."""
-    kind = _output_kind(shown or dst)
+    kind = array_file_kind(shown or dst, "output")
     stored = read_block_file(src)
     if name is not None:
         if name not in stored:
@@ -214,38 +223,23 @@ def dequantize_file(
                 f"{src} has no MX array named {name!r}; it has {', '.join(sorted(str(k) for k in stored))}"
             )
         stored = {name: stored[name]}
-    _one_output(kind, shown or dst, len(stored))
+    kind.check_count(shown or dst, len(stored))
     out_fmt = get_format(dtype)
-    out_dtype = stored_dtype(out_fmt.result_dtype, shown or dst)
+    out_dtype = kind.stored_dtype(out_fmt.result_dtype)
 
     def pieces(s: StoredBlocks) -> Callable[[], Iterator[np.ndarray]]:
         def run() -> Iterator[np.ndarray]:
-            layout = Pieces(s.layout)
-            for cut in layout.cuts(_budget(chunk_bytes, 4)):
-                (c0, c1, cshape), (s0, s1, sshape) = layout.codes(cut), layout.scales(cut)
-                piece = layout.piece_layout(cut)
-                part = BlockArray.from_parts(
-                    s.codes.read_flat(c0, c1).reshape(cshape),
-                    s.scales.read_flat(s0, s1).reshape(sshape),
-                    s.fmt,
-                    s.layout.block_size,
-                    piece.axis,
-                    piece.shape,
-                    s.layout.packed,
-                    s.path,
-                    block_rows=s.layout.block_rows,
-                    per_tensor_scale=s.per_tensor_scale,
-                    rotation=s.rotation,
-                )
-                values = part.dequantize(out_fmt.name)
-                progress(part.codes.nbytes + part.scales.nbytes)
+            for values, used in decoded_pieces(
+                s.codes, s.scales, s.layout, s.per_tensor_scale, s.rotation, out_fmt.name, chunk_bytes
+            ):
+                progress(used)
                 yield _stored_as(values, out_dtype)
 
         return run
 
-    items = [(str(k) if k is not None else "array", s.shape, out_dtype, pieces(s)) for k, s in stored.items()]
-    _write_arrays(dst, kind, items)
-    return [i[0] for i in items]
+    items = [OutArray(str(k) if k is not None else "array", s.shape, out_dtype, pieces(s)) for k, s in stored.items()]
+    kind.write(dst, items)
+    return [i.name for i in items]
 
 
 def cast_file(
@@ -266,9 +260,9 @@ def cast_file(
     bits included)."""
     from .casting import CastPlan, cast_options
 
-    kind = _output_kind(shown or dst)
+    kind = array_file_kind(shown or dst, "output")
     entries = select_arrays(open_arrays(src), name)
-    _one_output(kind, shown or dst, len(entries))
+    kind.check_count(shown or dst, len(entries))
     target_fmt = get_format(target)
     options = cast_options(rounding, saturate, seed)
     plans: dict[str, CastPlan] = {}
@@ -279,7 +273,7 @@ def cast_file(
             raise FileFormatError(f"{e.where}: dtype {e.dtype} cannot be cast") from None
         plans[e.label] = CastPlan.make(source, target_fmt, options)
         plans[e.label].out_shape(e.shape)
-    out_dtype = stored_dtype(target_fmt.result_dtype, shown or dst)
+    out_dtype = kind.stored_dtype(target_fmt.result_dtype)
 
     def pieces(e: ArrayEntry) -> Callable[[], Iterator[np.ndarray]]:
         def run() -> Iterator[np.ndarray]:
@@ -293,9 +287,9 @@ def cast_file(
 
         return run
 
-    items = [(e.label, plans[e.label].out_shape(e.shape), out_dtype, pieces(e)) for e in entries]
-    _write_arrays(dst, kind, items)
-    return [i[0] for i in items]
+    items = [OutArray(e.label, plans[e.label].out_shape(e.shape), out_dtype, pieces(e)) for e in entries]
+    kind.write(dst, items)
+    return [i.name for i in items]
 
 
 #: The scale policies the error table compares, by name: the options of :func:`neuron_kernels.quantize`.

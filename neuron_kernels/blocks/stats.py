@@ -51,6 +51,16 @@ class ErrorStats:
         self.max_rel = 0.0
         self.saturated = 0
         self.flushed = 0
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def _buffer(self, name: str, size: int, dtype: Any, fill: int | None = None) -> np.ndarray:
+        """A 1-D array of ``size`` elements reused from piece to piece (fresh pages cost the
+        operating system's zeroing on every piece otherwise)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
+            buf = np.empty(max(size, 1 << 20), dtype) if fill is None else np.full(max(size, 1 << 20), fill, dtype)
+            self._buffers[name] = buf
+        return buf[:size]
 
     def add(self, x: np.ndarray, q: BlockArray) -> None:
         """Fold in ``x`` (float32/16/bfloat16/64, C-contiguous, of ``q``'s shape) and its
@@ -82,15 +92,20 @@ class ErrorStats:
 
         if x.size == 0:
             return
-        xv = x.astype(np.float32) if x.dtype.name == "bfloat16" else x
-        xv = np.ascontiguousarray(xv, dtype=np.float64).reshape(-1)
+        xv = self._buffer("x", x.size, np.float64)
+        np.copyto(xv, x.reshape(-1), casting="unsafe")  # exact: every input dtype widens exactly
         rotated = q.rotation is not None
-        dq = q.dequantize(np.float32, unrotate=rotated).reshape(-1)
+        dq = q.dequantize(np.float32, unrotate=rotated, out=self._buffer("dq", x.size, np.float32).reshape(x.shape))
+        dq = dq.reshape(-1)
         # The largest value each block holds: the largest element code dequantised with its scale,
         # compared with the values as quantised (rotated, with a rotation).
         top = q.format.element_format.max_code
-        full = np.full(q.codes.shape, top | top << 4 if q.packed else top, np.uint8)
-        lim = np.abs(q.with_codes(full).dequantize(np.float32)).reshape(-1)
+        code = top | top << 4 if q.packed else top
+        full = self._buffer(f"full{code}", q.codes.size, np.uint8, code)
+        lim = q.with_codes(full.reshape(q.codes.shape)).dequantize(
+            np.float32, out=self._buffer("lim", x.size, np.float32).reshape(x.shape)
+        )
+        lim = np.abs(lim, out=lim).reshape(-1)
         xs = rotate_array(x, input_array(x)[1].name, q.axis, q.rotation).reshape(-1) if rotated else xv
         count, signal, noise, max_abs, max_rel, saturated, flushed = error_sums(xv, dq, xs, lim)
         self.count += count
