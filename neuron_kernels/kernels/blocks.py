@@ -322,7 +322,7 @@ def _stream(key):  # pragma: no cover - compiled
 # ---- scale policies -----------------------------------------------------------------------------
 
 
-@jit(inline="always")
+@jit
 def _term(u, rnd, mul, scale, squared, el, sc):  # pragma: no cover - compiled
     """|dq - x| (or its square) of the element pattern ``u`` with a candidate scale, in float64."""
     d = np.float64(_value(_code(_scaled(u, mul, sc), rnd, el), scale, el)) - np.float64(f32_from_bits(u))
@@ -374,7 +374,7 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
     return err
 
 
-@jit(inline="always")
+@jit
 def _candidate(k, byte, policy, amax, pts, sc):  # pragma: no cover - compiled
     """(valid, byte) of the ``k``-th (0..3) alternative scale a policy tries besides the plain
     one, in the order they are tried (the first of equal errors wins, and the plain scale wins
@@ -388,7 +388,7 @@ def _candidate(k, byte, policy, amax, pts, sc):  # pragma: no cover - compiled
     return (b >= 1) & (b <= 0x7E), np.uint32(b)
 
 
-@jit(inline="always")
+@jit
 def _policy_scale(byte, amax, policy, pts, sc):  # pragma: no cover - compiled
     """Whether a policy looks past the plain scale of this block (not for zero or NaN blocks)."""
     if not sc.policies:

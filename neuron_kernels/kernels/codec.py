@@ -381,7 +381,7 @@ def random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
     return _mix32(u32_xor(u32_add(h, np.uint32((idx >> 32) & 0xFFFFFFFF)), key_hi))
 
 
-@jit(inline="always")
+@jit
 def load(x, source, c):  # pragma: no cover - compiled
     """The float32 pattern of one source item of kind ``source`` (``SOURCE_*``; codes are decoded
     with the source's :class:`Codec` ``c``)."""
