@@ -961,6 +961,62 @@ def finite_amax_kernel(source: str) -> Any:
     return kernel
 
 
+#: The sums of the error statistics, in the order kernels store them.
+N_SUMS = 7  # count, sum x^2, sum err^2, max |err|, max |err| / |x|, saturated, flushed
+
+
+@cache
+def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
+    """Kernel ``(x, codes, scales, size, pts, out, t0, t1)``: the error statistics of the rows
+    ``[t0, t1)`` of (A, L) ``x`` quantised as ``codes``/``scales`` (1-D blocks along L), row ``r``'s
+    into ``out[r]`` (see :func:`error_sums`), dequantising on the way: no array of values is
+    made, and rows are independent tasks whose sums are combined in row order (so the result
+    does not depend on the thread count)."""
+    src = source_of(source)
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
+    top = fmt.element_format.max_code
+
+    @jit
+    def kernel(x, codes, scales, size, pts, out, t0, t1):  # pragma: no cover - compiled
+        length = x.shape[1]
+        for r in range(t0, t1):
+            xr, cr, sr = x[r], codes[r], scales[r]
+            count = 0
+            signal = 0.0
+            noise = 0.0
+            max_abs = 0.0
+            max_rel = 0.0
+            saturated = 0
+            flushed = 0
+            for j in range(sr.size):
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc)
+                lim = abs(np.float64(_value(np.uint32(top), scale, el)))
+                for i in range(j * size, min(j * size + size, length)):
+                    code = u32_and(u32_shr(cr[i >> 1], 4 * (i & 1)), 0xF) if packed else np.uint32(cr[i])
+                    d = np.float64(_value(code, scale, el))
+                    xi = np.float64(f32_from_bits(C.load(xr[i], src.kind, src.codec)))
+                    if not np.isfinite(xi) or np.isnan(d):
+                        continue
+                    err = abs(xi - d)
+                    count += 1
+                    signal += xi * xi
+                    noise += err * err
+                    max_abs = max(max_abs, err)
+                    if xi != 0:
+                        max_rel = max(max_rel, err / abs(xi))
+                        flushed += d == 0
+                    saturated += abs(xi) > lim
+            out[r, 0] = count
+            out[r, 1] = signal
+            out[r, 2] = noise
+            out[r, 3] = max_abs
+            out[r, 4] = max_rel
+            out[r, 5] = saturated
+            out[r, 6] = flushed
+
+    return kernel
+
+
 @jit
 def error_sums(xv, dq, xs, lim):  # pragma: no cover - compiled
     """The sums behind the error statistics over flat arrays: x as float64, its dequantised
