@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import BLOCK_CASES, GIVEN, numpy_reference_nvfp4, numpy_reference_quantize, torchao_peer
+from neuron_kernels.bench import (
+    BLOCK_CASES,
+    GIVEN,
+    SOURCE,
+    numpy_reference_nvfp4,
+    numpy_reference_quantize,
+    torchao_peer,
+)
 
 from .conftest import SIZES, float32_input
 
@@ -27,6 +34,9 @@ from .conftest import SIZES, float32_input
 )
 def test_block(benchmark, kind, label, fmt, options, n):
     x = float32_input(n).reshape(-1, 1024)
+    options = dict(options)
+    if SOURCE in options:
+        x = nk.cast(x, options.pop(SOURCE))
     if options.get("per_tensor_scale") == GIVEN:
         options = {**options, "per_tensor_scale": nk.quantize(x, fmt).per_tensor_scale}
     q = nk.quantize(x, fmt, **options)
@@ -38,14 +48,14 @@ def test_block(benchmark, kind, label, fmt, options, n):
         benchmark(nk.dequantize, q)
         moved = x.nbytes + q.nbytes
     elif kind == "dequantize_out":  # into a reused array, as the copy baseline is
-        benchmark(nk.dequantize, q, out=np.empty_like(x))
+        benchmark(nk.dequantize, q, out=np.empty(x.shape, np.float32))
         moved = x.nbytes + q.nbytes
     elif kind == "fake_quantize":
         benchmark(nk.fake_quantize, x, fmt, **options)
-        moved = 2 * x.nbytes
+        moved = x.nbytes + 4 * x.size
     elif kind == "fake_quantize_out":
-        benchmark(nk.fake_quantize, x, fmt, out=np.empty_like(x), **options)
-        moved = 2 * x.nbytes
+        benchmark(nk.fake_quantize, x, fmt, out=np.empty(x.shape, np.float32), **options)
+        moved = x.nbytes + 4 * x.size
     elif kind == "peer":
         with np.errstate(all="ignore"):
             if fmt == "nvfp4":
@@ -54,7 +64,7 @@ def test_block(benchmark, kind, label, fmt, options, n):
                 benchmark.pedantic(numpy_reference_quantize, args=(x, fmt), rounds=2, iterations=1)
         moved = x.nbytes + q.nbytes
     else:
-        peer = torchao_peer(fmt, options)
+        peer = torchao_peer(fmt, options) if x.dtype == np.float32 else None
         if peer is None:
             pytest.skip("torch and torchao are not installed, or torchao has no such quantiser")
         benchmark.pedantic(peer, args=(x,), rounds=2, iterations=1)

@@ -17,7 +17,8 @@ rounds stochastically, so their peer is ml_dtypes' round-to-nearest ``astype`` (
 
 Block formats (:func:`bench_mx`, one :class:`BlockBenchRow` per case of :data:`BLOCK_CASES`: every
 MX format with the floor scale, NVFP4 with its per-tensor scale from the amax (an extra pass) or
-given, and NVFP4's policies and rotation; blocks along the last axis):
+given, NVFP4's policies and rotation, and a few formats from bfloat16 input; blocks along the last
+axis; bytes are those of the input dtype):
 
 - ``copy``: as above, measured again for every case;
 - quantise: ``quantize`` allocating its result, compared with the copy baseline and with the
@@ -292,6 +293,10 @@ MXBenchRow = BlockBenchRow
 GIVEN = "given"
 
 #: The block-format rows of ``neuron-kernels bench``: (label, format, options of ``quantize``).
+#: The input dtype of a case of :data:`BLOCK_CASES`, when it is not float32 (the built-in data cast).
+SOURCE = "source"
+
+#: The block-format rows of ``neuron-kernels bench``: (label, format, options of ``quantize``).
 BLOCK_CASES: list[tuple[str, str, dict[str, Any]]] = [
     *((name, name, {}) for name in MX_FORMATS),
     ("nvfp4", "nvfp4", {}),
@@ -299,6 +304,9 @@ BLOCK_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("nvfp4 4/6", "nvfp4", {"four_over_six": "mse"}),
     ("nvfp4 mse", "nvfp4", {"scale_search": "mse"}),
     ("nvfp4 rht", "nvfp4", {"rht": True}),
+    ("mxfp8_e4m3 bf16", "mxfp8_e4m3", {SOURCE: "bfloat16"}),
+    ("mxfp4_e2m1 bf16", "mxfp4_e2m1", {SOURCE: "bfloat16"}),
+    ("nvfp4 bf16", "nvfp4", {SOURCE: "bfloat16"}),
 ]
 
 
@@ -418,22 +426,24 @@ def bench_mx(
     for label, fmt, options in cases:
         if progress:
             progress(label)
+        options = dict(options)
+        source = x if SOURCE not in options else cast(x, options.pop(SOURCE))
         if options.get("per_tensor_scale") == GIVEN:
-            options = {**options, "per_tensor_scale": quantize(x, fmt).per_tensor_scale}
-        q = quantize(x, fmt, **options)
-        moved = x.nbytes + q.nbytes
+            options = {**options, "per_tensor_scale": quantize(source, fmt).per_tensor_scale}
+        q = quantize(source, fmt, **options)
+        moved = source.nbytes + q.nbytes
         copy_gbs = measure(lambda: np.copyto(copy_dst, x), 2 * x.nbytes, repeat)
-        quantize_gbs = measure(lambda: quantize(x, fmt, **options), moved, repeat)
-        dequantize_gbs = measure(lambda: q.dequantize(out=dq_out), moved, repeat)
-        fake = measure(lambda: fake_quantize(x, fmt, out=fake_out, **options), 2 * x.nbytes, repeat)
+        quantize_gbs = measure(lambda: quantize(source, fmt, **options), moved, repeat)
+        dequantize_gbs = measure(lambda: q.dequantize(out=dq_out), x.nbytes + q.nbytes, repeat)
+        fake = measure(lambda: fake_quantize(source, fmt, out=fake_out, **options), source.nbytes + x.nbytes, repeat)
         few = max(1, min(repeat, 3))
         with np.errstate(all="ignore"):
             if fmt == "nvfp4":
                 pts = q.per_tensor_scale
-                peer = measure(lambda: numpy_reference_nvfp4(x, pts), moved, few)
+                peer = measure(lambda: numpy_reference_nvfp4(source, pts), moved, few)
             else:
-                peer = measure(lambda: numpy_reference_quantize(x, fmt), moved, few)
-        torchao = torchao_peer(fmt, options)
+                peer = measure(lambda: numpy_reference_quantize(source, fmt), moved, few)
+        torchao = torchao_peer(fmt, options) if source is x else None
         torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
         sqnr = quantization_error(x, q).sqnr_db
         rows.append(BlockBenchRow(label, fmt, n, quantize_gbs, dequantize_gbs, fake, copy_gbs, peer, sqnr, torchao_gbs))

@@ -88,7 +88,8 @@ def quantize(
         is), or None (single level).
     scale_bound
         The largest block scale the computed per-tensor scale leaves room for: 448, or 256 to
-        leave room for four-over-six's map-to-4 scales.
+        leave room for four-over-six's map-to-4 scales (it has no effect where no per-tensor
+        scale is computed from the amax).
     four_over_six
         NVFP4: quantise each block with its map-to-6 scale (the default rule) and its map-to-4
         scale (``amax / 4``) and keep the one with the smaller error, ``"mae"`` (sum |dq - x|) or

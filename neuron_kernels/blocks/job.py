@@ -303,11 +303,6 @@ def block_job(
         raise TypeError(f"scale_bound must be a float in (0, 448], got {scale_bound!r}")
     if not (np.isfinite(scale_bound) and 0 < scale_bound <= _E4M3_MAX and np.float32(scale_bound) > 0):
         raise ValueError(f"scale_bound must be a float in (0, 448] (448, or 256 with four_over_six), got {scale_bound}")
-    if scale_bound != _E4M3_MAX and pts != "amax":
-        raise ValueError(
-            "scale_bound bounds the per-tensor scale computed from the amax (per_tensor_scale='amax', "
-            f"NVFP4); it does not apply here (per_tensor_scale={pts!r}, {bf.name})"
-        )
     if four_over_six is not None:
         choice(four_over_six, FOUR_OVER_SIX, "four_over_six error measure")
         if bf.is_mx:
