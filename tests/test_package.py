@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from neuron_kernels import MX_FORMATS
+from neuron_kernels import BLOCK_FORMATS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,7 +210,7 @@ def test_cli_bench_json(tmp_path):
     for row in report["casts"]:
         assert row["elements"] == 65536
         assert row["ours_gbs"] > 0 and row["copy_gbs"] > 0 and row["peer_gbs"] > 0
-    assert {row["fmt"] for row in report["mx"]} == set(MX_FORMATS)
+    assert {row["fmt"] for row in report["mx"]} == set(BLOCK_FORMATS)
     for row in report["mx"]:
         assert row["elements"] == 65536 and np.isfinite(row["sqnr_db"])
         assert min(row["quantize_gbs"], row["dequantize_gbs"], row["fake_gbs"], row["peer_gbs"]) > 0

@@ -109,7 +109,9 @@ def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
     with np.errstate(over="ignore", under="ignore"):
         f32 = np.float32(value)  # the kernels compute in float32: the value must stay positive and finite there
     if not (np.isfinite(value) and value > 0 and np.isfinite(f32) and f32 > 0):
-        raise ValueError(f"per_tensor_scale must be a positive float, finite and non-zero in float32; got {value!r}")
+        raise ValueError(
+            f"per_tensor_scale must be a positive finite float, non-zero and finite in float32 too; got {value!r}"
+        )
     return float(f32)
 
 
