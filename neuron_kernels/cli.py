@@ -141,6 +141,17 @@ def _percent(v: float) -> str:
     return f"{100 * v:.3g}%"
 
 
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], left: int) -> str:
+    """Columns as wide as their widest cell, two spaces apart: the first ``left`` aligned left
+    (names), the others right (numbers), so that no two cells run together."""
+    widths = [max(len(row[k]) for row in [header, *rows]) for k in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) if k < left else cell.rjust(w) for k, (cell, w) in enumerate(zip(row, widths)))
+        for row in [header, *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def _checkpoint_input(args: argparse.Namespace) -> bool:
     """Whether a command works on a checkpoint (a folder, a layout asked for, or an output that is
     no array file) rather than on array files."""
@@ -399,16 +410,13 @@ def _cmd_error(args: argparse.Namespace) -> int:
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
         )
-    width = max([28] + [len(r[0]) + 2 for r in rows])
-    print(
-        f"{'array':<{width}}{'format':<13}{'scale':<9}{'policy':<9}{'SQNR dB':>9}{'max abs':>11}{'max rel':>11}"
-        f"{'saturated':>12}{'flushed':>12}"
-    )
-    for label, fmt, mode, policy, st in rows:
-        print(
-            f"{label:<{width}}{fmt:<13}{mode:<9}{policy:<9}{st.sqnr_db:>9.2f}{st.max_abs_error:>11.3g}"
-            f"{st.max_rel_error:>11.3g}{_percent(st.saturated):>12}{_percent(st.flushed):>12}"
-        )
+    header = ("array", "format", "scale", "policy", "SQNR dB", "max abs", "max rel", "saturated", "flushed")
+    cells = [
+        (label, fmt, mode, policy, f"{st.sqnr_db:.2f}", f"{st.max_abs_error:.3g}", f"{st.max_rel_error:.3g}")
+        + (_percent(st.saturated), _percent(st.flushed))
+        for label, fmt, mode, policy, st in rows
+    ]
+    print(_table(header, cells, left=4))
     if args.plot:
         _error_plot(args, entries[0], rows)
         print(f"histogram written to {args.plot}")

@@ -363,7 +363,12 @@ def error_table(
         for k, start, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
             piece_axis = pieces.piece_layout(cuts[k]).axis
             for key, job in jobs.items():
-                stats[key].add(arr, dataclasses.replace(job, axis=piece_axis).quantize(arr, src_fmt, idx0=start))
+                piece_job = dataclasses.replace(job, axis=piece_axis)
+                sums = piece_job.error_sums(arr, src_fmt)  # one pass, no codes written, where it can
+                if sums is not None:
+                    stats[key].add_row_sums(sums)
+                else:
+                    stats[key].add(arr, piece_job.quantize(arr, src_fmt, idx0=start))
             progress(arr.size * entry.dtype.itemsize)
         found = [(entry.label, f, m, p, stats[(f, m, p)].result()) for f, m, p in jobs]
         rows.extend(sorted(found, key=lambda r: -r[4].sqnr_db))

@@ -1323,6 +1323,33 @@ def test_quantization_error_of_nvfp4(options, block_shape):
         assert stats[name] == pytest.approx(value, rel=1e-9, abs=0), name
 
 
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("fmt", list(nk.BLOCK_FORMATS))
+def test_one_pass_error_sums_equal_statistics_of_the_codes(fmt, dtype):
+    """The error table's pass that writes no codes (``BlockJob.error_sums``) against quantise-then-
+    statistics, for every scale mode and policy of each format: specials, saturating and flushed
+    elements, and a short last block."""
+    from neuron_kernels.blocks.stats import ErrorStats
+    from neuron_kernels.stream import POLICIES
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 77)) * np.exp2(rng.integers(-30, 30, (6, 1)))).astype(F32)
+    x[0, :5] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    x[1, 3] = 3e38
+    x[2, 40] *= 1e-7
+    x = x.astype(dtype)
+    arr, src = input_array(x)
+    for mode in nk.BLOCK_FORMATS[fmt].scale_modes:
+        for policy, kwargs in POLICIES.items():
+            if fmt == "nvfp4" or "four_over_six" not in kwargs:
+                job = block_job(fmt, 2, scale_mode=mode, **kwargs).resolved(arr, src)
+                stats = ErrorStats()
+                stats.add_row_sums(job.error_sums(arr, src))
+                want = nk.quantization_error(x, nk.quantize(x, fmt, scale_mode=mode, **kwargs))
+                assert stats.result() == want, (mode, policy)
+    assert block_job(fmt, 2, axis=0).error_sums(arr, src) is None  # blocks along the first axis: codes needed
+
+
 # ---- bad input ---------------------------------------------------------------------------------------------
 
 X2 = np.ones((32, 32), F32)

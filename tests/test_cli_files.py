@@ -203,6 +203,7 @@ def test_error_table_sorted_best_first(files):
     )  # fmt: skip
     rows = [line.split() for line in r.stdout.splitlines()[1:]]
     assert len(rows) == 6 and {row[1] for row in rows} == {"mxfp8_e4m3", "mxfp4_e2m1"}
+    assert all(len(row) == 9 for row in rows)  # nine columns that never run together
     sqnr = [float(row[4]) for row in rows]
     assert sqnr == sorted(sqnr, reverse=True)
     want = nk.quantization_error(x, nk.quantize_mx(x, "mxfp4_e2m1", scale_mode="neuron")).sqnr_db

@@ -268,6 +268,27 @@ class BlockJob:
             self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
 
 
+    def error_sums(self, arr: np.ndarray, src: Format) -> np.ndarray | None:
+        """The per-row error sums (rows, N_SUMS) of quantising the C-contiguous ``arr``, from one
+        pass that writes no codes (see :func:`~neuron_kernels.kernels.blocks.quantize_error_kernel`);
+        None where the statistics need the codes: blocks not along the last axis, 2-D blocks, a
+        rotation, another rounding than nearest-even."""
+        from ..kernels import blocks as K
+
+        if self.rotation is not None or self.rounding != "nearest_even" or self.block_rows > 1:
+            return None
+        row, vshape, _, _, _ = self.layout(arr.shape).kernel_shapes()
+        if not row:
+            return None
+        sums = np.zeros((vshape[0], K.N_SUMS), np.float64)
+        if arr.size:
+            kernel = K.quantize_error_kernel(src.name, self.fmt)
+            size = min(self.block_size, max(vshape[1], 1))
+            options = (K.scale_mode_id(self.scale_mode), self._policy(), self._pts(), self.key)
+            run_tasks(kernel, vshape[0], arr.size, (K.input_view(arr).reshape(vshape), size, *options, sums))
+        return sums
+
+
 def block_job(
     fmt: Any,
     ndim: int,

@@ -3,6 +3,7 @@ choose a format, a scale mode and a policy."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,12 +105,17 @@ class ErrorStats:
         codes, scales = q.codes.reshape(cshape), q.scales.view(np.uint8).reshape(sshape)
         pts = np.float32(q.per_tensor_scale or 0.0)
         run_tasks(kernel, vshape[0], x.size, (K.input_view(x).reshape(vshape), codes, scales, size, pts, sums))
+        self.add_row_sums(sums)
+
+    def add_row_sums(self, sums: np.ndarray) -> None:
+        """Fold in per-row sums (rows, N_SUMS) of the error kernels, in row order (the same sums
+        in the same order give the same statistics, however the rows were computed)."""
         self._fold(
             int(sums[:, 0].sum()),
             float(np.add.reduce(sums[:, 1])),
             float(np.add.reduce(sums[:, 2])),
-            float(sums[:, 3].max()),
-            float(sums[:, 4].max()),
+            float(sums[:, 3].max(initial=0.0)),
+            float(sums[:, 4].max(initial=0.0)),
             int(sums[:, 5].sum()),
             int(sums[:, 6].sum()),
         )
@@ -150,7 +156,9 @@ class ErrorStats:
         if self.noise == 0:
             sqnr = float("inf")
         else:
-            sqnr = float(10 * np.log10(self.signal / self.noise)) if self.signal > 0 else float("-inf")
+            # a difference of logarithms: the ratio of sums of squares can leave float64's range
+            # (an infinite error where a dequantised value overflows float32 gives -inf)
+            sqnr = 10 * (math.log10(self.signal) - math.log10(self.noise)) if self.signal > 0 else float("-inf")
         return QuantizationError(
             sqnr_db=sqnr,
             mse=self.noise / n,

@@ -1017,6 +1017,62 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     return kernel
 
 
+@cache
+def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
+    """Kernel ``(x, size, mode, policy, pts, key, out, t0, t1)``: the error statistics of the rows
+    ``[t0, t1)`` of (A, L) ``x`` quantised to ``fmt`` (1-D blocks along L, rounding to nearest
+    even, any scale mode and policy at run time) into ``out[r]``, as :func:`row_error_kernel`
+    computes them from the codes, bit for bit, without writing codes: one kernel per source and
+    format serves every scale mode and policy of a format (what the error table compares)."""
+    src = source_of(source)
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True)
+    top = fmt.element_format.max_code
+    V16, V32, V64 = _vector_lengths(src)  # noqa: N806 - compile-time constants
+
+    @jit
+    def kernel(x, size, mode, policy, pts, key, out, t0, t1):  # pragma: no cover - compiled
+        length = x.shape[1]
+        nb = (length + size - 1) // size
+        bytes_ = np.empty(nb, np.uint32)
+        for r in range(t0, t1):
+            xr = x[r]
+            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, V16, V32, V64)
+            count = 0
+            signal = 0.0
+            noise = 0.0
+            max_abs = 0.0
+            max_rel = 0.0
+            saturated = 0
+            flushed = 0
+            for j in range(nb):
+                mul, scale = _multiplier(bytes_[j], pts, sc)
+                lim = abs(np.float64(_value(np.uint32(top), scale, el)))
+                for i in range(j * size, min(j * size + size, length)):
+                    u = C.load(xr[i], src.kind, src.codec)
+                    d = np.float64(_value(_code(_scaled(u, mul, sc), np.uint32(0), el), scale, el))
+                    xi = np.float64(f32_from_bits(u))
+                    if not np.isfinite(xi) or np.isnan(d):
+                        continue
+                    err = abs(xi - d)
+                    count += 1
+                    signal += xi * xi
+                    noise += err * err
+                    max_abs = max(max_abs, err)
+                    if xi != 0:
+                        max_rel = max(max_rel, err / abs(xi))
+                        flushed += d == 0
+                    saturated += abs(xi) > lim
+            out[r, 0] = count
+            out[r, 1] = signal
+            out[r, 2] = noise
+            out[r, 3] = max_abs
+            out[r, 4] = max_rel
+            out[r, 5] = saturated
+            out[r, 6] = flushed
+
+    return kernel
+
+
 @jit
 def error_sums(xv, dq, xs, lim):  # pragma: no cover - compiled
     """The sums behind the error statistics over flat arrays: x as float64, its dequantised
