@@ -61,6 +61,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.plot:
         _check_png(args.plot, force=True)
+    sources = ("float32", "bfloat16")
+    _warm(
+        args,
+        [("quantize", s, f) for _, f, _ in BLOCK_CASES for s in sources]
+        + [("cast", s, t) for s, t, r in default_cases() if r == "nearest_even"],
+        "bench",
+    )
     total = len(default_cases()) + len(BLOCK_CASES)
     with _progress_bar(args, total, "bench", unit="pair") as step:
         rows = bench_casts(args.size, repeat=args.repeat, progress=step)
@@ -82,6 +89,45 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         bench_chart(rows, mx_rows, args.plot)
         print(f"chart written to {args.plot}")
+    return 0
+
+
+def _warm(args: argparse.Namespace, tasks: list[Any], what: str) -> None:
+    """Compile what a command will need first, on every core (see :mod:`neuron_kernels.warmup`),
+    saying so on a terminal when it compiles anything."""
+    from .warmup import warmup
+
+    shown = not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+    def progress(done: int, total: int, task: Any) -> None:
+        if shown:
+            print(f"\r{what}: preparing kernels {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    compiled, seconds = warmup(tasks, getattr(args, "jobs", None), progress)
+    if shown:
+        note = f"{compiled} compiled in {seconds:.0f} s, cached for next time" if compiled else "cached"
+        print(f"\r{what}: kernels ready ({note})".ljust(60), file=sys.stderr)
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    from .warmup import WARMUP_SOURCES, warmup, warmup_tasks
+
+    formats = args.formats.split(",") if args.formats else None
+    sources = args.sources.split(",") if args.sources else list(WARMUP_SOURCES)
+    tasks = warmup_tasks(formats, sources)
+    shown = not args.quiet and sys.stderr.isatty()
+
+    def progress(done: int, total: int, task: Any) -> None:
+        if shown:
+            print(f"\rwarmup: {done}/{total} tasks", end="", file=sys.stderr, flush=True)
+
+    compiled, seconds = warmup(tasks, args.jobs, progress)
+    if shown:
+        print(file=sys.stderr)
+    print(
+        f"{len(tasks)} task(s) for {', '.join(sources)}: {compiled} kernel(s) compiled in {seconds:.1f} s "
+        f"({'already cached' if not compiled else 'now cached on disk'})"
+    )
     return 0
 
 
@@ -389,6 +435,7 @@ def _cmd_cast(args: argparse.Namespace) -> int:
 
 
 def _cmd_error(args: argparse.Namespace) -> int:
+    from .formats import BLOCK_FORMATS
     from .stream import error_table
 
     if args.plot:
@@ -398,6 +445,10 @@ def _cmd_error(args: argparse.Namespace) -> int:
     policies = args.policies.split(",") if args.policies else None
     entries = _entries(args)
     total = sum(e.nbytes for e in entries)
+    if args.axis == -1:  # the table's one-pass kernels, one per format and dtype
+        dtypes = {e.dtype.name for e in entries if e.dtype.name in ("float32", "float16", "bfloat16", "float64")}
+        known = [f for f in formats or BLOCK_FORMATS if f in BLOCK_FORMATS]
+        _warm(args, [("error", d, f) for f in known for d in sorted(dtypes)], "error")
     with _progress_bar(args, total, "error") as progress:
         rows = error_table(
             args.input,
@@ -657,6 +708,13 @@ def _parser() -> argparse.ArgumentParser:
     _block_options(e)
     e.add_argument("--plot", metavar="FILE.png", help="histogram of relative errors (needs neuron_kernels[plot])")
 
+    w = sub.add_parser("warmup", help="compile the common kernels ahead of their first use, on every core")
+    w.add_argument("--formats", help="comma-separated block formats and cast targets (default: all)")
+    w.add_argument("--sources", help="comma-separated source dtypes (default: float32,bfloat16)")
+    w.add_argument("--jobs", type=_positive_int, help="compiling processes (default: one per core)")
+    w.add_argument("--quiet", action="store_true", help="no progress messages")
+    w.set_defaults(func=_cmd_warmup)
+
     pr = sub.add_parser("promote", help="promote_type of two dtypes, or the whole grid")
     pr.add_argument("a", nargs="?")
     pr.add_argument("b", nargs="?")
@@ -666,6 +724,31 @@ def _parser() -> argparse.ArgumentParser:
     f = sub.add_parser("formats", help="the format table, finfo-style")
     f.set_defaults(func=_cmd_formats)
     return p
+
+
+@contextlib.contextmanager
+def _compile_notice(args: argparse.Namespace) -> Iterator[None]:
+    """One line on a terminal when the command first compiles a kernel (the library's own
+    one-time log message is left out: a command's stderr is its errors)."""
+    if args.command in ("promote", "formats"):  # nothing to compile: no numba import
+        yield
+        return
+    from ._jit import on_compile
+
+    shown = [not getattr(args, "quiet", False) and sys.stderr.isatty()]
+
+    def callback(what: str, name: str, seconds: float) -> None:
+        if shown[0] and what == "start":
+            shown[0] = False
+            print(
+                "neuron-kernels: compiling kernels for their first use (once: they are cached on disk; "
+                "`neuron-kernels warmup` prepares them ahead)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    with on_compile(callback):
+        yield
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -681,7 +764,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
         signal.signal(signal.SIGTERM, _terminate)  # clean up partial outputs as on Ctrl-C
     try:
-        return int(args.func(args))
+        with _compile_notice(args):
+            return int(args.func(args))
     except (_UsageError, FileFormatError, TypeError, ValueError, OSError, RuntimeError) as exc:
         message = (
             str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"

@@ -267,7 +267,6 @@ class BlockJob:
             )
             self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
 
-
     def error_sums(self, arr: np.ndarray, src: Format) -> np.ndarray | None:
         """The per-row error sums (rows, N_SUMS) of quantising the C-contiguous ``arr``, from one
         pass that writes no codes (see :func:`~neuron_kernels.kernels.blocks.quantize_error_kernel`);

@@ -1,0 +1,156 @@
+"""Compiling kernels ahead of their first call, on every core.
+
+Numba compiles a kernel on its first call, under the GIL, and caches it on disk: the first call of
+each (source, format, ...) specialisation costs seconds, later ones and later processes nothing.
+:func:`warmup` pays that cost on purpose (in a container build, a CI step, before a benchmark),
+in separate processes so that every core compiles, by making the calls a real use makes on tiny
+arrays: the kernels compiled are exactly the ones later calls load.
+
+A task is ``(kind, source, format)``:
+
+- ``("cast", source, target)``: :func:`neuron_kernels.cast` (default rounding, no saturation);
+- ``("quantize" | "fake_quantize", source, block format)``: the block functions with the
+  format's defaults (``dequantize`` with it: the codes back to float32);
+- ``("error", source, block format)``: the error table's one-pass statistics kernel (every scale
+  mode and policy of the format).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+import numpy as np
+
+from .formats import BLOCK_FORMATS, get_format
+
+__all__ = ["WARMUP_SOURCES", "Task", "warmup", "warmup_tasks", "run_task", "describe"]
+
+Task = tuple[str, str, str]
+
+#: The sources warmed by default: what arrays and checkpoints hold most.
+WARMUP_SOURCES = ("float32", "bfloat16")
+
+_KINDS = ("cast", "quantize", "fake_quantize", "error")
+
+
+def _cast_targets(source: str) -> list[str]:
+    from .registry import supported_casts
+
+    return [k.target for k in supported_casts() if k.source == source and k.target != source]
+
+
+def warmup_tasks(
+    formats: Sequence[str] | None = None, sources: Sequence[str] = WARMUP_SOURCES, kinds: Iterable[str] = _KINDS
+) -> list[Task]:
+    """The tasks that compile what ``sources`` need for ``formats`` (cast targets and block
+    formats; None: all of them): casts from each source and back to float32, and the block
+    functions. Block tasks first (they compile longest), so that the pool ends together."""
+    kinds = tuple(kinds)
+    for kind in kinds:
+        if kind not in _KINDS:
+            raise ValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")
+    checked = [get_format(s).name for s in sources]
+    for s in checked:
+        if s not in ("float32", "float64", "float16", "bfloat16"):
+            raise ValueError(f"warmup sources are float arrays (float32, float64, float16, bfloat16), got {s!r}")
+    blocks = [f for f in BLOCK_FORMATS if formats is None or f in formats]
+    targets = sorted({t for s in checked for t in _cast_targets(s)})
+    if formats is not None:
+        unknown = [f for f in formats if f not in BLOCK_FORMATS and f not in targets]
+        if unknown:
+            raise ValueError(
+                f"cannot warm up {', '.join(map(repr, unknown))}: neither a block format "
+                f"({', '.join(BLOCK_FORMATS)}) nor a cast target of {', '.join(checked)}"
+            )
+        targets = [t for t in targets if t in formats]
+    tasks: list[Task] = []
+    for kind in ("quantize", "fake_quantize", "error"):
+        if kind in kinds:
+            tasks += [(kind, s, f) for f in blocks for s in checked]
+    if "cast" in kinds:
+        tasks += [("cast", s, t) for s in checked for t in targets if t in _cast_targets(s)]
+        tasks += [("cast", t, "float32") for t in targets if t != "float32" and "float32" in _cast_targets(t)]
+    return list(dict.fromkeys(tasks))
+
+
+def _sample(source: str, shape: tuple[int, ...]) -> np.ndarray:
+    dtype = get_format(source).result_dtype
+    return np.zeros(shape, dtype)
+
+
+def run_task(task: Task) -> None:
+    """Make the calls of ``task`` on tiny arrays (compiling what they need, or loading it)."""
+    import neuron_kernels as nk
+
+    kind, source, fmt = task
+    if kind == "cast":
+        nk.cast(_sample(source, (64,)), fmt)
+    elif kind == "quantize":
+        nk.dequantize(nk.quantize(_sample(source, (2, 64)), fmt))
+    elif kind == "fake_quantize":
+        nk.fake_quantize(_sample(source, (2, 64)), fmt)
+    elif kind == "error":
+        from .blocks.inputs import input_array
+        from .blocks.job import block_job
+
+        arr, src = input_array(_sample(source, (2, 64)))
+        block_job(fmt, 2, pack=False).resolved(arr, src).error_sums(arr, src)
+    else:
+        raise ValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")
+
+
+def _run_tasks(tasks: list[Task]) -> int:
+    """Run ``tasks`` in this process; how many kernels they compiled."""
+    from ._jit import compiles
+
+    before = compiles()
+    for task in tasks:
+        run_task(task)
+    return compiles() - before
+
+
+def warmup(
+    tasks: Sequence[Task],
+    processes: int | None = None,
+    progress: Callable[[int, int, Task], None] | None = None,
+) -> tuple[int, float]:
+    """Compile what ``tasks`` need, in ``processes`` worker processes (default: one per core;
+    1: in this process). The first task runs here: if it compiled nothing, the cache is taken
+    as warm and the rest is only loaded, here (a pool would cost more than it saves). Returns
+    (kernels compiled, seconds). ``progress(done, total, task)`` after each task."""
+    start = time.perf_counter()
+    tasks = list(tasks)
+    if not tasks:
+        return 0, 0.0
+    processes = len(os.sched_getaffinity(0)) if processes is None else processes
+    if processes < 1:
+        raise ValueError(f"processes must be a positive int, got {processes}")
+    compiled = _run_tasks(tasks[:1])
+    if progress:
+        progress(1, len(tasks), tasks[0])
+    rest = tasks[1:]
+    if processes == 1 or compiled == 0 or not rest:
+        for k, task in enumerate(rest, 2):
+            compiled += _run_tasks([task])
+            if progress:
+                progress(k, len(tasks), task)
+        return compiled, time.perf_counter() - start
+    # spawn, not fork: a forked child would inherit this process's threads and numba state
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(processes, len(rest)), mp_context=context) as pool:
+        futures = {pool.submit(_run_tasks, [task]): task for task in rest}
+        for k, future in enumerate(as_completed(futures), 2):
+            compiled += future.result()
+            if progress:
+                progress(k, len(tasks), futures[future])
+    return compiled, time.perf_counter() - start
+
+
+def describe(task: Task) -> str:
+    """A task in words (the command line's progress)."""
+    kind, source, fmt = task
+    return f"{source} -> {fmt}" if kind == "cast" else f"{kind} {fmt} from {source}"
