@@ -306,7 +306,8 @@ def u32_amax_abs(typingctx: Any, row: Any, start: Any, count: Any) -> Any:
 
     A plain loop over a 32-element block runs at a quarter of the vector width (the vectoriser
     wants 64 iterations); this is the block amax of the block kernels. ``count == 0`` gives 0 for
-    any ``row`` (the kernels pass 0 where they have no fixed block length).
+    any ``row`` (the kernels pass 0 where they have no fixed block length), and so does a ``row``
+    of another type (a float64 row in code shared by every source, where the call is never made).
     """
     if not isinstance(count, types.IntegerLiteral) or count.literal_value < 0:
         return None
@@ -317,7 +318,7 @@ def u32_amax_abs(typingctx: Any, row: Any, start: Any, count: Any) -> Any:
         and row.ndim == 1
         and row.layout == "C"
     ):
-        return None
+        n = 0
     bits = 32 if n == 0 or row.dtype == types.uint32 else 16
     sig = types.uint32(row, types.uint64, count)
 

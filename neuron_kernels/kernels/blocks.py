@@ -451,22 +451,59 @@ def _vector_lengths(source: Source) -> tuple[int, int, int]:
     return (16, 32, 64) if source.vector else (0, 0, 0)
 
 
-@jit(inline="always")
-def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc, v16, v32, v64):  # pragma: no cover
+@jit
+def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
+    """:func:`_row_amax` with the source known at run time only (one vector reduction for the
+    blocks of 16, 32 or 64 of the sources that have them)."""
+    n = l1 - l0
+    if src.vector:
+        if n == 32:
+            return _decoded_amax(u32_amax_abs(xr, l0, 32), src)
+        if n == 16:
+            return _decoded_amax(u32_amax_abs(xr, l0, 16), src)
+        if n == 64:
+            return _decoded_amax(u32_amax_abs(xr, l0, 64), src)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(C.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
+
+
+@jit
+def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc):  # pragma: no cover
     """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``. A loop of its own,
-    before the elements': the per-block decisions (run-time scale mode and policy) then cost the
-    element loop nothing."""
+    before the elements', and a function of its own: the per-block decisions (the format's
+    constants, scale mode and policy, all run-time values here) cost the element loop nothing,
+    and one compiled copy serves every format and kernel of a source's row type (compiling it
+    into each kernel cost most of their compile time)."""
     length = xr.shape[0]
     for j in range(j0, j1):
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
-        amax = _row_amax(xr, l0, l1, src, v16, v32, v64)
+        amax = _block_amax(xr, l0, l1, src)
         out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc)
+
+
+@jit
+def _row_plain_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc):  # pragma: no cover
+    """:func:`_row_scales` of the kernels without scale policies (``policy`` ignored): the plain
+    rule only, so that their first compile does not include the policies' evaluation."""
+    length = xr.shape[0]
+    for j in range(j0, j1):
+        l0 = np.uint64(j * size)
+        l1 = np.uint64(min(j * size + size, length))
+        out[j] = _scale_byte(_block_amax(xr, l0, l1, src), mode, pts, sc)
+
+
+def _scales_function(sc: Scale) -> Any:
+    """The scale loop a kernel calls: with the policies' evaluation or without."""
+    return _row_scales if sc.policies else _row_plain_scales
 
 
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
     stochastic = el.mode == C.STOCHASTIC
-    V16, V32, V64 = _vector_lengths(source)  # noqa: N806 - compile-time constants
+    row_scales = _scales_function(sc)
     nan_code = el.nan_code
 
     @jit
@@ -482,7 +519,7 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            _row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc, V16, V32, V64)
+            row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
@@ -524,7 +561,7 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
     stochastic = el.mode == C.STOCHASTIC
-    V16, V32, V64 = _vector_lengths(source)  # noqa: N806 - compile-time constants
+    row_scales = _scales_function(sc)
 
     @jit
     def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
@@ -539,7 +576,7 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
             xr, orow = x[r], out[r]
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            _row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc, V16, V32, V64)
+            row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
@@ -588,9 +625,9 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
 
 
 @jit
-def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
-    """Scale bytes of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols`` wide) into ``bytes_``;
-    ``amax`` is scratch of one entry per tile."""
+def _tile_amax(x, a, r0, r1, cols, amax, src):  # pragma: no cover - compiled
+    """The largest |x| pattern of each tile of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols``
+    wide) into ``amax``."""
     width = x.shape[2]
     amax[:] = 0
     if cols == 1:
@@ -606,6 +643,22 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
                     v = u32_and(C.load(x[a, rr, cc], src.kind, src.codec), 0x7FFFFFFF)
                     m = v if v > m else m
                 amax[j] = m
+
+
+@jit
+def _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
+    """:func:`_tile_scales` of the kernels without scale policies (``policy`` ignored)."""
+    _tile_amax(x, a, r0, r1, cols, amax, src)
+    for j in range(amax.size):
+        bytes_[j] = _scale_byte(amax[j], mode, pts, sc)
+
+
+@jit
+def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
+    """Scale bytes of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols`` wide) into ``bytes_``;
+    ``amax`` is scratch of one entry per tile."""
+    width = x.shape[2]
+    _tile_amax(x, a, r0, r1, cols, amax, src)
     for j in range(amax.size):
         m = amax[j]
         byte = _scale_byte(m, mode, pts, sc)
@@ -625,6 +678,7 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
 
 def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
     stochastic = el.mode == C.STOCHASTIC
+    tile_scales = _tile_scales if sc.policies else _tile_plain_scales
     nan_code = el.nan_code
 
     @jit
@@ -642,7 +696,7 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
             i = t - a * nrt
             r0 = i * rows
             r1 = min(r0 + rows, height)
-            _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
                 scales[a, i, j] = bytes_[j]
                 mul, _ = _multiplier(bytes_[j], pts, sc)
@@ -673,6 +727,7 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
 
 def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
     stochastic = el.mode == C.STOCHASTIC
+    tile_scales = _tile_scales if sc.policies else _tile_plain_scales
 
     @jit
     def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
@@ -690,7 +745,7 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
             i = t - a * nrt
             r0 = i * rows
             r1 = min(r0 + rows, height)
-            _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
                 mul, scale = _multiplier(bytes_[j], pts, sc)
                 for cc in range(j * cols, min(j * cols + cols, width)):
@@ -1027,7 +1082,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
     src = source_of(source)
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True)
     top = fmt.element_format.max_code
-    V16, V32, V64 = _vector_lengths(src)  # noqa: N806 - compile-time constants
+    row_scales = _scales_function(sc)
 
     @jit
     def kernel(x, size, mode, policy, pts, key, out, t0, t1):  # pragma: no cover - compiled
@@ -1036,7 +1091,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         bytes_ = np.empty(nb, np.uint32)
         for r in range(t0, t1):
             xr = x[r]
-            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, V16, V32, V64)
+            row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
             count = 0
             signal = 0.0
             noise = 0.0
