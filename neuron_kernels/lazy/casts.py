@@ -55,7 +55,8 @@ def _ufunc_block(block: np.ndarray, source: str, target: str, rounding: str, sat
     """One chunk through the pair's ufunc (looked up in this process's registry)."""
     ufunc = lookup_cast(source, target).ufunc(rounding, saturate)
     arg = np.dtype(ufunc.types[0].split("->")[0])
-    return ufunc(_native(np.asarray(block)).view(arg)).view(get_format(target).result_dtype)
+    with np.errstate(all="ignore"):  # as the array kernel: no warnings for signalling NaN inputs
+        return ufunc(_native(np.asarray(block)).view(arg)).view(get_format(target).result_dtype)
 
 
 def _kernel_block(
