@@ -97,11 +97,12 @@ class CastKernel:
         bfloat16 array; a float8 result ``.view(ml_dtypes.float8_e4m3fn)``); tfloat32 and float32r
         are float32. It accepts every ufunc keyword (``out=``, ``where=``, broadcasting) and any
         object implementing ``__array_ufunc__``, and gives the array kernel's bits. Two limits
-        are numba's, not the cast's: a ``where=`` mask array is refused by numba-made ufuncs (0.68
-        with NumPy 2.4: "An iterator operand was flagged as the ARRAYMASK ..."; even ``where=False``,
-        only the default ``where=True`` works), and like NumPy's own loops the ufunc reports the floating-point exceptions
-        its arithmetic raises (``invalid`` for signalling NaN inputs) as warnings, which
-        ``np.errstate`` controls; the array kernels and :func:`neuron_kernels.cast` report none.
+        are numba's, not the cast's: numba-made ufuncs refuse a ``where=`` mask (0.68 with NumPy
+        2.4: "An iterator operand was flagged as the ARRAYMASK ..."; even ``where=False``: only the
+        default ``where=True`` works); and like NumPy's own loops the ufunc reports the
+        floating-point exceptions its arithmetic raises (``invalid`` for signalling NaN inputs) as
+        warnings, which ``np.errstate`` controls; the array kernels and
+        :func:`neuron_kernels.cast` report none.
 
         Raises ``NotImplementedError`` for an option the cast does not implement, for
         ``rounding="stochastic"`` (an element's random bits depend on its index in the whole array,

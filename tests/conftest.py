@@ -329,3 +329,16 @@ def write_mx(path, codes=None, scales=None, meta=None, raw_meta=None, **extra):
 def meta_with(**change):
     """META with fields changed (MISSING removes one)."""
     return {k: v for k, v in {**META, **change}.items() if v is not MISSING}
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """A ``distributed.Client`` of a LocalCluster of two worker processes (one thread each), shared by
+    every test that runs on a cluster (starting one takes seconds); the default scheduler while it
+    is open. Skipped without the ``dask`` extra."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", worker_dashboard_address=":0"
+    )
+    with cluster, distributed.Client(cluster) as client:
+        yield client

@@ -1,10 +1,11 @@
 """Casts and block formats on Dask arrays, computed on a real ``dask.distributed.LocalCluster`` of two
 worker processes, against the in-memory functions (the oracle) bit for bit.
 
-One cluster serves the whole module (starting one takes seconds). The arrays are small; the kernels
-are the ones the rest of the suite compiles (float32 sources, default rounding) plus the stochastic
-variants the C-order offsets are about. The in-memory result is computed first, so that the workers
-load the kernels from the compilation cache instead of compiling them again.
+One cluster (``dask_client`` of conftest) serves all the cluster tests (starting one takes seconds).
+The arrays are small; the kernels are the ones the rest of the suite compiles (float32 sources,
+default rounding) plus the stochastic variants the C-order offsets are about. The in-memory result
+is computed first, so that the workers load the kernels from the compilation cache instead of
+compiling them again.
 """
 
 from __future__ import annotations
@@ -30,16 +31,9 @@ CHUNKINGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, worker_dashboard_address=None
-    )
-    with cluster, distributed.Client(cluster) as c:
-        # the workers import this checkout (spawned processes inherit the parent's sys.path)
-        files = c.run(lambda: sys.modules["neuron_kernels"].__file__ if "neuron_kernels" in sys.modules else None)
-        assert len(files) == 2
-        yield c
+@pytest.fixture
+def client(dask_client):
+    return dask_client
 
 
 @pytest.fixture
