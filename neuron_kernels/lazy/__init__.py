@@ -10,7 +10,8 @@ come here when they are given a lazy array; nothing here is imported before that
 - :mod:`.casts`: ``cast`` of lazy arrays (the registry's ufuncs, or the array kernel chunk by chunk);
 - :mod:`.blocks`: quantise / dequantise / fake-quantise / error statistics of Dask arrays, and
   :class:`~.blocks.LazyBlockArray`;
-- :mod:`.cluster`: running a job on a Dask cluster (an existing one, or a local one).
+- :mod:`.stores`: Zarr stores in and out of the block formats, and the Dask scheduler of a job (an
+  existing cluster, or a local one).
 """
 
 from __future__ import annotations
