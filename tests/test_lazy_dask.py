@@ -100,10 +100,14 @@ def test_mx_on_cluster(client, x, chunking):
 
 
 def test_mx_stochastic_and_packed_fp4_on_cluster(client, x):
-    """Stochastic rounding along axis 0 (chunks hold pieces of rows) and packed FP4 codes."""
+    """Stochastic rounding along axis 0 (chunks hold pieces of rows), packed FP4 codes, and the
+    statistics of blocks that are not along the last axis."""
     options = {"rounding": "stochastic", "seed": 11, "axis": 0, "block_size": 4}
     dx = da.from_array(x, chunks=(3, 40))
-    _same_blocks(nk.quantize_mx(dx, "mxfp4_e2m1", **options), nk.quantize_mx(x, "mxfp4_e2m1", **options))
+    q, expected = nk.quantize_mx(dx, "mxfp4_e2m1", **options), nk.quantize_mx(x, "mxfp4_e2m1", **options)
+    _same_blocks(q, expected)
+    # blocks across the rows: the statistics from the in-memory pass's pieces, folded in its order
+    assert nk.quantization_error(dx, q).compute() == nk.quantization_error(x, expected)
 
 
 @pytest.mark.parametrize("chunks", [(3, 40), (8, 16)])

@@ -24,7 +24,7 @@ import numpy as np
 from ..blocks.array import BlockArray
 from ..blocks.inputs import INPUT_DTYPES
 from ..blocks.job import BlockJob, input_array
-from ..blocks.layout import BlockLayout
+from ..blocks.layout import BlockLayout, Pieces
 from ..blocks.rotation import check_length
 from ..blocks.stats import ErrorStats, QuantizationError, by_rows, row_sums
 from ..formats import BLOCK_FORMATS, BlockFormat, Format, get_format
@@ -305,11 +305,23 @@ def _row_sums_block(
     return sums.reshape(arr.shape[:-1] + (sums.shape[1],))
 
 
-def _totals_block(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, q: LazyBlockArray) -> Any:
-    arr, _ = input_array(x)
+def _piece_totals(
+    x: np.ndarray,
+    codes: np.ndarray,
+    scales: np.ndarray,
+    q: LazyBlockArray,
+    shape: tuple[int, ...],
+    cshape: tuple[int, ...],
+    sshape: tuple[int, ...],
+    axis: int,
+) -> np.ndarray:
+    """The error sums of one piece of :class:`~..blocks.layout.Pieces` (flat ranges of the values,
+    codes and scale bytes), as the in-memory statistics compute that piece."""
+    arr, _ = input_array(np.ascontiguousarray(x).reshape(shape))
+    part = replace(q, axis=axis, shape=shape)
     stats = ErrorStats()
-    stats.add(arr, _part(q, codes, scales, arr.shape))
-    return stats.totals().reshape((1,) * (arr.ndim - 1) + (-1,))
+    stats._add(arr, _part(part, np.asarray(codes).reshape(cshape), np.asarray(scales).reshape(sshape), shape))
+    return stats.totals()
 
 
 def _from_rows(sums: np.ndarray) -> QuantizationError:
@@ -319,9 +331,9 @@ def _from_rows(sums: np.ndarray) -> QuantizationError:
     return stats.result()
 
 
-def _from_totals(totals: np.ndarray) -> QuantizationError:
+def _from_totals(*totals: np.ndarray) -> QuantizationError:
     stats = ErrorStats()
-    for row in totals.reshape(-1, _N_SUMS):
+    for row in totals:
         stats.add_totals(row)
     return stats.result()
 
@@ -354,11 +366,10 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
     of ``x`` (a Dask or NumPy array), as a ``dask.delayed`` object: ``.compute()`` gives the
     :class:`~neuron_kernels.blocks.stats.QuantizationError`.
 
-    Blocks along the last axis without a rotation (the in-memory functions' per-row pass) give the
-    in-memory statistics bit for bit: each row's sums come from one chunk holding the whole row
-    (the last axis is rechunked whole), and all rows are folded in row order as in memory. Other
-    layouts are folded chunk by chunk: the same counts and maxima, the sums of squares equal to the
-    last bits of float64 (another summation order).
+    The in-memory statistics bit for bit: blocks along the last axis without a rotation (the
+    in-memory per-row pass) from per-row sums, each row in one chunk (the last axis is rechunked
+    whole), folded in row order; other layouts from the in-memory pass's pieces (about a million
+    elements each, one task each), folded in the same order.
     """
     if isinstance(q, BlockArray):
         q = lazy_block_array(q, x.chunks if isinstance(x, da.Array) else "auto")
@@ -385,14 +396,24 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
             meta=np.empty((0,) * x.ndim, np.float64),
         )
         return dask.delayed(_from_rows)(sums)
-    totals = da.map_blocks(
-        _totals_block,
-        x,
-        codes,
-        scales,
-        q.spec,
-        chunks=tuple((1,) * len(c) for c in x.chunks[:-1]) + ((_N_SUMS,) * len(x.chunks[-1]),),
-        dtype=np.float64,
-        meta=np.empty((0,) * x.ndim, np.float64),
-    )
-    return dask.delayed(_from_totals)(totals)
+    # Other layouts: the pieces of the in-memory pass (about a million elements each, contiguous
+    # in the values, codes and scales), each one task, folded in the same order.
+    pieces = Pieces(q.layout)
+    flat_x, flat_codes, flat_scales = (a.reshape(-1) for a in (x, codes, scales))
+    totals = []
+    for cut in pieces.cuts(1 << 20):
+        start, stop, shape = pieces.values(cut)
+        (c0, c1, cshape), (s0, s1, sshape) = pieces.codes(cut), pieces.scales(cut)
+        totals.append(
+            dask.delayed(_piece_totals)(
+                flat_x[start:stop],
+                flat_codes[c0:c1],
+                flat_scales[s0:s1],
+                q.spec,
+                shape,
+                cshape,
+                sshape,
+                pieces.piece_layout(cut).axis,
+            )
+        )
+    return dask.delayed(_from_totals)(*totals)
