@@ -30,6 +30,7 @@ from numba.extending import intrinsic
 
 __all__ = [
     "jit",
+    "vectorize",
     "u32_add",
     "u32_sub",
     "u32_mul",
@@ -226,6 +227,22 @@ def jit(fn: Callable[..., Any] | None = None, **overrides: Any) -> Any:
         return dispatcher
 
     return make if fn is None else make(fn)
+
+
+def vectorize(fn: Callable[..., Any], signature: str) -> Any:
+    """A NumPy ufunc of the scalar function ``fn`` for one signature (``"uint16(float32)"``), made by
+    numba's ``@vectorize`` machinery with the package's cache (see :class:`_TolerantCache`).
+
+    Unlike :func:`jit`, this compiles (or loads from the cache) at once: a ufunc holds a pointer to
+    its compiled loop. Call it lazily, on first use.
+    """
+    from numba.np.ufunc.ufuncbuilder import UFuncBuilder
+
+    builder = UFuncBuilder(fn, cache=False, targetoptions={"nopython": True})
+    if JIT_OPTIONS.get("cache"):
+        builder.nb_func.cache = _TolerantCache(fn)
+    builder.add(signature)
+    return builder.build_ufunc()
 
 
 def _u32_binop(op: str) -> Any:

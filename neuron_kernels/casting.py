@@ -16,6 +16,7 @@ import numpy as np
 from ._parallel import run_chunked
 from ._random import check_seed, draw_seed
 from .formats import FORMATS, DTypeLike, Format, get_format
+from .lazy import is_lazy
 from .promotion import get_x4_from_x1, is_x4_dtype, launder_x4_dtype, promote_type
 from .registry import ROUNDING_MODES, CastKernel, CastOptions, lookup_cast
 
@@ -168,6 +169,12 @@ class CastPlan:
         return out
 
 
+def cast_piece(x: np.ndarray, source: str, target: str, options: CastOptions, index0: int) -> np.ndarray:
+    """The cast of ``x``, a piece of a larger array whose first element has C-order index ``index0``
+    in the whole (what each chunk of a lazy array runs)."""
+    return CastPlan.make(get_format(source), get_format(target), options).run(x, index0=index0)
+
+
 def cast(
     x: Any,
     dtype: DTypeLike,
@@ -183,7 +190,10 @@ def cast(
     ----------
     x
         An array of any shape and strides (or anything ``numpy.asarray`` accepts) of a float or
-        integer dtype. Big-endian arrays are read correctly.
+        integer dtype. Big-endian arrays are read correctly. A Dask array gives a lazy Dask array
+        (cast chunk by chunk, bit for bit the same, stochastic rounding included); another object
+        implementing ``__array_ufunc__`` (xarray) goes through the pair's ufunc (see
+        :meth:`CastKernel.ufunc`) and stays lazy.
     dtype
         The target: a numpy dtype, an ml_dtypes type, a name such as ``"bfloat16"`` or
         ``"float8_e4m3fn"``, or one of the package's types (``"tfloat32"``, ``"float32r"``,
@@ -197,11 +207,11 @@ def cast(
     seed
         Seed of the stochastic rounding (``None``: fresh entropy).
     out
-        Optional output array of the result's shape and dtype; written in place.
+        Optional output array of the result's shape and dtype; written in place (NumPy inputs).
 
     Returns
     -------
-    numpy.ndarray
+    numpy.ndarray or dask.array.Array
         Of the ml_dtypes/numpy dtype of the target; ``float32`` arrays for ``tfloat32`` and
         ``float32r``; ``uint32`` (FP8 lanes) or ``uint16`` (FP4 lanes) containers for the packed
         ``*_x4`` targets, whose last axis is a quarter of the input's.
@@ -217,6 +227,13 @@ def cast(
     """
     target = get_format(dtype)
     options = cast_options(rounding, saturate, seed)
+    if is_lazy(x):
+        from .lazy.casts import cast_lazy
+
+        if out is not None:
+            raise TypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
+        result: np.ndarray = cast_lazy(x, target, options, cast_piece)
+        return result
     arr = np.asarray(x)  # subclasses (matrix, memmap) as plain arrays
     return CastPlan.make(source_format(arr), target, options).run(arr, out)
 

@@ -6,6 +6,8 @@ Subcommands:
 - ``quantize``, ``dequantize``, ``cast``: files (``.npy``, ``.npz``, ``.safetensors``) of any size,
   processed in bounded memory, written atomically; ``quantize`` and ``dequantize`` also take model
   checkpoint folders (to and from the layouts runtimes load, :mod:`neuron_kernels.checkpoints`);
+  ``quantize`` also reads a Zarr store into a Zarr store, chunk by chunk on Dask (``--workers N``:
+  a local cluster, ``--scheduler ADDRESS``: an existing one; :mod:`neuron_kernels.lazy.stores`);
 - ``error``: which block format, scale mode and scale policy suits an array (SQNR table, histogram);
 - ``promote``: the promotion lattice (one pair, ``--explain``, or ``--table``);
 - ``formats``: the format table.
@@ -240,10 +242,64 @@ def _block_options_of(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _zarr_job(args: argparse.Namespace) -> bool:
+    """Whether a command reads or writes a Zarr store, or runs on a Dask cluster."""
+    from .lazy.stores import is_zarr
+
+    output = getattr(args, "output", "") or ""
+    return is_zarr(args.input) or is_zarr(output) or args.workers is not None or args.scheduler is not None
+
+
+def _quantize_zarr(args: argparse.Namespace) -> int:
+    """``quantize`` of a Zarr store (or on a Dask cluster) to a Zarr store."""
+    from . import quantization_error, quantize
+    from .lazy.stores import ZARR_SUFFIX, is_zarr, open_zarr_arrays, quantize_to_zarr, scheduler
+
+    if args.workers is not None and args.scheduler is not None:
+        raise _UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
+    if args.layout is not None or args.only or args.ignore:
+        raise _UsageError("--layout, --only and --ignore are for checkpoint folders, not Zarr stores")
+    if not is_zarr(args.input):
+        raise _UsageError(
+            f"Zarr jobs (and --workers / --scheduler) read a Zarr store (a {ZARR_SUFFIX} folder), not {args.input!r}"
+        )
+    if not args.output.rstrip("/\\").lower().endswith(ZARR_SUFFIX):
+        raise _UsageError(f"OUTPUT of a Zarr job must be a Zarr store ending in {ZARR_SUFFIX}, not {args.output!r}")
+    options = _block_options_of(args)
+    with scheduler(args.scheduler, args.workers):
+        entries = open_zarr_arrays(args.input, args.name, args.chunk_mb << 20)
+        try:
+            stats = quantize_to_zarr(
+                entries,
+                args.output,
+                args.format,
+                force=args.force,
+                inputs=(args.input,),
+                quantize=quantize,
+                error=quantization_error,
+                **options,
+            )
+        except Exception as exc:
+            if type(exc).__name__ == "KilledWorker":  # a task crashed every worker it ran on
+                raise RuntimeError(f"the Dask cluster lost the job: {exc}; no output written") from None
+            raise
+    where = f", on {args.scheduler}" if args.scheduler else (f", {args.workers} local workers" if args.workers else "")
+    print(f"{args.output}: {args.format}, Zarr store{where}")
+    print(
+        f"{'array':<32}{'shape':>20}{'SQNR dB':>9}{'MSE':>11}{'max abs':>11}{'max rel':>11}{'saturated':>11}"
+        f"{'flushed':>9}"
+    )
+    for entry in entries:
+        print(f"{entry.label:<32}{str(entry.array.shape):>20}" + _stats_columns(stats[entry.label]))
+    return 0
+
+
 def _cmd_quantize(args: argparse.Namespace) -> int:
     from .files import array_file_kind, atomic_output
     from .stream import quantize_file
 
+    if _zarr_job(args):
+        return _quantize_zarr(args)
     if _checkpoint_input(args):
         return _quantize_checkpoint(args)
     if array_file_kind(args.output, "output").name != "npz":
@@ -634,8 +690,8 @@ def _parser() -> argparse.ArgumentParser:
         "quantize",
         "quantise the arrays of a file (to the package's .npz file) or a checkpoint (to a layout runtimes load)",
         _cmd_quantize,
-        arrays + ", or a checkpoint folder of .safetensors shards",
-        "the MX file to write (.npz), or the checkpoint folder to write",
+        arrays + ", a checkpoint folder of .safetensors shards, or a Zarr store (.zarr)",
+        "the MX file to write (.npz), the checkpoint folder to write, or the Zarr store (.zarr)",
     )
     q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
     q.add_argument(
@@ -663,6 +719,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--scale-search", choices=list(SCALE_SEARCHES), help="try the neighbouring scales of each block")
     q.add_argument("--rht", action="store_true", help="NVFP4: random Hadamard rotation of 16-element groups")
+    q.add_argument(
+        "--workers",
+        type=_positive_int,
+        metavar="N",
+        help="run a Zarr job on a local Dask cluster of N worker processes (needs neuron_kernels[dask])",
+    )
+    q.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run a Zarr job on the Dask cluster at ADDRESS (tcp://host:8786; needs neuron_kernels[dask])",
+    )
     _shard_option(q, DEFAULT_MAX_SHARD_BYTES)
 
     d = _file_command(
@@ -766,7 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _compile_notice(args):
             return int(args.func(args))
-    except (_UsageError, FileFormatError, TypeError, ValueError, OSError, RuntimeError) as exc:
+    except (_UsageError, FileFormatError, TypeError, ValueError, OSError, RuntimeError, ImportError) as exc:
         message = (
             str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"
         )

@@ -11,6 +11,11 @@ of ``src[0]`` in the whole flattened input, for kernels whose result depends on 
 at once, so a kernel must not keep state between calls. Kernels do not validate; the public
 functions do (a kernel only ever sees the options it declared).
 
+Beside its array kernel, each of the package's elementwise casts has a NumPy ufunc
+(:meth:`CastKernel.ufunc`, made with numba's ``@vectorize`` on first use): the cast applied to
+anything that implements ``__array_ufunc__``. :func:`neuron_kernels.cast` runs the array kernel on
+NumPy arrays and the ufunc on array-likes that stay lazy (Dask arrays, xarray objects).
+
 The package's own kernels are loaded on first use (the first lookup or registration), which
 imports no numba. :func:`register_cast` adds a kernel for a pair the package does not have, or
 with ``replace=True`` puts one in place of the kernel a pair has; because registering loads the
@@ -55,6 +60,9 @@ class CastOptions:
 #: The signature of a kernel: ``fn(src, dst, options, start)`` (see the module docstring).
 CastFunction = Callable[[np.ndarray, np.ndarray, CastOptions, int], None]
 
+#: ``ufuncs(rounding, saturate)``: the NumPy ufunc of a cast for those options.
+UfuncFactory = Callable[[str, bool], np.ufunc]
+
 _F = TypeVar("_F", bound=CastFunction)
 
 
@@ -64,7 +72,9 @@ class CastKernel:
 
     ``function`` is called as ``function(src, dst, options, start)``. ``roundings`` and
     ``saturate`` say which options it implements. ``builtin`` is True for the package's own
-    compiled kernels, False for a kernel registered with :func:`register_cast`.
+    compiled kernels, False for a kernel registered with :func:`register_cast`. ``ufuncs`` makes
+    the cast's NumPy ufunc (see :meth:`ufunc`); None where there is none (packed containers, and
+    kernels registered with :func:`register_cast`); ``has_ufunc`` says which.
     """
 
     source: str
@@ -73,6 +83,42 @@ class CastKernel:
     roundings: frozenset[str] = frozenset({"nearest_even"})
     saturate: bool = False
     builtin: bool = False
+    ufuncs: UfuncFactory | None = field(default=None, repr=False, compare=False)
+    has_ufunc: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "has_ufunc", self.ufuncs is not None)
+
+    def ufunc(self, rounding: str = "nearest_even", saturate: bool = False) -> np.ufunc:
+        """The cast as a NumPy ufunc, made with numba's ``@vectorize`` on first use and kept.
+
+        It takes the source's items and gives the target's: float32, float64 and integer items as
+        they are, every other format as its unsigned integer codes (``a.view(np.uint16)`` of a
+        bfloat16 array; a float8 result ``.view(ml_dtypes.float8_e4m3fn)``); tfloat32 and float32r
+        are float32. It accepts every ufunc keyword (``out=``, ``where=``, broadcasting) and any
+        object implementing ``__array_ufunc__``, and gives the array kernel's bits. Two limits
+        are numba's, not the cast's: numba-made ufuncs refuse a ``where=`` mask (0.68 with NumPy
+        2.4: "An iterator operand was flagged as the ARRAYMASK ..."; even ``where=False``: only the
+        default ``where=True`` works); and like NumPy's own loops the ufunc reports the
+        floating-point exceptions its arithmetic raises (``invalid`` for signalling NaN inputs) as
+        warnings, which ``np.errstate`` controls; the array kernels and
+        :func:`neuron_kernels.cast` report none.
+
+        Raises ``NotImplementedError`` for an option the cast does not implement, for
+        ``rounding="stochastic"`` (an element's random bits depend on its index in the whole array,
+        which a ufunc does not see) and for casts without a ufunc (packed ``*_x4`` containers,
+        kernels registered with :func:`register_cast`).
+        """
+        self.check_options(CastOptions(rounding, bool(saturate)))
+        if self.ufuncs is None:
+            why = "packed containers are not elementwise" if self.builtin else "it was registered as an array kernel"
+            raise NotImplementedError(f"{self.source} -> {self.target} has no ufunc ({why})")
+        if rounding == "stochastic":
+            raise NotImplementedError(
+                "stochastic rounding has no ufunc: an element's random bits depend on its index in the whole "
+                "array; neuron_kernels.cast applies it to NumPy and Dask arrays"
+            )
+        return self.ufuncs(rounding, bool(saturate))
 
     def check_options(self, options: CastOptions) -> None:
         """Raise ``NotImplementedError`` for an option this kernel does not implement."""
@@ -105,8 +151,8 @@ def _ensure_loaded() -> None:
         from .kernels.compiled import builtin_kernels
 
         kernels = {
-            (source, target): CastKernel(source, target, fn, frozenset(roundings), saturate, builtin=True)
-            for source, target, fn, roundings, saturate in builtin_kernels()
+            (source, target): CastKernel(source, target, fn, frozenset(roundings), saturate, True, ufuncs)
+            for source, target, fn, roundings, saturate, ufuncs in builtin_kernels()
         }
         _REGISTRY.update(kernels)
         _loaded = True

@@ -17,13 +17,14 @@ from .api import (
     fake_quantize_mx,
     fake_quantize_nvfp4,
     mx_matmul,
+    quantization_error,
     quantize,
     quantize_mx,
     quantize_nvfp4,
 )
 from .array import BlockArray, MXArray
 from .rotation import rotate
-from .stats import QuantizationError, quantization_error
+from .stats import QuantizationError
 
 __all__ = [
     "BlockArray",

@@ -3,7 +3,9 @@
 Every block format goes through :func:`quantize` / :func:`fake_quantize` / :func:`dequantize` /
 :func:`block_matmul`; ``quantize_mx`` and ``quantize_nvfp4`` (and their ``fake_`` forms) are the
 same with each family's options and defaults. They validate (:func:`~.job.block_job`) and
-allocate; the kernels compute.
+allocate; the kernels compute. Given a Dask array, they return lazy results
+(:mod:`neuron_kernels.lazy.blocks`: a ``LazyBlockArray``, a Dask array of values, a delayed
+``QuantizationError``), bit for bit those of the in-memory call.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from typing import Any
 import numpy as np
 
 from ..formats import BLOCK_FORMATS
+from ..lazy import is_lazy, is_lazy_blocks
 from .array import BlockArray, deliver, result_buffer
 from .job import DEFAULT, BlockJob, block_job, input_array
+from .stats import QuantizationError
+from .stats import quantization_error as _in_memory_error
 
 __all__ = [
     "quantize",
@@ -27,6 +32,7 @@ __all__ = [
     "fake_quantize_nvfp4",
     "block_matmul",
     "mx_matmul",
+    "quantization_error",
 ]
 
 MX_FORMAT_NAMES: tuple[str, ...] = tuple(n for n, f in BLOCK_FORMATS.items() if f.is_mx)
@@ -36,6 +42,27 @@ def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
     arr, src = input_array(x)
     job = block_job(fmt, arr.ndim, **options)
     return arr, src, job.resolved(arr, src)
+
+
+def _quantized(x: Any, fmt: Any, **options: Any) -> Any:
+    """The quantisation of ``x``: a BlockArray, or a LazyBlockArray of a Dask array."""
+    if is_lazy(x):
+        from ..lazy.blocks import as_dask, quantize_lazy
+
+        return quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
+    arr, src, job = _job(x, fmt, **options)
+    return job.quantize(arr, src)
+
+
+def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) -> Any:
+    if is_lazy(x):
+        from ..lazy.blocks import as_dask, fake_quantize_lazy
+
+        if out is not None:
+            raise TypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
+        return fake_quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
+    arr, src, job = _job(x, fmt, **options)
+    return _fake(arr, src, job, out)
 
 
 def quantize(
@@ -101,8 +128,13 @@ def quantize(
     rht
         Rotate every 16-element group along the block axis by the random Hadamard transform
         before quantising: True (the default signs) or 16 signs (see :func:`neuron_kernels.rotate`).
+
+    A Dask array gives a ``LazyBlockArray`` (codes and scales as Dask arrays; ``.compute()`` gives
+    this function's BlockArray bit for bit, stochastic rounding included). Chunks along the block
+    axis that split a block are rechunked to whole blocks first; NVFP4's per-tensor scale from the
+    amax is computed at once (a Dask reduction), then the quantisation stays lazy.
     """
-    arr, src, job = _job(
+    return _quantized(
         x,
         fmt,
         block_size=DEFAULT if block_size is None else block_size,
@@ -118,7 +150,6 @@ def quantize(
         scale_search=scale_search,
         rht=rht,
     )
-    return job.quantize(arr, src)
 
 
 def quantize_mx(
@@ -139,9 +170,9 @@ def quantize_mx(
 
     ``fmt``: ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``,
     ``mxint8``. ``block_shape=(8, 4)`` with ``scale_mode="neuron"`` is Neuron's ``quantize_mx`` on
-    a [P, F] tile.
+    a [P, F] tile. A Dask array gives a lazy result (see :func:`quantize`).
     """
-    arr, src, job = _job(
+    return _quantized(
         x,
         fmt,
         block_size=DEFAULT if block_shape is not None else block_size,
@@ -155,7 +186,6 @@ def quantize_mx(
         formats=MX_FORMAT_NAMES,
         what="MX format",
     )
-    return job.quantize(arr, src)
 
 
 def quantize_nvfp4(
@@ -175,8 +205,9 @@ def quantize_nvfp4(
 ) -> BlockArray:
     """Quantise an array to NVFP4 (:func:`quantize` with ``fmt="nvfp4"``): FP4 E2M1 elements, one
     float8_e4m3fn scale per 16 elements, and a float32 per-tensor scale (two levels) unless
-    ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``."""
-    arr, src, job = _job(
+    ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``. A Dask array gives a
+    lazy result (see :func:`quantize`)."""
+    return _quantized(
         x,
         "nvfp4",
         block_size=DEFAULT if block_shape is not None else block_size,
@@ -191,11 +222,15 @@ def quantize_nvfp4(
         pack=pack,
         rht=rht,
     )
-    return job.quantize(arr, src)
 
 
 def dequantize(q: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
-    """The values of a block array in ``dtype`` (see :meth:`BlockArray.dequantize`)."""
+    """The values of a block array in ``dtype`` (see :meth:`BlockArray.dequantize`); of a
+    ``LazyBlockArray``, a lazy Dask array."""
+    if is_lazy_blocks(q):
+        if out is not None:
+            raise TypeError("out= takes NumPy arrays; a LazyBlockArray gives a lazy result")
+        return q.dequantize(dtype)
     if not isinstance(q, BlockArray):
         raise TypeError(f"dequantize takes an MXArray (a block-format array), got {type(q).__name__}")
     return q.dequantize(dtype, out=out)
@@ -207,7 +242,10 @@ def dequantize_mx(mx: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | 
 
     ``out``: an array of the MX array's shape and ``dtype`` to write the values into (reusing
     one saves the operating system's zeroing of fresh pages, most of the time of a large call).
+    A ``LazyBlockArray`` gives a lazy Dask array.
     """
+    if is_lazy_blocks(mx):
+        return dequantize(mx, dtype, out=out)
     if not isinstance(mx, BlockArray):
         raise TypeError(f"dequantize_mx takes an MXArray, got {type(mx).__name__}")
     return mx.dequantize(dtype, out=out)
@@ -228,8 +266,7 @@ def fake_quantize(x: Any, fmt: str, *, out: np.ndarray | None = None, **options:
     for name in ("scale_mode", "block_size"):
         if name in options and options[name] is None:
             options[name] = DEFAULT
-    arr, src, job = _job(x, fmt, **options)
-    return _fake(arr, src, job, out)
+    return _fake_quantized(x, fmt, out, **options)
 
 
 def fake_quantize_mx(
@@ -246,10 +283,12 @@ def fake_quantize_mx(
     scale_search: str | None = None,
 ) -> np.ndarray:
     """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array
-    (written into ``out``, a float32 array of x's shape, if given)."""
-    arr, src, job = _job(
+    (written into ``out``, a float32 array of x's shape, if given). A Dask array gives a lazy Dask
+    array."""
+    return _fake_quantized(
         x,
         fmt,
+        out,
         block_size=DEFAULT if block_shape is not None else block_size,
         block_shape=block_shape,
         axis=axis,
@@ -260,7 +299,6 @@ def fake_quantize_mx(
         formats=MX_FORMAT_NAMES,
         what="MX format",
     )
-    return _fake(arr, src, job, out)
 
 
 def fake_quantize_nvfp4(x: Any, *, out: np.ndarray | None = None, **options: Any) -> np.ndarray:
@@ -311,3 +349,19 @@ def mx_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
         return block_matmul(a, b)
     except ValueError as exc:
         raise ValueError(str(exc).replace("block_matmul", "mx_matmul")) from None
+
+
+def quantization_error(x: Any, q: Any) -> QuantizationError:
+    """Error statistics of ``q`` as a quantisation of ``x`` (see
+    :class:`~neuron_kernels.QuantizationError`).
+
+    For an array quantised with a rotation (``rht=``), ``x`` is compared with the dequantised
+    values rotated back (the error of the whole round trip). With a Dask array or a
+    ``LazyBlockArray`` the result is a ``dask.delayed`` object whose ``.compute()`` gives the
+    statistics (see :func:`neuron_kernels.lazy.blocks.quantization_error_lazy`)."""
+    if is_lazy(x) or is_lazy_blocks(q):
+        from ..lazy.blocks import quantization_error_lazy
+
+        result: QuantizationError = quantization_error_lazy(x, q)
+        return result
+    return _in_memory_error(x, q)

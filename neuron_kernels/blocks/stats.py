@@ -14,7 +14,7 @@ from .inputs import input_array
 from .layout import Pieces
 from .rotation import rotate_array
 
-__all__ = ["QuantizationError", "ErrorStats", "quantization_error"]
+__all__ = ["QuantizationError", "ErrorStats", "quantization_error", "row_sums", "by_rows"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ErrorStats:
         quantisation ``q``. Blocks along the last axis (without a rotation) go through one
         compiled pass that dequantises on the way, row by row on every thread; other layouts in
         pieces of about a million elements (their float64 temporaries are ~60 bytes an element)."""
-        if q.layout.kernel_shapes()[0] and q.rotation is None:
+        if by_rows(q):
             self._add_rows(x, q)
             return
         pieces = Pieces(q.layout)
@@ -93,23 +93,12 @@ class ErrorStats:
             self._add(flat[start:stop].reshape(shape), part)
 
     def _add_rows(self, x: np.ndarray, q: BlockArray) -> None:
-        from .._parallel import run_tasks
-        from ..kernels import blocks as K
-
-        if x.size == 0:
-            return
-        _, vshape, cshape, sshape, _ = q.layout.kernel_shapes()
-        sums = np.zeros((vshape[0], K.N_SUMS), np.float64)
-        kernel = K.row_error_kernel(input_array(x)[1].name, q.format, q.packed)
-        size = min(q.block_size, max(vshape[1], 1))
-        codes, scales = q.codes.reshape(cshape), q.scales.view(np.uint8).reshape(sshape)
-        pts = np.float32(q.per_tensor_scale or 0.0)
-        run_tasks(kernel, vshape[0], x.size, (K.input_view(x).reshape(vshape), codes, scales, size, pts, sums))
-        self.add_row_sums(sums)
+        if x.size:
+            self.add_row_sums(row_sums(x, q))
 
     def add_row_sums(self, sums: np.ndarray) -> None:
-        """Fold in per-row sums (rows, N_SUMS) of the error kernels, in row order (the same sums
-        in the same order give the same statistics, however the rows were computed)."""
+        """Fold in per-row sums (rows, N_SUMS) of the error kernels (:func:`row_sums`), in row order
+        (the same sums in the same order give the same statistics, however the rows were computed)."""
         self._fold(
             int(sums[:, 0].sum()),
             float(np.add.reduce(sums[:, 1])),
@@ -119,6 +108,17 @@ class ErrorStats:
             int(sums[:, 5].sum()),
             int(sums[:, 6].sum()),
         )
+
+    def totals(self) -> np.ndarray:
+        """(count, signal, noise, max_abs, max_rel, saturated, flushed) as float64."""
+        return np.array(
+            [self.count, self.signal, self.noise, self.max_abs, self.max_rel, self.saturated, self.flushed], np.float64
+        )
+
+    def add_totals(self, totals: np.ndarray) -> None:
+        """Fold in the :meth:`totals` of another accumulator."""
+        c, sig, noise, max_abs, max_rel, sat, fl = (float(v) for v in totals)
+        self._fold(int(c), sig, noise, max_abs, max_rel, int(sat), int(fl))
 
     def _fold(self, count: int, signal: float, noise: float, max_abs: float, max_rel: float, sat: int, fl: int) -> None:
         self.count += count
@@ -167,6 +167,31 @@ class ErrorStats:
             saturated=self.saturated / n,
             flushed=self.flushed / n,
         )
+
+
+def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
+    """Per-row error sums (rows, N_SUMS) of ``x`` (C-contiguous) and ``q``, blocked along the last
+    axis without a rotation: one compiled pass per row that dequantises on the way, rows on every
+    thread."""
+    from .._parallel import run_tasks
+    from ..kernels import blocks as K
+
+    _, vshape, cshape, sshape, _ = q.layout.kernel_shapes()
+    sums = np.zeros((vshape[0], K.N_SUMS), np.float64)
+    if x.size == 0:
+        return sums
+    kernel = K.row_error_kernel(input_array(x)[1].name, q.format, q.packed)
+    size = min(q.block_size, max(vshape[1], 1))
+    codes, scales = q.codes.reshape(cshape), q.scales.view(np.uint8).reshape(sshape)
+    pts = np.float32(q.per_tensor_scale or 0.0)
+    run_tasks(kernel, vshape[0], x.size, (K.input_view(x).reshape(vshape), codes, scales, size, pts, sums))
+    return sums
+
+
+def by_rows(q: Any) -> bool:
+    """Whether the statistics of ``q`` (a block array, in memory or lazy) are folded from per-row
+    sums (:func:`row_sums`): blocks along the last axis, no rotation."""
+    return q.layout.kernel_shapes()[0] and q.rotation is None
 
 
 def quantization_error(x: Any, q: BlockArray) -> QuantizationError:

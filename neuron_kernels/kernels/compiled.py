@@ -3,7 +3,9 @@
 Sources: every float format, the packed ``*_x4`` containers and the integers. Targets: every float
 format and the packed containers; integers also go to integers. Each entry is a thin wrapper that
 views the arrays as the kernel wants them (codes and float32 patterns as unsigned ints) and picks
-the specialisation for the call's rounding mode and saturation. The registry asks
+the specialisation for the call's rounding mode and saturation; beside it, every elementwise pair
+(no packed container) has its NumPy ufunc, made on first use from the same plan
+(:func:`_plan`, :mod:`.ufuncs`). The registry asks
 :func:`builtin_kernels` for the entries on its first use; the numba modules are imported on an
 entry's first call, so loading the entries costs nothing and ``import neuron_kernels`` compiles
 nothing.
@@ -98,7 +100,7 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
     return cast_kernel
 
 
-def _build(
+def _plan(
     source: Format,
     target: Format,
     s_el: Format,
@@ -107,15 +109,19 @@ def _build(
     fp4_out: bool,
     rounding: str,
     saturate: bool,
-) -> Any:
+) -> tuple[str, tuple[Any, ...]]:
+    """What computes ``source -> target`` for one rounding mode and saturation: ``("copy", ())``
+    (items moved as they are, or integers converted), ``("pack", ())`` / ``("unpack", ())`` (4-bit
+    codes in and out of bytes, bits unchanged), or ``("codec", (src_kind, src_codec, tgt_kind,
+    tgt_codec, mode, saturate, layout))``: the arguments of :func:`~.codec.make_cast_kernel`."""
     c = _codec()
     if s_el.name == t_el.name and not saturate:
         # The same values in another container: move the bits (NaN payloads included).
         if fp4_in == fp4_out:
-            return c.copy_items
-        return c.unpack_nibbles if fp4_in else c.pack_nibbles
+            return "copy", ()
+        return ("unpack", ()) if fp4_in else ("pack", ())
     if s_el.kind == "int" and t_el.kind == "int":
-        return c.copy_items
+        return "copy", ()
     mode = c.mode_id(rounding)
     if s_el.kind == "int":
         src_kind, src_codec = c.SOURCE_INT, c.NO_CODEC
@@ -131,7 +137,7 @@ def _build(
         )
         src_codec = c.NO_CODEC
         if target.name == "float64":
-            return c.copy_items
+            return "copy", ()
     else:
         src_kind, src_codec = c.source_of_codes(s_el), c.codec_of(s_el)
     if t_el.name in ("float32", "float32r"):
@@ -142,8 +148,54 @@ def _build(
         tgt_kind, tgt_codec = c.TARGET_CODES, c.codec_of(t_el)
     layout = c.UNPACK_NIBBLES if fp4_in and not fp4_out else c.PACK_NIBBLES if fp4_out and not fp4_in else c.ELEMENTWISE
     if fp4_in and fp4_out:
-        return c.copy_items
-    return c.make_cast_kernel(src_kind, src_codec, tgt_kind, tgt_codec, mode, bool(saturate), layout)
+        return "copy", ()
+    return "codec", (src_kind, src_codec, tgt_kind, tgt_codec, mode, bool(saturate), layout)
+
+
+def _build(
+    source: Format,
+    target: Format,
+    s_el: Format,
+    t_el: Format,
+    fp4_in: bool,
+    fp4_out: bool,
+    rounding: str,
+    saturate: bool,
+) -> Any:
+    c = _codec()
+    how, args = _plan(source, target, s_el, t_el, fp4_in, fp4_out, rounding, saturate)
+    if how == "codec":
+        return c.make_cast_kernel(*args)
+    return {"copy": c.copy_items, "pack": c.pack_nibbles, "unpack": c.unpack_nibbles}[how]
+
+
+def _ufunc_dtype(fmt: Format) -> str:
+    """The dtype of a format's items in its ufuncs (see :mod:`.ufuncs`): float32, float64 and the
+    integers as they are, every other format as its unsigned integer codes."""
+    if fmt.kind == "int" or fmt.name == "float64":
+        return fmt.result_dtype.name
+    if fmt.name in _F32_LIKE:
+        return "float32"
+    return fmt.storage_dtype.name
+
+
+def _make_ufuncs(source: Format, target: Format) -> Callable[[str, bool], Any] | None:
+    """``ufunc_for(rounding, saturate)`` of an elementwise pair (None for packed containers, whose
+    items are not elements): the NumPy ufunc of the cast, built on first use."""
+    if source.kind == "packed" or target.kind == "packed":
+        return None
+    name = f"{source.name}_to_{target.name}"
+    in_dtype, out_dtype = _ufunc_dtype(source), _ufunc_dtype(target)
+
+    def ufunc_for(rounding: str, saturate: bool) -> Any:
+        from . import ufuncs
+
+        how, args = _plan(source, target, source, target, False, False, rounding, saturate)
+        if how == "copy":
+            return ufuncs.make_copy_ufunc(name, in_dtype, out_dtype)
+        return ufuncs.make_cast_ufunc(name, in_dtype, out_dtype, *args[:6])
+
+    return ufunc_for
 
 
 def _options_for(source: Format, target: Format) -> tuple[tuple[str, ...], bool]:
@@ -160,14 +212,17 @@ def _options_for(source: Format, target: Format) -> tuple[tuple[str, ...], bool]
     return _ALL_MODES, True
 
 
-def builtin_kernels() -> Iterator[tuple[str, str, Callable[..., None], tuple[str, ...], bool]]:
-    """(source, target, function, roundings, saturate) of every pair, for the registry (whose
-    ``CastOptions`` the functions take as ``options``): floats and packed containers to each other, integers to
-    everything (nothing casts a float to an integer)."""
+def builtin_kernels() -> Iterator[
+    tuple[str, str, Callable[..., None], tuple[str, ...], bool, Callable[[str, bool], Any] | None]
+]:
+    """(source, target, function, roundings, saturate, ufuncs) of every pair, for the registry
+    (whose ``CastOptions`` the functions take as ``options``; ``ufuncs(rounding, saturate)`` gives
+    the pair's NumPy ufunc, None for packed containers): floats and packed containers to each
+    other, integers to everything (nothing casts a float to an integer)."""
     castable = [f for f in FORMATS.values() if f.kind != "fixed"]  # fixed-point rows are block elements only
     for s in castable:
         for t in castable:
             if t.kind == "int" and s.kind != "int":
                 continue
             roundings, saturate = _options_for(s, t)
-            yield s.name, t.name, _make_entry(s, t), roundings, saturate
+            yield s.name, t.name, _make_entry(s, t), roundings, saturate, _make_ufuncs(s, t)

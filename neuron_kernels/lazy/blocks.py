@@ -1,0 +1,419 @@
+"""Block formats on Dask arrays: quantise, fake-quantise, dequantise and error statistics, lazily.
+
+Chunks along the block axis must hold whole blocks (and whole pairs of blocks where 4-bit codes of
+odd-length blocks share bytes; along the second-last axis whole tile rows of 2-D tiles): an array
+whose chunks do not is rechunked (:func:`~.chunks.rechunk_for`), never cut inside a block. Each
+chunk is then quantised on its own, and its codes and scales are the matching chunks of the whole
+array's. With stochastic rounding the axes after the blocks' are rechunked whole, and each chunk
+is quantised in sub-arrays contiguous in the whole array, each with the C-order index of its first
+element, so the random bits are those of the in-memory call. NVFP4's per-tensor scale from the
+amax is a Dask reduction computed first (one read of the input); one more pass quantises.
+
+:class:`LazyBlockArray` holds the codes and scales as Dask arrays; ``compute()`` gives the
+:class:`~neuron_kernels.blocks.array.BlockArray` the in-memory functions give, bit for bit.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..blocks.array import BlockArray
+from ..blocks.inputs import INPUT_DTYPES
+from ..blocks.job import BlockJob, input_array
+from ..blocks.layout import BlockLayout, Pieces
+from ..blocks.rotation import check_length
+from ..blocks.stats import ErrorStats, QuantizationError, by_rows, row_sums
+from ..formats import BLOCK_FORMATS, BlockFormat, Format, get_format
+from . import require
+from .chunks import Chunks, block_chunks, chunk_shape, contiguous_runs, rechunk_for
+
+__all__ = [
+    "LazyBlockArray",
+    "quantize_lazy",
+    "fake_quantize_lazy",
+    "quantization_error_lazy",
+    "lazy_block_array",
+    "as_dask",
+]
+
+da = require("dask.array", "a Dask array")
+dask = require("dask", "a Dask array")
+
+
+def as_dask(x: Any, what: str) -> Any:
+    """``x`` if it is a Dask array; a TypeError naming what is accepted otherwise."""
+    if not isinstance(x, da.Array):
+        raise TypeError(f"{what} takes NumPy or Dask arrays; got a {type(x).__name__} (pass x.data or np.asarray(x))")
+    return x
+
+
+def _source(x: Any) -> Format:
+    try:
+        fmt = get_format(x.dtype)
+    except TypeError:
+        fmt = None
+    if fmt is None or fmt.name not in INPUT_DTYPES:
+        raise TypeError(f"block quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {x.dtype}")
+    return fmt
+
+
+def _first_axis(job: BlockJob, ndim: int) -> int:
+    """The first axis a block spans: the block axis, or the second-last for 2-D tiles."""
+    return ndim - 2 if job.block_rows > 1 else job.axis
+
+
+def _aligned(x: Any, job: BlockJob) -> Any:
+    """``x`` rechunked to whole blocks (see the module docstring)."""
+    unit = job.block_size * (2 if job.pack and job.fmt.packable and job.block_size % 2 else 1)
+    units = {job.axis: unit}
+    if job.block_rows > 1:
+        units[x.ndim - 2] = job.block_rows
+    whole: tuple[int, ...] = ()
+    if job.rounding == "stochastic":  # sub-arrays contiguous in the whole must hold whole blocks
+        whole = tuple(range(_first_axis(job, x.ndim) + 1, x.ndim))
+        if job.block_rows > 1:
+            whole = (x.ndim - 1,)
+    return rechunk_for(x, units, whole)
+
+
+def _chunks_of(chunks: Chunks, lay: BlockLayout) -> tuple[Chunks, Chunks]:
+    """The chunks of the codes and of the scales of values with ``chunks``."""
+    codes, scales = list(chunks), list(chunks)
+    axis = lay.axis
+    if lay.packed:
+        codes[axis] = tuple((c + 1) // 2 for c in chunks[axis])
+    scales[axis] = tuple(-(-c // lay.block_size) for c in chunks[axis])
+    if lay.two_d:
+        scales[-2] = tuple(-(-c // lay.block_rows) for c in chunks[-2])
+    return tuple(codes), tuple(scales)
+
+
+def _quantize_block(
+    block: np.ndarray, job: BlockJob, source: str, shape: tuple[int, ...], block_info: Any = None
+) -> Any:
+    """(codes, scale bytes) of one chunk (a task's result; the two arrays are taken apart after)."""
+    arr, _ = input_array(block)
+    src = get_format(source)
+    if job.rounding != "stochastic":
+        q = job.quantize(arr, src)
+        return q.codes, q.scales.view(np.uint8)
+    lay = job.layout(arr.shape)
+    codes, scales = np.empty(lay.codes_shape, np.uint8), np.empty(lay.scales_shape, np.uint8)
+    for idx, start in contiguous_runs(shape, block_info[0]["array-location"], _first_axis(job, len(shape))):
+        q = replace(job, axis=job.axis - len(idx)).quantize(arr[idx], src, idx0=start)
+        codes[idx], scales[idx] = q.codes, q.scales.view(np.uint8)
+    return codes, scales
+
+
+def _fake_block(block: np.ndarray, job: BlockJob, source: str, shape: tuple[int, ...], block_info: Any = None) -> Any:
+    arr, _ = input_array(block)
+    src = get_format(source)
+    out = np.empty(arr.shape, np.float32)
+    if job.rounding != "stochastic":
+        job.fake_quantize(arr, src, out)
+        return out
+    for idx, start in contiguous_runs(shape, block_info[0]["array-location"], _first_axis(job, len(shape))):
+        replace(job, axis=job.axis - len(idx)).fake_quantize(arr[idx], src, out[idx], idx0=start)
+    return out
+
+
+def _amax_block(block: np.ndarray, job: BlockJob, source: str) -> np.ndarray:
+    arr, _ = input_array(block)
+    return np.full((1,) * arr.ndim, job.amax(arr, get_format(source)) if arr.size else 0.0, np.float64)
+
+
+def _resolved(x: Any, job: BlockJob, src: Format) -> BlockJob:
+    """``job`` with its per-tensor scale from the amax of ``x`` (computed now), if it needs one."""
+    if not job.needs_amax:
+        return job
+    amaxes = x.map_blocks(
+        _amax_block,
+        job,
+        src.name,
+        chunks=tuple((1,) * len(c) for c in x.chunks),
+        dtype=np.float64,
+        meta=np.empty((0,) * x.ndim, np.float64),
+    )
+    return job.with_amax(float(amaxes.max().compute()))
+
+
+def _prepared(x: Any, job: BlockJob) -> tuple[Any, BlockJob, Format]:
+    src = _source(x)
+    if x.ndim == 0:
+        raise ValueError("cannot quantise a 0-d array: blocks run along an axis")
+    if job.rotation is not None:  # refused here, not in a task
+        check_length(x.shape[job.axis], job.axis)
+    x = _aligned(x, job)
+    return x, _resolved(x, job, src), src
+
+
+def quantize_lazy(x: Any, job: BlockJob) -> LazyBlockArray:
+    """:meth:`BlockJob.quantize` of the Dask array ``x``, lazily (the amax, if the job needs it, now)."""
+    x, job, src = _prepared(as_dask(x, "block quantisation"), job)
+    lay = job.layout(x.shape)
+    codes_chunks, scales_chunks = _chunks_of(x.chunks, lay)
+    parts = x.map_blocks(_quantize_block, job, src.name, x.shape, dtype=object, meta=np.empty((0,) * x.ndim, object))
+    meta = np.empty((0,) * x.ndim, np.uint8)
+    codes = parts.map_blocks(operator.itemgetter(0), chunks=codes_chunks, dtype=np.uint8, meta=meta)
+    scales = parts.map_blocks(operator.itemgetter(1), chunks=scales_chunks, dtype=np.uint8, meta=meta)
+    size = x.shape[job.axis]
+    return LazyBlockArray(
+        codes,
+        scales,
+        job.fmt.name,
+        min(job.block_size, size) if x.size else job.block_size,
+        job.axis,
+        tuple(x.shape),
+        job.pack,
+        min(job.block_rows, x.shape[-2]) if x.size and job.block_rows > 1 else job.block_rows,
+        job.per_tensor_scale if not isinstance(job.per_tensor_scale, str) else None,
+        job.rotation,
+        x.chunks,
+    )
+
+
+def fake_quantize_lazy(x: Any, job: BlockJob) -> Any:
+    """:meth:`BlockJob.fake_quantize` of the Dask array ``x``: a lazy float32 Dask array."""
+    x, job, src = _prepared(as_dask(x, "block quantisation"), job)
+    return x.map_blocks(_fake_block, job, src.name, x.shape, dtype=np.float32, meta=np.empty((0,) * x.ndim, np.float32))
+
+
+def _part(q: LazyBlockArray, codes: np.ndarray, scales: np.ndarray, shape: tuple[int, ...]) -> BlockArray:
+    """The block array of one chunk of ``q``."""
+    return BlockArray(
+        np.ascontiguousarray(codes),
+        np.ascontiguousarray(scales).view(np.uint8).view(q.format.scale_format.dtype),
+        q.fmt,
+        q.block_size,
+        q.axis,
+        shape,
+        q.packed,
+        q.block_rows,
+        q.per_tensor_scale,
+        q.rotation,
+    )
+
+
+def _dequantize_block(
+    codes: np.ndarray, scales: np.ndarray, q: LazyBlockArray, dtype: str, unrotate: bool, block_id: Any = None
+) -> np.ndarray:
+    return _part(q, codes, scales, chunk_shape(q.chunks, block_id)).dequantize(dtype, unrotate=unrotate)
+
+
+@dataclass(frozen=True, eq=False)
+class LazyBlockArray:
+    """A block-quantised Dask array: the codes and scale bytes as Dask arrays, chunked like the
+    values (``chunks``), and the fields of :class:`~neuron_kernels.blocks.array.BlockArray`.
+
+    ``compute()`` gives the BlockArray (the in-memory ``quantize``'s, bit for bit);
+    ``dequantize()`` a lazy Dask array of the values; ``persist()`` keeps the codes and scales
+    in the cluster's memory. ``scales`` are the raw bytes (uint8): e8m0 for MX, float8_e4m3fn
+    codes for NVFP4.
+    """
+
+    codes: Any
+    scales: Any
+    fmt: str
+    block_size: int
+    axis: int
+    shape: tuple[int, ...]
+    packed: bool
+    block_rows: int
+    per_tensor_scale: float | None
+    rotation: tuple[int, ...] | None
+    chunks: Chunks
+
+    @property
+    def spec(self) -> LazyBlockArray:
+        """The same fields without the Dask arrays: what the tasks of one chunk carry."""
+        return replace(self, codes=None, scales=None)
+
+    @property
+    def format(self) -> BlockFormat:
+        return BLOCK_FORMATS[self.fmt]
+
+    @property
+    def layout(self) -> BlockLayout:
+        return BlockLayout(self.fmt, self.shape, self.axis, self.block_size, self.block_rows, self.packed)
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return self.layout.block_shape
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scales.nbytes + (4 if self.per_tensor_scale is not None else 0))
+
+    def __repr__(self) -> str:
+        extra = f", block_shape={self.block_shape}" if self.block_rows > 1 else ""
+        if self.per_tensor_scale is not None:
+            extra += f", per_tensor_scale={self.per_tensor_scale:.6g}"
+        if self.rotation is not None:
+            extra += ", rotated"
+        return (
+            f"LazyBlockArray(fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}"
+            f"{extra}, packed={self.packed}, chunks={tuple(c[0] if c else 0 for c in self.chunks)}, "
+            f"npartitions={self.codes.npartitions})"
+        )
+
+    def compute(self, **kwargs: Any) -> BlockArray:
+        """The block array in memory (``kwargs`` go to ``dask.compute``: ``scheduler=`` ...)."""
+        codes, scales = dask.compute(self.codes, self.scales, **kwargs)
+        return _part(self, codes, scales, self.shape)
+
+    def persist(self, **kwargs: Any) -> LazyBlockArray:
+        """The same array with its codes and scales computed and kept by the scheduler."""
+        codes, scales = dask.persist(self.codes, self.scales, **kwargs)
+        return replace(self, codes=codes, scales=scales)
+
+    def dequantize(self, dtype: Any = np.float32, *, unrotate: bool = False) -> Any:
+        """The values as a lazy Dask array of ``dtype``, chunked like the quantised values (see
+        :meth:`BlockArray.dequantize <neuron_kernels.blocks.array.BlockArray.dequantize>`)."""
+        out = get_format(dtype)
+        if out.name not in INPUT_DTYPES:
+            raise TypeError(f"dequantisation writes float32, float64, float16 or bfloat16; got {out.name}")
+        if not isinstance(unrotate, (bool, np.bool_)):
+            raise TypeError(f"unrotate must be True or False, got {unrotate!r}")
+        if unrotate and self.rotation is None:
+            raise ValueError("unrotate=True needs an array quantised with a rotation (rht=); this one has none")
+        return da.map_blocks(
+            _dequantize_block,
+            self.codes,
+            self.scales,
+            self.spec,
+            out.name,
+            bool(unrotate),
+            chunks=self.chunks,
+            dtype=out.result_dtype,
+            meta=np.empty((0,) * len(self.shape), out.result_dtype),
+        )
+
+
+#: The error sums of a row or a chunk (count, signal, noise, max abs, max rel, saturated, flushed).
+_N_SUMS = 7
+
+
+def _row_sums_block(
+    x: np.ndarray, codes: np.ndarray, scales: np.ndarray, q: LazyBlockArray, block_id: Any = None
+) -> Any:
+    arr, _ = input_array(x)
+    sums = row_sums(arr, _part(q, codes, scales, arr.shape))
+    return sums.reshape(arr.shape[:-1] + (sums.shape[1],))
+
+
+def _piece_totals(
+    x: np.ndarray,
+    codes: np.ndarray,
+    scales: np.ndarray,
+    q: LazyBlockArray,
+    shape: tuple[int, ...],
+    cshape: tuple[int, ...],
+    sshape: tuple[int, ...],
+    axis: int,
+) -> np.ndarray:
+    """The error sums of one piece of :class:`~..blocks.layout.Pieces` (flat ranges of the values,
+    codes and scale bytes), as the in-memory statistics compute that piece."""
+    arr, _ = input_array(np.ascontiguousarray(x).reshape(shape))
+    part = replace(q, axis=axis, shape=shape)
+    stats = ErrorStats()
+    stats._add(arr, _part(part, np.asarray(codes).reshape(cshape), np.asarray(scales).reshape(sshape), shape))
+    return stats.totals()
+
+
+def _from_rows(sums: np.ndarray) -> QuantizationError:
+    stats = ErrorStats()
+    if sums.size:
+        stats.add_row_sums(sums.reshape(-1, _N_SUMS))
+    return stats.result()
+
+
+def _from_totals(*totals: np.ndarray) -> QuantizationError:
+    stats = ErrorStats()
+    for row in totals:
+        stats.add_totals(row)
+    return stats.result()
+
+
+def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
+    """The block array ``q`` (in memory) as a :class:`LazyBlockArray` whose values are chunked like
+    ``chunks`` (Dask's chunks of an array of ``q.shape``), rounded to whole blocks."""
+    values = da.empty(q.shape, np.float32, chunks=chunks).chunks
+    unit = q.block_size * (2 if q.packed and q.block_size % 2 else 1)
+    units = {q.axis: unit, **({len(q.shape) - 2: q.block_rows} if q.block_rows > 1 else {})}
+    values = block_chunks(values, q.shape, units)
+    codes_chunks, scales_chunks = _chunks_of(values, q.layout)
+    return LazyBlockArray(
+        da.from_array(q.codes, chunks=codes_chunks),
+        da.from_array(q.scales.view(np.uint8), chunks=scales_chunks),
+        q.fmt,
+        q.block_size,
+        q.axis,
+        q.shape,
+        q.packed,
+        q.block_rows,
+        q.per_tensor_scale,
+        q.rotation,
+        values,
+    )
+
+
+def quantization_error_lazy(x: Any, q: Any) -> Any:
+    """The error statistics of ``q`` (a :class:`LazyBlockArray` or a BlockArray) as a quantisation
+    of ``x`` (a Dask or NumPy array), as a ``dask.delayed`` object: ``.compute()`` gives the
+    :class:`~neuron_kernels.blocks.stats.QuantizationError`.
+
+    The in-memory statistics bit for bit: blocks along the last axis without a rotation (the
+    in-memory per-row pass) from per-row sums, each row in one chunk (the last axis is rechunked
+    whole), folded in row order; other layouts from the in-memory pass's pieces (about a million
+    elements each, one task each), folded in the same order.
+    """
+    if isinstance(q, BlockArray):
+        q = lazy_block_array(q, x.chunks if isinstance(x, da.Array) else "auto")
+    if not isinstance(q, LazyBlockArray):
+        raise TypeError(f"quantization_error takes an MXArray (a block-format array), got {type(q).__name__}")
+    if tuple(x.shape) != q.shape:
+        raise ValueError(f"x has shape {tuple(x.shape)} but the MX array has shape {q.shape}")
+    _source(x)
+    x = da.asarray(x).rechunk(q.chunks)
+    codes, scales = q.codes, q.scales
+    if by_rows(q):
+        last = x.ndim - 1
+        if len(q.chunks[last]) > 1:
+            x, codes, scales = (a.rechunk({last: a.shape[last]}) for a in (x, codes, scales))
+            q = replace(q, codes=codes, scales=scales, chunks=x.chunks)
+        sums = da.map_blocks(
+            _row_sums_block,
+            x,
+            codes,
+            scales,
+            q.spec,
+            chunks=x.chunks[:-1] + ((_N_SUMS,),),
+            dtype=np.float64,
+            meta=np.empty((0,) * x.ndim, np.float64),
+        )
+        return dask.delayed(_from_rows)(sums)
+    # Other layouts: the pieces of the in-memory pass (about a million elements each, contiguous
+    # in the values, codes and scales), each one task, folded in the same order.
+    pieces = Pieces(q.layout)
+    flat_x, flat_codes, flat_scales = (a.reshape(-1) for a in (x, codes, scales))
+    totals = []
+    for cut in pieces.cuts(1 << 20):
+        start, stop, shape = pieces.values(cut)
+        (c0, c1, cshape), (s0, s1, sshape) = pieces.codes(cut), pieces.scales(cut)
+        totals.append(
+            dask.delayed(_piece_totals)(
+                flat_x[start:stop],
+                flat_codes[c0:c1],
+                flat_scales[s0:s1],
+                q.spec,
+                shape,
+                cshape,
+                sshape,
+                pieces.piece_layout(cut).axis,
+            )
+        )
+    return dask.delayed(_from_totals)(*totals)
