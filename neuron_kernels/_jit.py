@@ -87,6 +87,27 @@ def _sources_digest() -> str | None:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def _cache_lock(folder: str) -> Any:
+    """An exclusive lock on the cache folder while an entry is saved. numba saves an entry by
+    reading the function's index, adding the entry and writing the index back: processes that
+    compile overloads of one function at once (``neuron-kernels warmup``, test workers) would
+    otherwise each write an index without the others' entries. Where file locks are not
+    available, nothing is locked (a lost entry is only compiled again)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".lock"), "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class _TolerantCache(FunctionCache):
     """numba's on-disk cache, keyed on the package's kernel sources as well (see
     :data:`KERNEL_SOURCES`), and tolerant: an unreadable entry (a corrupted or truncated file) is
@@ -126,7 +147,8 @@ class _TolerantCache(FunctionCache):
 
     def save_overload(self, sig: Any, data: Any) -> None:
         try:
-            super().save_overload(sig, data)
+            with _cache_lock(self.cache_path):
+                super().save_overload(sig, data)
         except Exception as exc:  # noqa: BLE001 - a cache that cannot be written only costs time
             warnings.warn(
                 f"neuron_kernels: cannot save {self._qualname()} to the compilation cache "

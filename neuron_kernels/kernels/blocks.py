@@ -496,14 +496,9 @@ def _row_plain_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, 
         out[j] = _scale_byte(_block_amax(xr, l0, l1, src), mode, pts, sc)
 
 
-def _scales_function(sc: Scale) -> Any:
-    """The scale loop a kernel calls: with the policies' evaluation or without."""
-    return _row_scales if sc.policies else _row_plain_scales
-
-
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
     stochastic = el.mode == C.STOCHASTIC
-    row_scales = _scales_function(sc)
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     nan_code = el.nan_code
 
     @jit
@@ -519,7 +514,10 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
+            if policies:
+                _row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
+            else:
+                _row_plain_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
@@ -561,7 +559,7 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
     stochastic = el.mode == C.STOCHASTIC
-    row_scales = _scales_function(sc)
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
 
     @jit
     def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
@@ -576,7 +574,10 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
             xr, orow = x[r], out[r]
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
+            if policies:
+                _row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
+            else:
+                _row_plain_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
@@ -678,7 +679,7 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
 
 def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
     stochastic = el.mode == C.STOCHASTIC
-    tile_scales = _tile_scales if sc.policies else _tile_plain_scales
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     nan_code = el.nan_code
 
     @jit
@@ -696,7 +697,10 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
             i = t - a * nrt
             r0 = i * rows
             r1 = min(r0 + rows, height)
-            tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            if policies:
+                _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            else:
+                _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
                 scales[a, i, j] = bytes_[j]
                 mul, _ = _multiplier(bytes_[j], pts, sc)
@@ -727,7 +731,7 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
 
 def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
     stochastic = el.mode == C.STOCHASTIC
-    tile_scales = _tile_scales if sc.policies else _tile_plain_scales
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
 
     @jit
     def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
@@ -745,7 +749,10 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
             i = t - a * nrt
             r0 = i * rows
             r1 = min(r0 + rows, height)
-            tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            if policies:
+                _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            else:
+                _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
                 mul, scale = _multiplier(bytes_[j], pts, sc)
                 for cc in range(j * cols, min(j * cols + cols, width)):
@@ -1082,7 +1089,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
     src = source_of(source)
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True)
     top = fmt.element_format.max_code
-    row_scales = _scales_function(sc)
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
 
     @jit
     def kernel(x, size, mode, policy, pts, key, out, t0, t1):  # pragma: no cover - compiled
@@ -1091,7 +1098,10 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         bytes_ = np.empty(nb, np.uint32)
         for r in range(t0, t1):
             xr = x[r]
-            row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
+            if policies:
+                _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
+            else:
+                _row_plain_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
             count = 0
             signal = 0.0
             noise = 0.0
