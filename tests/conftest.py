@@ -333,6 +333,12 @@ def meta_with(**change):
     return {k: v for k, v in {**META, **change}.items() if v is not MISSING}
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (in their order, then the others in theirs): under pytest-xdist the
+    long sweeps start at once beside the short tests instead of ending the run on one worker."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @contextlib.contextmanager
 def _locked(path):
     """An exclusive lock on the file ``path`` (between the processes of one pytest run)."""
