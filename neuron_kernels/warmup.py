@@ -98,6 +98,7 @@ def run_task(task: Task) -> None:
         from .blocks.job import block_job
 
         arr, src = input_array(_sample(source, (2, 64)))
+        arr.setflags(write=False)  # as the error table reads files: memory-mapped, read-only
         block_job(fmt, 2, pack=False).resolved(arr, src).error_sums(arr, src)
     else:
         raise ValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")

@@ -451,7 +451,7 @@ def _vector_lengths(source: Source) -> tuple[int, int, int]:
     return (16, 32, 64) if source.vector else (0, 0, 0)
 
 
-@jit
+@jit(inline="always")
 def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
     """:func:`_row_amax` with the source known at run time only (one vector reduction for the
     blocks of 16, 32 or 64 of the sources that have them)."""
