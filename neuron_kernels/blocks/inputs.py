@@ -8,7 +8,7 @@ import numpy as np
 
 from ..formats import Format, get_format
 
-__all__ = ["INPUT_DTYPES", "input_array"]
+__all__ = ["INPUT_DTYPES", "input_array", "input_format"]
 
 #: The dtypes block formats quantise from and dequantise to.
 INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
@@ -17,12 +17,18 @@ INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 def input_array(x: Any) -> tuple[np.ndarray, Format]:
     """``x`` as a native-order C-contiguous array of a dtype block formats quantise, and its row."""
     arr = np.asarray(x)  # subclasses (matrix, memmap) as plain arrays
-    try:
-        fmt = get_format(arr.dtype)
-    except TypeError:
-        fmt = None
-    if fmt is None or fmt.name not in INPUT_DTYPES:
-        raise TypeError(f"block quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {arr.dtype}")
+    fmt = input_format(arr.dtype)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return np.asarray(arr, order="C"), fmt
+
+
+def input_format(dtype: Any) -> Format:
+    """The table row of a dtype block formats quantise, or a TypeError naming those dtypes."""
+    try:
+        fmt = get_format(dtype)
+    except TypeError:
+        fmt = None
+    if fmt is None or fmt.name not in INPUT_DTYPES:
+        raise TypeError(f"block quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {dtype}")
+    return fmt

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..blocks.array import BlockArray
-from ..blocks.inputs import INPUT_DTYPES
+from ..blocks.inputs import INPUT_DTYPES, input_format
 from ..blocks.job import BlockJob, input_array
 from ..blocks.layout import BlockLayout, Pieces
 from ..blocks.rotation import check_length
@@ -52,13 +52,7 @@ def as_dask(x: Any, what: str) -> Any:
 
 
 def _source(x: Any) -> Format:
-    try:
-        fmt = get_format(x.dtype)
-    except TypeError:
-        fmt = None
-    if fmt is None or fmt.name not in INPUT_DTYPES:
-        raise TypeError(f"block quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {x.dtype}")
-    return fmt
+    return input_format(x.dtype)
 
 
 def _first_axis(job: BlockJob, ndim: int) -> int:
