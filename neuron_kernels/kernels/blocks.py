@@ -315,6 +315,34 @@ def _value(code, scale, el):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
+def _nearest_value(v, el):  # pragma: no cover - compiled
+    """The float32 value of the code :func:`_nearest_even` gives ``v``, without the code: the same
+    roundings, left in float32 (the adder trick's sum below the smallest normal, the rounded
+    pattern's kept bits above it), with the sign of ``v`` (negated for fixed-point elements,
+    whose zero is unsigned). Fake quantisation and error sums need no code."""
+    c = el.codec
+    a = min(abs(v), el.top)
+    sub = (a + el.magic) - el.magic
+    if c.specials == C.FIXED:
+        return np.float32(0.0) - sub if v < 0 else sub  # not -0.0: the code of zero is 0
+    ab = f32_bits(a)
+    rounded = u32_add(u32_add(ab, (1 << (22 - c.mbits)) - 1), u32_and(u32_shr(ab, 23 - c.mbits), 1))
+    normal = f32_from_bits(u32_and(rounded, u32_sub(0, 1 << (23 - c.mbits))))
+    mag = sub if a < el.min_normal else normal
+    return f32_from_bits(u32_or(f32_bits(mag), u32_and(f32_bits(v), 0x80000000)))
+
+
+@jit(inline="always")
+def _dequantized(v, rnd, scale, el):  # pragma: no cover - compiled
+    """``_value(_code(v, rnd, el), scale, el)``: the value the finite scaled element ``v`` comes
+    back as (NaN for a NaN block)."""
+    if el.mode == C.NEAREST_EVEN:
+        d = _nearest_value(v, el) * scale
+        return d if scale == scale else np.float32(np.nan)
+    return _value(_code(v, rnd, el), scale, el)
+
+
+@jit(inline="always")
 def _stream(key):  # pragma: no cover - compiled
     return np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
 
@@ -323,36 +351,22 @@ def _stream(key):  # pragma: no cover - compiled
 
 
 @jit
-def _term(u, rnd, mul, scale, squared, el, sc):  # pragma: no cover - compiled
-    """|dq - x| (or its square) of the element pattern ``u`` with a candidate scale, in float64."""
-    d = np.float64(_value(_code(_scaled(u, mul, sc), rnd, el), scale, el)) - np.float64(f32_from_bits(u))
-    return d * d if squared else abs(d)
-
-
-@jit
-def _row_errors(xr, l0, l1, base, b0, b1, b2, b3, b4, count, pts, squared, key, src, el, sc):  # pragma: no cover
-    """The error sums of the block ``xr[l0:l1]`` with the scales ``b0..b4`` (the first ``count`` of
-    them; 2 or 5), each accumulated left to right in float64 from 0.0. One pass over the elements
-    evaluates every candidate: their sums are independent chains the processor overlaps."""
+def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, src, el, sc, errs):  # pragma: no cover
+    """The error sums of the block ``xr[l0:l1]`` with the scales ``cands[:count]`` into
+    ``errs[:count]``: for each, |dq - x| (or its square) in float64, accumulated left to right
+    from 0.0. One element loop serves every candidate (compiled once, the block in cache)."""
     key_lo, key_hi = _stream(key)
-    m0, s0 = _multiplier(b0, pts, sc)
-    m1, s1 = _multiplier(b1, pts, sc)
-    m2, s2 = _multiplier(b2, pts, sc)
-    m3, s3 = _multiplier(b3, pts, sc)
-    m4, s4 = _multiplier(b4, pts, sc)
-    e0 = e1 = e2 = e3 = e4 = 0.0
     rnd = np.uint32(0)
-    for i in range(l0, l1):
-        u = C.load(xr[i], src.kind, src.codec)
-        if el.mode == C.STOCHASTIC:
-            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-        e0 += _term(u, rnd, m0, s0, squared, el, sc)
-        e1 += _term(u, rnd, m1, s1, squared, el, sc)
-        if count > 2:
-            e2 += _term(u, rnd, m2, s2, squared, el, sc)
-            e3 += _term(u, rnd, m3, s3, squared, el, sc)
-            e4 += _term(u, rnd, m4, s4, squared, el, sc)
-    return e0, e1, e2, e3, e4
+    for k in range(count):
+        mul, scale = _multiplier(cands[k], pts, sc)
+        err = 0.0
+        for i in range(l0, l1):
+            u = C.load(xr[i], src.kind, src.codec)
+            if el.mode == C.STOCHASTIC:
+                rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+            d = np.float64(_dequantized(_scaled(u, mul, sc), rnd, scale, el)) - np.float64(f32_from_bits(u))
+            err += d * d if squared else abs(d)
+        errs[k] = err
 
 
 @jit
@@ -369,7 +383,7 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
             u = C.load(x[a, rr, cc], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
                 rnd = C.random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
-            d = np.float64(_value(_code(_scaled(u, mul, sc), rnd, el), scale, el)) - np.float64(f32_from_bits(u))
+            d = np.float64(_dequantized(_scaled(u, mul, sc), rnd, scale, el)) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
     return err
 
@@ -425,25 +439,23 @@ def _row_amax(xr, l0, l1, src, v16, v32, v64):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc):  # pragma: no cover - compiled
-    """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate."""
+def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
+    """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate
+    (``cands``, ``errs``: scratch of 5 entries)."""
     byte = _scale_byte(amax, mode, pts, sc)
     if not _policy_scale(byte, amax, policy, pts, sc):
         return byte
-    squared = policy != FOUR_SIX_MAE
-    v0, c0 = _candidate(0, byte, policy, amax, pts, sc)
-    v1, c1 = _candidate(1, byte, policy, amax, pts, sc)
-    v2, c2 = _candidate(2, byte, policy, amax, pts, sc)
-    v3, c3 = _candidate(3, byte, policy, amax, pts, sc)
-    # invalid candidates are evaluated with the plain scale (never strictly better) and skipped
-    c0, c1, c2, c3 = (c0 if v0 else byte), (c1 if v1 else byte), (c2 if v2 else byte), (c3 if v3 else byte)
+    # the plain scale first; invalid candidates are evaluated with it (never strictly better)
     count = 5 if (policy == SEARCH_MSE) & (not sc.e8m0) else 2
-    e, e0, e1, e2, e3 = _row_errors(xr, l0, l1, base, byte, c0, c1, c2, c3, count, pts, squared, key, src, el, sc)
-    best, chosen = e, byte
+    cands[0] = byte
     for k in range(count - 1):
-        ek, ck, vk = (e0, c0, v0) if k == 0 else (e1, c1, v1) if k == 1 else (e2, c2, v2) if k == 2 else (e3, c3, v3)
-        if vk and ek < best:
-            best, chosen = ek, ck
+        valid, cand = _candidate(k, byte, policy, amax, pts, sc)
+        cands[k + 1] = cand if valid else byte
+    _row_errors(xr, l0, l1, base, cands, count, pts, policy != FOUR_SIX_MAE, key, src, el, sc, errs)
+    best, chosen = errs[0], byte
+    for k in range(1, count):
+        if errs[k] < best:
+            best, chosen = errs[k], np.uint32(cands[k])
     return chosen
 
 
@@ -478,11 +490,13 @@ def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc
     and one compiled copy serves every format and kernel of a source's row type (compiling it
     into each kernel cost most of their compile time)."""
     length = xr.shape[0]
+    cands = np.empty(5, np.uint32)
+    errs = np.empty(5, np.float64)
     for j in range(j0, j1):
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
         amax = _block_amax(xr, l0, l1, src)
-        out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc)
+        out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs)
 
 
 @jit
@@ -585,8 +599,7 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
                 for i in range(l0, l1):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-                    code = _code(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, el)
-                    orow[i] = _value(code, scale, el)
+                    orow[i] = _dequantized(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, scale, el)
             t = (r + 1) * nb
 
     return kernel
@@ -762,8 +775,8 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
                 for cc in range(width):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
-                    code = _code(_scaled(C.load(x[a, rr, cc], source.kind, source.codec), col_mul[cc], sc), rnd, el)
-                    out[a, rr, cc] = _value(code, col_scale[cc], el)
+                    v = _scaled(C.load(x[a, rr, cc], source.kind, source.codec), col_mul[cc], sc)
+                    out[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el)
 
     return kernel
 
@@ -882,6 +895,8 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
         nb = scales.shape[1]
         buf = np.empty(size, np.uint32)
         t64 = np.empty(16, np.float64)
+        cands = np.empty(5, np.uint32)
+        errs = np.empty(5, np.float64)
         rnd = np.uint32(0)
         rnd_hi = np.uint32(0)
         t = t0
@@ -895,7 +910,9 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
                 for g in range(0, n, 16):
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, source, False)
                 amax = _row_amax(buf, np.uint64(0), np.uint64(n), f32, V16, V32, V64)
-                byte = _row_scale(buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc)
+                byte = _row_scale(
+                    buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc, cands, errs
+                )
                 sr[j] = byte
                 mul, _ = _multiplier(byte, pts, sc)
                 nan_block = amax >= np.uint32(0x7F800000)
@@ -932,6 +949,8 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
         nb = (length + size - 1) // size
         buf = np.empty(size, np.uint32)
         t64 = np.empty(16, np.float64)
+        cands = np.empty(5, np.uint32)
+        errs = np.empty(5, np.float64)
         rnd = np.uint32(0)
         t = t0
         while t < t1:
@@ -944,12 +963,14 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
                 for g in range(0, n, 16):
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, source, False)
                 amax = _row_amax(buf, np.uint64(0), np.uint64(n), f32, V16, V32, V64)
-                byte = _row_scale(buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc)
+                byte = _row_scale(
+                    buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc, cands, errs
+                )
                 mul, scale = _multiplier(byte, pts, sc)
                 for i in range(n):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, base + i)
-                    orow[l0 + i] = _value(_code(_scaled(buf[i], mul, sc), rnd, el), scale, el)
+                    orow[l0 + i] = _dequantized(_scaled(buf[i], mul, sc), rnd, scale, el)
             t = (r + 1) * nb
 
     return kernel
@@ -1114,7 +1135,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
                     u = C.load(xr[i], src.kind, src.codec)
-                    d = np.float64(_value(_code(_scaled(u, mul, sc), np.uint32(0), el), scale, el))
+                    d = np.float64(_dequantized(_scaled(u, mul, sc), np.uint32(0), scale, el))
                     xi = np.float64(f32_from_bits(u))
                     if not np.isfinite(xi) or np.isnan(d):
                         continue
