@@ -185,7 +185,7 @@ def _bit_length(v):  # pragma: no cover - compiled
     return n
 
 
-@jit(inline="always")
+@jit
 def _e8m0_byte(amax, mode, sc):  # pragma: no cover - compiled
     """The e8m0 byte of a block from its finite, non-zero amax bit pattern, by ``mode`` (the
     formulas of ``modes.SCALE_MODES``), the exponent clamped to [-127, 127]."""
@@ -459,6 +459,14 @@ def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cand
     return chosen
 
 
+def _vector_length(source: str, fmt: BlockFormat) -> int:
+    """The block length the plain scale loop of a kernel reduces as one vector (a compile-time
+    constant): the format's own, for the sources that have the vector reduction; 0 for none.
+    Other lengths take the scalar loop: one vector length per kernel compiles faster than all
+    three, and the format's own block size is what nearly every call uses."""
+    return fmt.block_size if source_of(source).vector else 0
+
+
 def _vector_lengths(source: Source) -> tuple[int, int, int]:
     return (16, 32, 64) if source.vector else (0, 0, 0)
 
@@ -487,8 +495,8 @@ def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc
     """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``. A loop of its own,
     before the elements', and a function of its own: the per-block decisions (the format's
     constants, scale mode and policy, all run-time values here) cost the element loop nothing,
-    and one compiled copy serves every format and kernel of a source's row type (compiling it
-    into each kernel cost most of their compile time)."""
+    and one compiled copy serves every format and kernel with scale policies of a source's row
+    type (compiling the policies' evaluation into each kernel cost most of their compile time)."""
     length = xr.shape[0]
     cands = np.empty(5, np.uint32)
     errs = np.empty(5, np.float64)
@@ -499,18 +507,20 @@ def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc
         out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs)
 
 
-@jit
-def _row_plain_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc):  # pragma: no cover
-    """:func:`_row_scales` of the kernels without scale policies (``policy`` ignored): the plain
-    rule only, so that their first compile does not include the policies' evaluation."""
+@jit(inline="always")
+def _row_plain_scales(xr, j0, j1, size, out, mode, pts, src, sc, vlen):  # pragma: no cover - compiled
+    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` by the plain rule (kernels without
+    scale policies), inlined into the kernel with the format's constants and ``vlen`` (see
+    :func:`_vector_length`) compiled in: the shared :func:`_row_scales`, with run-time constants,
+    cost the quantisers up to a fifth of their speed."""
     length = xr.shape[0]
     for j in range(j0, j1):
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
-        out[j] = _scale_byte(_block_amax(xr, l0, l1, src), mode, pts, sc)
+        out[j] = _scale_byte(_row_amax(xr, l0, l1, src, 0, vlen, 0), mode, pts, sc)
 
 
-def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
+def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     nan_code = el.nan_code
@@ -531,7 +541,7 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             if policies:
                 _row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
             else:
-                _row_plain_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
+                _row_plain_scales(xr, j0, j1, size, sr, mode, pts, source, sc, vlen)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
@@ -571,7 +581,7 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
     return kernel
 
 
-def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
+def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
 
@@ -591,7 +601,7 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
             if policies:
                 _row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
             else:
-                _row_plain_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
+                _row_plain_scales(xr, j0, j1, size, bytes_, mode, pts, source, sc, vlen)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
@@ -996,7 +1006,7 @@ def quantize_kernel(
     if rotate:
         return _row_quantize_rotated(source_of(source), el, sc, bool(pack))
     if row:
-        return _row_quantize(source_of(source), el, sc, bool(pack))
+        return _row_quantize(source_of(source), el, sc, bool(pack), _vector_length(source, fmt))
     return _tile_quantize(source_of(source), el, sc, pack)
 
 
@@ -1010,7 +1020,7 @@ def fake_quantize_kernel(
     if rotate:
         return _row_fake_quantize_rotated(source_of(source), el, sc)
     if row:
-        return _row_fake_quantize(source_of(source), el, sc)
+        return _row_fake_quantize(source_of(source), el, sc, _vector_length(source, fmt))
     return _tile_fake_quantize(source_of(source), el, sc)
 
 
@@ -1110,7 +1120,6 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
     src = source_of(source)
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True)
     top = fmt.element_format.max_code
-    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
 
     @jit
     def kernel(x, size, mode, policy, pts, key, out, t0, t1):  # pragma: no cover - compiled
@@ -1119,10 +1128,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         bytes_ = np.empty(nb, np.uint32)
         for r in range(t0, t1):
             xr = x[r]
-            if policies:
-                _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
-            else:
-                _row_plain_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
+            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
             count = 0
             signal = 0.0
             noise = 0.0
