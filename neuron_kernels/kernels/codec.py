@@ -26,7 +26,6 @@ encoder (:func:`encode_e8m0`: ties to the even code).
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -362,7 +361,13 @@ def _f64_rest(x, u):  # pragma: no cover - compiled
     A non-zero ``x`` that truncates to zero gets at least 1 (a sticky bit, too small to change any
     rounding) so that e8m0, which has no zero, can tell it from zero."""
     e1 = max(u32_and(u32_shr(u, 23), 0xFF), 1)
-    rest = math.ldexp(abs(x) - abs(np.float64(f32_from_bits(u))), 182 - np.int64(e1))  # ulp = 2^(e1 - 150)
+    # times 2^(182 - e1) (ulp = 2^(e1 - 150)), as two float32 powers of two (each exponent in
+    # [-36, 91]): exact, and branch-free where ldexp is a library call per element
+    k = 182 - np.int64(e1)
+    half = k >> 1
+    p1 = np.float64(f32_from_bits(u32_shl(np.uint32(127 + half), 23)))
+    p2 = np.float64(f32_from_bits(u32_shl(np.uint32(127 + k - half), 23)))
+    rest = (abs(x) - abs(np.float64(f32_from_bits(u)))) * p1 * p2
     bits = np.uint32(rest) if (rest >= 0.0) & (rest < 4294967296.0) else np.uint32(0)
     return u32_or(bits, 1) if (u32_and(u, 0x7FFFFFFF) == 0) & (x != 0) else bits
 
