@@ -541,7 +541,7 @@ def block_cases(draw, kernels=tuple(KERNEL_CHOICES)):
         return x.astype(dtype), fmt, options
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_cases())
 def test_random_cases_match_reference(case):
     x, fmt, options = case

@@ -125,8 +125,8 @@ def test_mx_scale_search_grid(fmt, scale_mode):
 
 
 # Most examples compile a kernel of their own (format x dtype x rounding x layout: about 900 of
-# them), a second each: 80 examples draw a different sample of them on every run.
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# them), a second each: 30 examples draw a different sample of them on every run.
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_cases(kernels=tuple(ALL_KERNEL_CHOICES)))
 def test_random_cases_over_every_kernel(case):
     x, fmt, options = case

@@ -197,7 +197,7 @@ def _check_equal(got: np.ndarray, want: np.ndarray, what: str, x32: np.ndarray, 
 @pytest.mark.parametrize("fmt", MX_NAMES)
 # Most examples draw a kernel not compiled yet (rounding x dtype x layout): 50 a format keep the
 # run near a minute; test_blocks_exhaustive's random cases reach the rest.
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mx_matches_reference(fmt, data):
     """quantize_mx (pack=False), dequantize_mx and fake_quantize_mx equal the reference."""
@@ -254,7 +254,7 @@ def _element_value(fmt: str, code: int) -> Fraction:
 
 
 @pytest.mark.parametrize("fmt", MX_NAMES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_quantization_error_bound(fmt, data):
     """|x - dq| <= ulp/2 * X (nearest) or < ulp * X (toward_zero, stochastic) for every finite
