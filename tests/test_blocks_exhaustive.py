@@ -17,6 +17,7 @@ from .reference_blocks import rht_inverse_ref, rht_ref
 from .test_blocks import (
     ALL_KERNEL_CHOICES,
     CUSTOM_SIGNS,
+    INPUT_DTYPES,
     MX_FORMATS,
     ROUNDINGS,
     SCALE_MODES,
@@ -96,7 +97,7 @@ def test_every_scale_code_under_the_policies(policy, per_tensor_scale, rounding)
 # test is the same for every mode; the random cases below draw from every combination.
 MX_TILE_CASES = [(fmt, ROUNDINGS[(i + 3) % len(ROUNDINGS)]) for i, fmt in enumerate(MX_FORMATS)]
 NVFP4_TILE_CASES = [
-    *[(dtype, ROUNDINGS[i]) for i, dtype in enumerate([np.float32, np.float16, BF16, np.float64])],
+    *[(dtype, ROUNDINGS[i]) for i, dtype in enumerate(INPUT_DTYPES)],
     (np.float32, "stochastic"),
 ]
 
