@@ -25,7 +25,8 @@ import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils, event
-from numba.core.caching import FunctionCache
+from numba.core.caching import FunctionCache, dumps
+from numba.core.dispatcher import Dispatcher
 from numba.extending import intrinsic
 
 __all__ = [
@@ -108,6 +109,19 @@ def _cache_lock(folder: str) -> Any:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _closure_key(fn: Callable[..., Any]) -> list[Any]:
+    """The values of ``fn``'s closure as a cache key: compiled functions as (module, qualified
+    name, their own closure's key), everything else as it is."""
+    key: list[Any] = []
+    for cell in fn.__closure__ or ():
+        value = cell.cell_contents
+        if isinstance(value, Dispatcher):
+            py = value.py_func
+            value = ("compiled", py.__module__, py.__qualname__, tuple(_closure_key(py)))
+        key.append(value)
+    return key
+
+
 class _TolerantCache(FunctionCache):
     """numba's on-disk cache, keyed on the package's kernel sources as well (see
     :data:`KERNEL_SOURCES`), and tolerant: an unreadable entry (a corrupted or truncated file) is
@@ -125,8 +139,14 @@ class _TolerantCache(FunctionCache):
         self._cache_file._source_stamp = (self._cache_file._source_stamp, digest)
 
     def _index_key(self, sig: Any, codegen: Any) -> Any:
-        # Both load_overload and save_overload look entries up by this key.
-        return (*super()._index_key(sig, codegen), _sources_digest())
+        # Both load_overload and save_overload look entries up by this key: numba's own (the
+        # signature, the CPU, digests of the bytecode and of the closure's values), except that
+        # a compiled function in the closure is described by its name and its own closure, not
+        # pickled (its pickle holds an id that is new in every process, so the key would never
+        # match again), and the digest of the kernel sources, which holds the functions' code.
+        cells = tuple(_closure_key(self._py_func))
+        digests = (hashlib.sha256(self._py_func.__code__.co_code).hexdigest(), hashlib.sha256(dumps(cells)).hexdigest())
+        return (sig, codegen.magic_tuple(), digests, _sources_digest())
 
     def _qualname(self) -> str:
         return getattr(self._py_func, "__qualname__", "a kernel")

@@ -60,7 +60,9 @@ __all__ = [
     "round_significand",
     "random_bits",
     "load",
-    "store",
+    "loader",
+    "storer",
+    "Store",
     "make_cast_kernel",
     "copy_items",
     "pack_nibbles",
@@ -389,7 +391,8 @@ def random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
 @jit
 def load(x, source, c):  # pragma: no cover - compiled
     """The float32 pattern of one source item of kind ``source`` (``SOURCE_*``; codes are decoded
-    with the source's :class:`Codec` ``c``)."""
+    with the source's :class:`Codec` ``c``), the kind a run-time value: the block kernels' shared
+    helpers read every source of a row type with it. A cast kernel calls its :func:`loader`."""
     if source == SOURCE_F32:
         return x
     if source == SOURCE_F64_NEAREST or source == SOURCE_INT:
@@ -415,7 +418,7 @@ def _f16_to_f32(x):  # pragma: no cover - compiled
 
 
 class Store(NamedTuple):
-    """What :func:`store` makes of a float32 pattern: the source and target kinds, the target's
+    """What a kernel makes of a float32 pattern: the source and target kinds, the target's
     :class:`Codec`, the rounding mode id and saturation."""
 
     source: int
@@ -425,18 +428,108 @@ class Store(NamedTuple):
     saturate: bool
 
 
+# The loaders and storers of the cast kernels: one small function per source kind and per kind of
+# target, which :func:`loader` and :func:`storer` pick where a kernel is made. A kernel then
+# compiles the path it takes and no other: a call's first cast compiles in half the time of one
+# that types every source kind and every target (the decoder, the float64 paths, both encoders).
+
+
 @jit
-def store(x, u, rnd, how):  # pragma: no cover - compiled
-    """The target item of the float32 pattern ``u`` (``x`` is the source item it came from), as
-    :class:`Store` ``how`` says."""
+def _load_pattern(x, c):  # pragma: no cover - compiled
+    return x
+
+
+@jit
+def _load_rounded(x, c):  # pragma: no cover - compiled
+    return f32_bits(np.float32(x))
+
+
+@jit
+def _load_f64_odd(x, c):  # pragma: no cover - compiled
+    return _f64_to_f32_odd(x)
+
+
+@jit
+def _load_f64_truncated(x, c):  # pragma: no cover - compiled
+    return _f64_to_f32_truncated(x)
+
+
+@jit
+def _load_bf16(x, c):  # pragma: no cover - compiled
+    return u32_shl(x, 16)
+
+
+@jit
+def _load_f16(x, c):  # pragma: no cover - compiled
+    return _f16_to_f32(x)
+
+
+_LOADERS = {
+    SOURCE_F32: _load_pattern,
+    SOURCE_F64_NEAREST: _load_rounded,
+    SOURCE_INT: _load_rounded,
+    SOURCE_F64_ODD: _load_f64_odd,
+    SOURCE_F64_SPLIT: _load_f64_truncated,
+    SOURCE_BF16: _load_bf16,
+    SOURCE_F16: _load_f16,
+    SOURCE_CODES: decode,
+}
+
+
+def loader(source: int) -> Any:
+    """The compiled ``(x, codec) -> float32 pattern`` of one source item of kind ``source``
+    (``SOURCE_*``; codes are decoded with the source's :class:`Codec`)."""
+    return _LOADERS[source]
+
+
+@jit
+def _store_pattern(x, u, rnd, how):  # pragma: no cover - compiled
+    return u
+
+
+@jit
+def _store_f64(x, u, rnd, how):  # pragma: no cover - compiled
+    return np.float64(f32_from_bits(u))
+
+
+@jit
+def _store_f64_of_int(x, u, rnd, how):  # pragma: no cover - compiled
+    return np.float64(x)
+
+
+@jit
+def _store_code(x, u, rnd, how):  # pragma: no cover - compiled
+    return u32_shl(encode(u, rnd, np.uint32(0), how.codec, how.mode, how.saturate), how.codec.shift)
+
+
+@jit
+def _store_code_split(x, u, rnd, how):  # pragma: no cover - compiled
+    return u32_shl(encode(u, rnd, _f64_rest(x, u), how.codec, how.mode, how.saturate), how.codec.shift)
+
+
+@jit
+def _store_e8m0(x, u, rnd, how):  # pragma: no cover - compiled
+    return encode_e8m0(u, rnd, np.uint32(0), how.mode, how.saturate)
+
+
+@jit
+def _store_e8m0_split(x, u, rnd, how):  # pragma: no cover - compiled
+    return encode_e8m0(u, rnd, _f64_rest(x, u), how.mode, how.saturate)
+
+
+def storer(how: Store) -> Any:
+    """The compiled ``(x, u, rnd, how) -> target item`` of the float32 pattern ``u`` (``x`` is the
+    source item it came from, ``rnd`` the random bits of stochastic rounding), as :class:`Store`
+    ``how`` says: the pattern itself, a float64, or a code (float64 sources split for stochastic
+    rounding also pass on the bits below the float32 truncation)."""
     if how.target == TARGET_F32:
-        return u
+        return _store_pattern
     if how.target == TARGET_F64:
-        return np.float64(x) if how.source == SOURCE_INT else np.float64(f32_from_bits(u))
-    ext = _f64_rest(x, u) if how.source == SOURCE_F64_SPLIT else np.uint32(0)
+        return _store_f64_of_int if how.source == SOURCE_INT else _store_f64
+    split = how.source == SOURCE_F64_SPLIT
     if how.codec.specials == E8M0:
-        return encode_e8m0(u, rnd, ext, how.mode, how.saturate)
-    return u32_shl(encode(u, rnd, ext, how.codec, how.mode, how.saturate), how.codec.shift)
+        return _store_e8m0_split if split else _store_e8m0
+    return _store_code_split if split else _store_code
 
 
 @cache
@@ -461,6 +554,7 @@ def make_cast_kernel(
     """
     stochastic = mode == STOCHASTIC
     how = Store(source, target, dst_codec, mode, bool(saturate))
+    load_item, store_item = loader(source), storer(how)
 
     # One loop per kernel, chosen here rather than inside the kernel: with a single call site
     # LLVM inlines the helpers into the loop and vectorises it (inlining them in numba's IR
@@ -474,8 +568,8 @@ def make_cast_kernel(
             for i in range(src.size):
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, start + i)
-                u = load(src[i], source, src_codec)
-                dst[i] = store(src[i], u, rnd, how)
+                u = load_item(src[i], src_codec)
+                dst[i] = store_item(src[i], u, rnd, how)
 
     elif layout == PACK_NIBBLES:
 
@@ -490,8 +584,8 @@ def make_cast_kernel(
                     rnd_hi = random_bits(key_lo, key_hi, start + 2 * k + 1)
                 a = src[2 * k]
                 b = src[2 * k + 1]
-                lo = store(a, load(a, source, src_codec), rnd_lo, how)
-                hi = store(b, load(b, source, src_codec), rnd_hi, how)
+                lo = store_item(a, load_item(a, src_codec), rnd_lo, how)
+                hi = store_item(b, load_item(b, src_codec), rnd_hi, how)
                 dst[k] = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
 
     else:
@@ -507,8 +601,8 @@ def make_cast_kernel(
                     rnd_hi = random_bits(key_lo, key_hi, start + 2 * k + 1)
                 a = u32_and(src[k], 0xF)
                 b = u32_shr(u32_and(src[k], 0xFF), 4)
-                dst[2 * k] = store(a, load(a, source, src_codec), rnd_lo, how)
-                dst[2 * k + 1] = store(b, load(b, source, src_codec), rnd_hi, how)
+                dst[2 * k] = store_item(a, load_item(a, src_codec), rnd_lo, how)
+                dst[2 * k + 1] = store_item(b, load_item(b, src_codec), rnd_hi, how)
 
     return kernel
 

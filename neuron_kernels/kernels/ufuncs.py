@@ -9,11 +9,11 @@ ufunc keyword (``out=``, ``where=``, broadcasting, ``__array_ufunc__`` objects s
 - out: the target's codes in the same way (uint8 / uint16), float32 for float32, tfloat32 and
   float32r, float64, or the integer dtype.
 
-The scalar function is the codec's :func:`~.codec.load` then :func:`~.codec.store`, the very
-functions the array kernels run, specialised by the same constants (:func:`make_cast_ufunc`), so
-every ufunc gives the array kernel's bits. Stochastic rounding needs an element's index in the
-whole array, which a ufunc does not see: it has no ufunc. Each ufunc is built on its first use
-(``@vectorize`` costs 0.05-0.1 s even when cached) and kept.
+The scalar function is the codec's loader then its storer (:func:`~.codec.loader`,
+:func:`~.codec.storer`), the very functions the array kernels run, specialised by the same
+constants (:func:`make_cast_ufunc`), so every ufunc gives the array kernel's bits. Stochastic
+rounding needs an element's index in the whole array, which a ufunc does not see: it has no ufunc.
+Each ufunc is built on its first use (``@vectorize`` costs 0.05-0.1 s even when cached) and kept.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._jit import f32_bits, f32_from_bits, vectorize
-from .codec import Codec, Store, load, store
+from .codec import Codec, Store, loader, storer
 
 __all__ = ["make_cast_ufunc", "make_copy_ufunc"]
 
@@ -32,27 +32,28 @@ __all__ = ["make_cast_ufunc", "make_copy_ufunc"]
 def _scalar(f32_in: bool, f32_out: bool, source: int, src_codec: Codec, how: Store) -> Any:
     """The scalar function: load, store, and the bitcasts of float32 items at either end."""
     rnd = np.uint32(0)
+    load, store = loader(source), storer(how)
     if f32_in and f32_out:
 
         def cast_item(x):  # pragma: no cover - compiled
             u = f32_bits(x)
-            return f32_from_bits(store(u, load(u, source, src_codec), rnd, how))
+            return f32_from_bits(store(u, load(u, src_codec), rnd, how))
 
     elif f32_in:
 
         def cast_item(x):  # pragma: no cover - compiled
             u = f32_bits(x)
-            return store(u, load(u, source, src_codec), rnd, how)
+            return store(u, load(u, src_codec), rnd, how)
 
     elif f32_out:
 
         def cast_item(x):  # pragma: no cover - compiled
-            return f32_from_bits(store(x, load(x, source, src_codec), rnd, how))
+            return f32_from_bits(store(x, load(x, src_codec), rnd, how))
 
     else:
 
         def cast_item(x):  # pragma: no cover - compiled
-            return store(x, load(x, source, src_codec), rnd, how)
+            return store(x, load(x, src_codec), rnd, how)
 
     return cast_item
 
