@@ -52,6 +52,29 @@ def test_public_api_is_listed():
         assert hasattr(nk, name), name
 
 
+def test_a_cast_compiles_only_its_own_path(tmp_path):
+    # A process's first cast compiles the source's loader and the target's storer, not every
+    # source kind and encoder: float32 -> bfloat16 needs neither the decoder, the float64 paths
+    # nor the e8m0 encoder; a float64 stochastic cast to e8m0 then needs its own.
+    r = run_python(
+        """
+        import numpy as np, neuron_kernels as nk
+        from neuron_kernels.kernels import codec as C
+        used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, C.load,
+            C._f64_rest, C._f64_to_f32_odd, C._f64_to_f32_truncated, C._f16_to_f32) if f.signatures)
+        nk.cast(np.ones(8, np.float32), "bfloat16")
+        print(",".join(used()))
+        nk.cast(np.ones(8), "float8_e8m0fnu", rounding="stochastic", seed=1)
+        print(",".join(used()))
+        """,
+        env={"NUMBA_CACHE_DIR": str(tmp_path)},
+    )
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.split()
+    assert first == "encode"
+    assert second == "_f64_rest,_f64_to_f32_truncated,encode,encode_e8m0"
+
+
 def test_cached_specialisations_stay_apart(tmp_path):
     # Two kernels built by one factory must not share a cache entry: run both in a fresh process
     # (compiling and caching), then again (loading from the cache), checking results each time.
