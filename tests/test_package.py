@@ -75,6 +75,30 @@ def test_a_cast_compiles_only_its_own_path(tmp_path):
     assert second == "_f64_rest,_f64_to_f32_truncated,encode,encode_e8m0"
 
 
+def test_a_block_kernel_compiles_only_its_own_path(tmp_path):
+    # The helpers take the format's decisions as constants of the kernel: float32 -> MXFP8 to
+    # nearest even needs no codec function at all (no loader, encoder or decoder); stochastic
+    # rounding of bfloat16 then needs the encoder only (bfloat16 codes are read in place).
+    r = run_python(
+        """
+        import ml_dtypes, numpy as np, neuron_kernels as nk
+        from neuron_kernels.kernels import codec as C
+        used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, C.load,
+            C._f64_rest, C._f64_to_f32_odd, C._f64_to_f32_truncated, C._f16_to_f32) if f.signatures)
+        x = np.ones((4, 64), np.float32)
+        nk.fake_quantize(x, "mxfp8_e4m3"); nk.quantize(x, "mxfp8_e4m3")
+        print(",".join(used()) or "-")
+        nk.quantize(x.astype(ml_dtypes.bfloat16), "mxfp8_e4m3", rounding="stochastic", seed=1)
+        print(",".join(used()) or "-")
+        """,
+        env={"NUMBA_CACHE_DIR": str(tmp_path)},
+    )
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.split()
+    assert first == "-"
+    assert second == "encode"
+
+
 def test_cached_specialisations_stay_apart(tmp_path):
     # Two kernels built by one factory must not share a cache entry: run both in a fresh process
     # (compiling and caching), then again (loading from the cache), checking results each time.
@@ -150,20 +174,21 @@ def test_works_without_a_writable_cache(tmp_path):
     assert not list(pkg.rglob("*.nbi"))
 
 
-_SIGN_FLIPPING_LOAD = """
+_DOUBLING_LOAD = """
 
 _load_as_it_was = load
 
 
 @jit
 def load(x, source, c):  # pragma: no cover - compiled
-    return u32_xor(_load_as_it_was(x, source, c), 0x80000000)  # every source item with its sign flipped
+    return u32_add(_load_as_it_was(x, source, c), 0x00800000)  # every (normal) source item doubled
 """
 
 
 def test_cache_follows_edits_of_inlined_helpers(tmp_path):
-    """A block kernel (defined in kernels/blocks.py) inlines codec's ``load``: after an edit of
-    codec.py that leaves blocks.py as it was, the cached kernel must not run the old ``load``."""
+    """A block kernel (defined in kernels/blocks.py) of float16 input inlines codec's ``load``:
+    after an edit of codec.py that leaves blocks.py as it was, the cached kernel must not run the
+    old ``load``."""
     pkg = tmp_path / "site"
     shutil.copytree(
         os.path.join(ROOT, "neuron_kernels"), pkg / "neuron_kernels", ignore=shutil.ignore_patterns("__pycache__")
@@ -178,7 +203,7 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     code = textwrap.dedent(f"""
         import numpy as np, neuron_kernels as nk
         assert nk.__file__.startswith({str(pkg)!r}), nk.__file__
-        print(nk.fake_quantize_mx(np.arange(1, 65, dtype=np.float32), "mxfp8_e4m3").tolist())
+        print(nk.fake_quantize_mx(np.arange(1, 65, dtype=np.float16), "mxfp8_e4m3").tolist())
     """)
 
     def fake_quantize() -> tuple[list[float], str]:
@@ -196,10 +221,10 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     kernel_file = pkg / "neuron_kernels" / "kernels" / "blocks.py"
     kernel_stat = kernel_file.stat()
     codec = pkg / "neuron_kernels" / "kernels" / "codec.py"
-    codec.write_text(codec.read_text() + _SIGN_FLIPPING_LOAD)
+    codec.write_text(codec.read_text() + _DOUBLING_LOAD)
     assert kernel_file.stat().st_mtime_ns == kernel_stat.st_mtime_ns
     after, log = fake_quantize()
-    assert after == [-v for v in before], log
+    assert after == [2 * v for v in before], log  # powers of two scale MX blocks exactly
 
 
 def test_threads_after_fork_do_not_hang():

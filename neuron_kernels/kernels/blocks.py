@@ -13,6 +13,12 @@ patterns; NaN patterns are the largest), never from a floating-point log2; a flo
 (plain, four-over-six, MSE search) are run-time arguments; the element format, the source, the
 rounding mode and the layout are compiled in.
 
+Flags. A helper that branches on the format (e8m0 or e4m3fn scales, the rounding mode,
+fixed-point elements, the source kind) takes the decision as an argument of its own
+(:func:`_flags`). A kernel passes constants of its closure, so numba drops the branches not
+taken before typing them and compiles only the kernel's own path (it cannot see through a field
+of a tuple constant); the shared scale loops pass the run-time fields and serve every format.
+
 Elements. MX (e8m0 scales): an element is ``x * (1 / X)``, a product by a power of two, exact
 where it matters (see :func:`_nearest_even`). NVFP4 (e4m3fn scales ``s``): ``x * (1 / s)``
 single-level, ``x * ((1 / pts) / s)`` two-level, each operation rounded to float32, as torchao's
@@ -33,6 +39,7 @@ from .._jit import f32_bits, f32_from_bits, jit, u32_add, u32_amax_abs, u32_and,
 from ..formats import FORMATS, BlockFormat
 from ..modes import FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
 from . import codec as C
+from .codec import NEAREST_EVEN, SOURCE_BF16, SOURCE_F32  # bare names: numba prunes branches on them
 
 __all__ = [
     "Source",
@@ -234,22 +241,22 @@ def _e4m3_byte(amax, divisor, pts, sc):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _scale_byte(amax, mode, pts, sc):  # pragma: no cover - compiled
+def _scale_byte(amax, mode, pts, sc, e8m0):  # pragma: no cover - compiled
     """The scale byte of a block by the plain rule (NaN byte for a NaN/inf block; e8m0: 0 for
-    an all-zero block, e4m3fn: the lower clamp 2^-6)."""
+    an all-zero block, e4m3fn: the lower clamp 2^-6). ``e8m0``: ``sc.e8m0`` (see the module's flags)."""
     if amax >= 0x7F800000:
         return np.uint32(sc.nan_byte)
-    if sc.e8m0:
+    if e8m0:
         return np.uint32(0) if amax == 0 else np.uint32(_e8m0_byte(amax, mode, sc))
     return np.uint32(_e4m3_byte(amax, sc.max_element, pts, sc))
 
 
 @jit(inline="always")
-def _multiplier(byte, pts, sc):  # pragma: no cover - compiled
+def _multiplier(byte, pts, sc, e8m0):  # pragma: no cover - compiled
     """(What an element is multiplied by before encoding, the scale of the dequantised values),
     in float32: MX, (1 / X, X) = (2^(127 - byte), 2^(byte - 127)); NVFP4, (1 / s, s) single-level
     and ((1 / pts) / s, pts * s) two-level, torchao's order of operations. NaN for a NaN block."""
-    if sc.e8m0:
+    if e8m0:
         inv = f32_from_bits(u32_shl(u32_sub(254, byte), 23) if byte < np.uint32(254) else np.uint32(0x400000))
         x = f32_from_bits(u32_shl(byte, 23) if byte != 0 else u32_or(byte, 0x400000))
         x = np.float32(np.nan) if byte == np.uint32(0xFF) else x
@@ -262,18 +269,18 @@ def _multiplier(byte, pts, sc):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _scaled(u, mul, sc):  # pragma: no cover - compiled
+def _scaled(u, mul, e8m0):  # pragma: no cover - compiled
     """The element value before encoding, ``x * mul``. NVFP4's multiplier overflows to inf for a
     tensor of tiny amax: a zero element stays a signed zero (not 0 * inf = NaN)."""
     x = f32_from_bits(u)
     v = x * mul
-    if sc.e8m0:
+    if e8m0:
         return v
     return v if x != 0 else x
 
 
 @jit(inline="always")
-def _nearest_even(v, el):  # pragma: no cover - compiled
+def _nearest_even(v, el, fixed):  # pragma: no cover - compiled
     """The saturating round-to-nearest-even code of the finite float32 ``v``, in float arithmetic.
 
     |v| is clamped to the largest element first (the same as saturating after rounding, as the
@@ -290,7 +297,7 @@ def _nearest_even(v, el):  # pragma: no cover - compiled
     ab = f32_bits(a)
     sub = u32_sub(f32_bits(a + el.magic), f32_bits(el.magic))
     negative = f32_bits(v) >= np.uint32(0x80000000)
-    if c.specials == C.FIXED:  # one quantum over the whole range: the adder trick is the code
+    if fixed:  # one quantum over the whole range: the adder trick is the code
         return u32_and(u32_sub(0, sub), (1 << c.bits) - 1) if negative else sub
     rounded = u32_add(u32_add(ab, (1 << (22 - c.mbits)) - 1), u32_and(u32_shr(ab, 23 - c.mbits), 1))
     normal = u32_sub(u32_shr(rounded, 23 - c.mbits), el.rebias)
@@ -299,10 +306,10 @@ def _nearest_even(v, el):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _code(v, rnd, el):  # pragma: no cover - compiled
-    """The saturating code of the finite float32 ``v`` under the element's rounding mode."""
-    if el.mode == C.NEAREST_EVEN:
-        return _nearest_even(v, el)
+def _code(v, rnd, el, rmode, fixed):  # pragma: no cover - compiled
+    """The saturating code of the finite float32 ``v`` under the element's rounding mode ``rmode``."""
+    if rmode == NEAREST_EVEN:
+        return _nearest_even(v, el, fixed)
     return C.encode(f32_bits(v), rnd, np.uint32(0), el.codec, el.mode, True)
 
 
@@ -315,7 +322,7 @@ def _value(code, scale, el):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _nearest_value(v, el):  # pragma: no cover - compiled
+def _nearest_value(v, el, fixed):  # pragma: no cover - compiled
     """The float32 value of the code :func:`_nearest_even` gives ``v``, without the code: the same
     roundings, left in float32 (the adder trick's sum below the smallest normal, the rounded
     pattern's kept bits above it), with the sign of ``v`` (negated for fixed-point elements,
@@ -323,7 +330,7 @@ def _nearest_value(v, el):  # pragma: no cover - compiled
     c = el.codec
     a = min(abs(v), el.top)
     sub = (a + el.magic) - el.magic
-    if c.specials == C.FIXED:
+    if fixed:
         return np.float32(0.0) - sub if v < 0 else sub  # not -0.0: the code of zero is 0
     ab = f32_bits(a)
     rounded = u32_add(u32_add(ab, (1 << (22 - c.mbits)) - 1), u32_and(u32_shr(ab, 23 - c.mbits), 1))
@@ -333,18 +340,41 @@ def _nearest_value(v, el):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _dequantized(v, rnd, scale, el):  # pragma: no cover - compiled
-    """``_value(_code(v, rnd, el), scale, el)``: the value the finite scaled element ``v`` comes
-    back as (NaN for a NaN block)."""
-    if el.mode == C.NEAREST_EVEN:
-        d = _nearest_value(v, el) * scale
+def _dequantized(v, rnd, scale, el, rmode, fixed):  # pragma: no cover - compiled
+    """``_value(_code(v, rnd, el, rmode, fixed), scale, el)``: the value the finite scaled element
+    ``v`` comes back as (NaN for a NaN block)."""
+    if rmode == NEAREST_EVEN:
+        d = _nearest_value(v, el, fixed) * scale
         return d if scale == scale else np.float32(np.nan)
-    return _value(_code(v, rnd, el), scale, el)
+    return _value(_code(v, rnd, el, rmode, fixed), scale, el)
 
 
 @jit(inline="always")
 def _stream(key):  # pragma: no cover - compiled
     return np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
+
+
+@jit(inline="always")
+def _load(x, kind, codec):  # pragma: no cover - compiled
+    """:func:`~.codec.load`, with float32 patterns and bfloat16 codes read in place: a kernel of
+    either source compiles no loader."""
+    if kind == SOURCE_F32:
+        return x
+    if kind == SOURCE_BF16:
+        return u32_shl(x, 16)
+    return C.load(x, kind, codec)
+
+
+@jit(inline="always")
+def _fixed(el):  # pragma: no cover - compiled
+    return el.codec.specials == C.FIXED
+
+
+def _flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, bool]:
+    """The decisions the helpers branch on, as the separate constants a kernel passes them:
+    the source kind, the rounding mode, fixed-point elements, e8m0 scales (see the module's
+    flags)."""
+    return source.kind, el.mode, el.codec.specials == C.FIXED, sc.e8m0
 
 
 # ---- scale policies -----------------------------------------------------------------------------
@@ -358,13 +388,14 @@ def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, src, el, sc, 
     key_lo, key_hi = _stream(key)
     rnd = np.uint32(0)
     for k in range(count):
-        mul, scale = _multiplier(cands[k], pts, sc)
+        mul, scale = _multiplier(cands[k], pts, sc, sc.e8m0)
         err = 0.0
         for i in range(l0, l1):
             u = C.load(xr[i], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
                 rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-            d = np.float64(_dequantized(_scaled(u, mul, sc), rnd, scale, el)) - np.float64(f32_from_bits(u))
+            v = _scaled(u, mul, sc.e8m0)
+            d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
         errs[k] = err
 
@@ -374,7 +405,7 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
     """The sum of |dq - x| (or its square) over the tile ``x[a, r0:r1, c0:c1]`` in C order, in float64,
     with the scale ``byte``."""
     key_lo, key_hi = _stream(key)
-    mul, scale = _multiplier(byte, pts, sc)
+    mul, scale = _multiplier(byte, pts, sc, sc.e8m0)
     rows, cols = x.shape[1], x.shape[2]
     err = 0.0
     rnd = np.uint32(0)
@@ -383,7 +414,8 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
             u = C.load(x[a, rr, cc], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
                 rnd = C.random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
-            d = np.float64(_dequantized(_scaled(u, mul, sc), rnd, scale, el)) - np.float64(f32_from_bits(u))
+            v = _scaled(u, mul, sc.e8m0)
+            d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
     return err
 
@@ -416,24 +448,25 @@ def _policy_scale(byte, amax, policy, pts, sc):  # pragma: no cover - compiled
 @jit(inline="always")
 def _decoded_amax(m, src):  # pragma: no cover - compiled
     """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
-    of 16-bit sources are decoded once, after the reduction)."""
-    return m if src.kind == C.SOURCE_F32 else C.load(m, src.kind, src.codec)
+    of 16-bit sources are decoded once, after the reduction), the source known at run time. A
+    kernel's own reduction (:func:`_row_amax`) decodes with :func:`_load`."""
+    return m if src.kind == SOURCE_F32 else C.load(m, src.kind, src.codec)
 
 
 @jit(inline="always")
-def _row_amax(xr, l0, l1, src, v16, v32, v64):  # pragma: no cover - compiled
+def _row_amax(xr, l0, l1, kind, codec, v16, v32, v64):  # pragma: no cover - compiled
     """The largest |x| pattern of ``xr[l0:l1]``; one vector reduction for a float32 block of 16,
     32 or 64 (``v16, v32, v64``: these lengths, compile-time constants, for float32 rows; else 0)."""
     n = l1 - l0
     if v32 != 0 and n == v32:
-        return _decoded_amax(u32_amax_abs(xr, l0, v32), src)
+        return _load(u32_amax_abs(xr, l0, v32), kind, codec)
     if v16 != 0 and n == v16:
-        return _decoded_amax(u32_amax_abs(xr, l0, v16), src)
+        return _load(u32_amax_abs(xr, l0, v16), kind, codec)
     if v64 != 0 and n == v64:
-        return _decoded_amax(u32_amax_abs(xr, l0, v64), src)
+        return _load(u32_amax_abs(xr, l0, v64), kind, codec)
     amax = np.uint32(0)
     for i in range(l0, l1):
-        a = u32_and(C.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
+        a = u32_and(_load(xr[i], kind, codec), 0x7FFFFFFF)
         amax = a if a > amax else amax
     return amax
 
@@ -442,7 +475,7 @@ def _row_amax(xr, l0, l1, src, v16, v32, v64):  # pragma: no cover - compiled
 def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
     """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate
     (``cands``, ``errs``: scratch of 5 entries)."""
-    byte = _scale_byte(amax, mode, pts, sc)
+    byte = _scale_byte(amax, mode, pts, sc, sc.e8m0)
     if not _policy_scale(byte, amax, policy, pts, sc):
         return byte
     # the plain scale first; invalid candidates are evaluated with it (never strictly better)
@@ -508,7 +541,7 @@ def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc
 
 
 @jit(inline="always")
-def _row_plain_scales(xr, j0, j1, size, out, mode, pts, src, sc, vlen):  # pragma: no cover - compiled
+def _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, vlen):  # pragma: no cover - compiled
     """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` by the plain rule (kernels without
     scale policies), inlined into the kernel with the format's constants and ``vlen`` (see
     :func:`_vector_length`) compiled in: the shared :func:`_row_scales`, with run-time constants,
@@ -517,10 +550,11 @@ def _row_plain_scales(xr, j0, j1, size, out, mode, pts, src, sc, vlen):  # pragm
     for j in range(j0, j1):
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
-        out[j] = _scale_byte(_row_amax(xr, l0, l1, src, 0, vlen, 0), mode, pts, sc)
+        out[j] = _scale_byte(_row_amax(xr, l0, l1, kind, codec, 0, vlen, 0), mode, pts, sc, e8m0)
 
 
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     nan_code = el.nan_code
@@ -541,18 +575,18 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int)
             if policies:
                 _row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
             else:
-                _row_plain_scales(xr, j0, j1, size, sr, mode, pts, source, sc, vlen)
+                _row_plain_scales(xr, j0, j1, size, sr, mode, pts, kind, source.codec, sc, e8m0, vlen)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
                 byte = np.uint32(sr[j])
-                mul, _ = _multiplier(byte, pts, sc)
+                mul, _ = _multiplier(byte, pts, sc, e8m0)
                 nan_block = byte == np.uint32(sc.nan_byte)
                 if not pack:
                     for i in range(l0, l1):
                         if stochastic:
                             rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-                        code = _code(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, el)
+                        code = _code(_scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                         cr[i] = nan_code if nan_block else code
                 elif (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                     for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
@@ -560,16 +594,16 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int)
                         if stochastic:
                             rnd = C.random_bits(key_lo, key_hi, base + np.int64(lo_i))
                             rnd_hi = C.random_bits(key_lo, key_hi, base + np.int64(lo_i) + 1)
-                        lo = _code(_scaled(C.load(xr[lo_i], source.kind, source.codec), mul, sc), rnd, el)
-                        hi_u = C.load(xr[lo_i + np.uint64(1)], source.kind, source.codec)
-                        hi = _code(_scaled(hi_u, mul, sc), rnd_hi, el)
+                        lo = _code(_scaled(_load(xr[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                        hi_u = _load(xr[lo_i + np.uint64(1)], kind, source.codec)
+                        hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
                         pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
                         cr[k] = nan_code if nan_block else pair
                 else:
                     for i in range(l0, l1):
                         if stochastic:
                             rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-                        code = _code(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, el)
+                        code = _code(_scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                         code = u32_and(nan_code if nan_block else code, 0xF)
                         pos = i >> np.uint64(1)
                         if i & 1:
@@ -582,6 +616,7 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int)
 
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
 
@@ -601,21 +636,25 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any
             if policies:
                 _row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
             else:
-                _row_plain_scales(xr, j0, j1, size, bytes_, mode, pts, source, sc, vlen)
+                _row_plain_scales(xr, j0, j1, size, bytes_, mode, pts, kind, source.codec, sc, e8m0, vlen)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                mul, scale = _multiplier(bytes_[j], pts, sc)
+                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
                 for i in range(l0, l1):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-                    orow[i] = _dequantized(_scaled(C.load(xr[i], source.kind, source.codec), mul, sc), rnd, scale, el)
+                    orow[i] = _dequantized(
+                        _scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, scale, el, rmode, fixed
+                    )
             t = (r + 1) * nb
 
     return kernel
 
 
 def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
+    e8m0 = sc.e8m0
+
     @jit
     def kernel(codes, scales, out, size, pts, t0, t1):  # pragma: no cover - compiled
         length = out.shape[1]
@@ -627,7 +666,7 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
             for j in range(t - r * nb, min(t1 - r * nb, nb)):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                _, scale = _multiplier(np.uint32(sr[j]), pts, sc)
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
                 if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                     for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
                         pair = np.uint32(cr[k])
@@ -674,7 +713,7 @@ def _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key,
     """:func:`_tile_scales` of the kernels without scale policies (``policy`` ignored)."""
     _tile_amax(x, a, r0, r1, cols, amax, src)
     for j in range(amax.size):
-        bytes_[j] = _scale_byte(amax[j], mode, pts, sc)
+        bytes_[j] = _scale_byte(amax[j], mode, pts, sc, sc.e8m0)
 
 
 @jit
@@ -685,7 +724,7 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
     _tile_amax(x, a, r0, r1, cols, amax, src)
     for j in range(amax.size):
         m = amax[j]
-        byte = _scale_byte(m, mode, pts, sc)
+        byte = _scale_byte(m, mode, pts, sc, sc.e8m0)
         if _policy_scale(byte, m, policy, pts, sc):
             c0, c1 = j * cols, min(j * cols + cols, width)
             squared = policy != FOUR_SIX_MAE
@@ -701,6 +740,7 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
 
 
 def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     nan_code = el.nan_code
@@ -726,7 +766,7 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
                 _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
                 scales[a, i, j] = bytes_[j]
-                mul, _ = _multiplier(bytes_[j], pts, sc)
+                mul, _ = _multiplier(bytes_[j], pts, sc, e8m0)
                 nan_block = amax[j] >= np.uint32(0x7F800000)
                 for cc in range(j * cols, min(j * cols + cols, width)):
                     col_mul[cc] = mul
@@ -735,7 +775,9 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
                 for cc in range(width):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
-                    code = _code(_scaled(C.load(x[a, rr, cc], source.kind, source.codec), col_mul[cc], sc), rnd, el)
+                    code = _code(
+                        _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0), rnd, el, rmode, fixed
+                    )
                     code = nan_code if col_nan[cc] else code
                     if pack == PACK_NONE:
                         codes[a, rr, cc] = code
@@ -753,6 +795,7 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
 
 
 def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
 
@@ -777,7 +820,7 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
             else:
                 _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
-                mul, scale = _multiplier(bytes_[j], pts, sc)
+                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
                 for cc in range(j * cols, min(j * cols + cols, width)):
                     col_mul[cc] = mul
                     col_scale[cc] = scale
@@ -785,13 +828,15 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
                 for cc in range(width):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
-                    v = _scaled(C.load(x[a, rr, cc], source.kind, source.codec), col_mul[cc], sc)
-                    out[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el)
+                    v = _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0)
+                    out[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
 
     return kernel
 
 
 def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
+    e8m0 = sc.e8m0
+
     @jit
     def kernel(codes, scales, out, rows, cols, pts, t0, t1):  # pragma: no cover - compiled
         height, width = out.shape[1], out.shape[2]
@@ -803,7 +848,7 @@ def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
             r0 = i * rows
             r1 = min(r0 + rows, height)
             for j in range(nct):
-                _, scale = _multiplier(np.uint32(scales[a, i, j]), pts, sc)
+                _, scale = _multiplier(np.uint32(scales[a, i, j]), pts, sc, e8m0)
                 for cc in range(j * cols, min(j * cols + cols, width)):
                     col_scale[cc] = scale
             for rr in range(r0, r1):
@@ -823,7 +868,7 @@ def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
 
 
 @jit(inline="always")
-def _rotate_group(src_row, start, dst, off, signs, t, src, inverse):  # pragma: no cover - compiled
+def _rotate_group(src_row, start, dst, off, signs, t, kind, codec, inverse):  # pragma: no cover - compiled
     """Rotate the 16 values ``src_row[start:start + 16]`` into the float32 patterns
     ``dst[off:off + 16]``: forward ``(x * signs) @ H16 / 4``, inverse ``(y @ H16 / 4) * signs``.
 
@@ -832,7 +877,7 @@ def _rotate_group(src_row, start, dst, off, signs, t, src, inverse):  # pragma: 
     ``j & h == 0`` in increasing j becoming (a + b, a - b); then each value is multiplied by 0.25
     (and by its sign, inverse) and rounded once to float32."""
     for k in range(16):
-        v = np.float64(f32_from_bits(C.load(src_row[start + k], src.kind, src.codec)))
+        v = np.float64(f32_from_bits(_load(src_row[start + k], kind, codec)))
         t[k] = v if inverse else v * signs[k]
     for stage in range(4):  # constant trip counts and no branches: straight-line code
         h = 1 << stage
@@ -853,6 +898,7 @@ def rotate_kernel(source: str) -> Any:
     16-element group of the rows of (A, L) ``x`` (L a multiple of 16) into the float32 patterns
     ``out`` (uint32, the same shape; it may be ``x`` itself for a float32 ``x``). A task is a group."""
     src = source_of(source)
+    kind = src.kind
 
     @jit
     def kernel(x, out, signs, inverse, t0, t1):  # pragma: no cover - compiled
@@ -861,7 +907,7 @@ def rotate_kernel(source: str) -> Any:
         for task in range(t0, t1):
             r = task // ng
             g = (task - r * ng) * 16
-            _rotate_group(x[r], g, out[r], g, signs, t, src, inverse)
+            _rotate_group(x[r], g, out[r], g, signs, t, kind, src.codec, inverse)
 
     return kernel
 
@@ -871,6 +917,7 @@ def rotated_amax_kernel(source: str) -> Any:
     """Kernel ``(x, out, signs, chunk, t0, t1)``: ``out[task]`` = the largest finite |y| pattern of
     the rotation y of groups ``[task * chunk, (task + 1) * chunk)`` of (A, L) ``x``."""
     src = source_of(source)
+    kind = src.kind
 
     @jit
     def kernel(x, out, signs, chunk, t0, t1):  # pragma: no cover - compiled
@@ -881,7 +928,7 @@ def rotated_amax_kernel(source: str) -> Any:
             m = np.uint32(0)
             for group in range(task * chunk, min(task * chunk + chunk, x.shape[0] * ng)):
                 r = group // ng
-                _rotate_group(x[r], (group - r * ng) * 16, buf, 0, signs, t, src, False)
+                _rotate_group(x[r], (group - r * ng) * 16, buf, 0, signs, t, kind, src.codec, False)
                 for k in range(16):
                     v = u32_and(buf[k], 0x7FFFFFFF)
                     m = v if (v > m) & (v < np.uint32(0x7F800000)) else m
@@ -897,6 +944,7 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
     stochastic = el.mode == C.STOCHASTIC
     V16, V32, V64 = _vector_lengths(f32)  # noqa: N806 - compile-time constants
     nan_code = el.nan_code
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
 
     @jit
     def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
@@ -918,28 +966,28 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
                 n = min(size, length - l0)
                 base = idx0 + r * length + l0
                 for g in range(0, n, 16):
-                    _rotate_group(xr, l0 + g, buf, g, signs, t64, source, False)
-                amax = _row_amax(buf, np.uint64(0), np.uint64(n), f32, V16, V32, V64)
+                    _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
+                amax = _row_amax(buf, np.uint64(0), np.uint64(n), SOURCE_F32, f32.codec, V16, V32, V64)
                 byte = _row_scale(
                     buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc, cands, errs
                 )
                 sr[j] = byte
-                mul, _ = _multiplier(byte, pts, sc)
+                mul, _ = _multiplier(byte, pts, sc, e8m0)
                 nan_block = amax >= np.uint32(0x7F800000)
                 if pack:
                     for k in range(n // 2):
                         if stochastic:
                             rnd = C.random_bits(key_lo, key_hi, base + 2 * k)
                             rnd_hi = C.random_bits(key_lo, key_hi, base + 2 * k + 1)
-                        lo = _code(_scaled(buf[2 * k], mul, sc), rnd, el)
-                        hi = _code(_scaled(buf[2 * k + 1], mul, sc), rnd_hi, el)
+                        lo = _code(_scaled(buf[2 * k], mul, e8m0), rnd, el, rmode, fixed)
+                        hi = _code(_scaled(buf[2 * k + 1], mul, e8m0), rnd_hi, el, rmode, fixed)
                         pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
                         cr[l0 // 2 + k] = nan_code if nan_block else pair
                 else:
                     for i in range(n):
                         if stochastic:
                             rnd = C.random_bits(key_lo, key_hi, base + i)
-                        code = _code(_scaled(buf[i], mul, sc), rnd, el)
+                        code = _code(_scaled(buf[i], mul, e8m0), rnd, el, rmode, fixed)
                         cr[l0 + i] = nan_code if nan_block else code
             t = (r + 1) * nb
 
@@ -951,6 +999,7 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
     f32 = source_of("float32")
     stochastic = el.mode == C.STOCHASTIC
     V16, V32, V64 = _vector_lengths(f32)  # noqa: N806 - compile-time constants
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
 
     @jit
     def kernel(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
@@ -971,16 +1020,16 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
                 n = min(size, length - l0)
                 base = idx0 + r * length + l0
                 for g in range(0, n, 16):
-                    _rotate_group(xr, l0 + g, buf, g, signs, t64, source, False)
-                amax = _row_amax(buf, np.uint64(0), np.uint64(n), f32, V16, V32, V64)
+                    _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
+                amax = _row_amax(buf, np.uint64(0), np.uint64(n), SOURCE_F32, f32.codec, V16, V32, V64)
                 byte = _row_scale(
                     buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc, cands, errs
                 )
-                mul, scale = _multiplier(byte, pts, sc)
+                mul, scale = _multiplier(byte, pts, sc, e8m0)
                 for i in range(n):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, base + i)
-                    orow[l0 + i] = _dequantized(_scaled(buf[i], mul, sc), rnd, scale, el)
+                    orow[l0 + i] = _dequantized(_scaled(buf[i], mul, e8m0), rnd, scale, el, rmode, fixed)
             t = (r + 1) * nb
 
     return kernel
@@ -1039,6 +1088,7 @@ def finite_amax_kernel(source: str) -> Any:
     """Kernel ``(x, out, chunk, t0, t1)``: ``out[t]`` = the largest finite |x| pattern of
     ``x[t * chunk : (t + 1) * chunk]`` (x 1-D), 0 where there is none."""
     src = source_of(source)
+    kind = src.kind
 
     @jit
     def kernel(x, out, chunk, t0, t1):  # pragma: no cover - compiled
@@ -1046,7 +1096,7 @@ def finite_amax_kernel(source: str) -> Any:
             seg = x[t * chunk : min(t * chunk + chunk, x.size)]  # a slice: LLVM vectorises its loop
             m = np.uint32(0)
             for i in range(seg.size):
-                v = u32_and(C.load(seg[i], src.kind, src.codec), 0x7FFFFFFF)
+                v = u32_and(_load(seg[i], kind, src.codec), 0x7FFFFFFF)
                 v = v if v < np.uint32(0x7F800000) else u32_and(v, 0)
                 m = max(m, v)
             out[t] = m
@@ -1068,6 +1118,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     src = source_of(source)
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
     top = fmt.element_format.max_code
+    kind, _, _, e8m0 = _flags(src, el, sc)
 
     @jit
     def kernel(x, codes, scales, size, pts, out, t0, t1):  # pragma: no cover - compiled
@@ -1082,12 +1133,12 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
             saturated = 0
             flushed = 0
             for j in range(sr.size):
-                _, scale = _multiplier(np.uint32(sr[j]), pts, sc)
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
                     code = u32_and(u32_shr(cr[i >> 1], 4 * (i & 1)), 0xF) if packed else np.uint32(cr[i])
                     d = np.float64(_value(code, scale, el))
-                    xi = np.float64(f32_from_bits(C.load(xr[i], src.kind, src.codec)))
+                    xi = np.float64(f32_from_bits(_load(xr[i], kind, src.codec)))
                     if not np.isfinite(xi) or np.isnan(d):
                         continue
                     err = abs(xi - d)
@@ -1120,6 +1171,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
     src = source_of(source)
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True)
     top = fmt.element_format.max_code
+    kind, rmode, fixed, e8m0 = _flags(src, el, sc)
 
     @jit
     def kernel(x, size, mode, policy, pts, key, out, t0, t1):  # pragma: no cover - compiled
@@ -1137,11 +1189,11 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
             saturated = 0
             flushed = 0
             for j in range(nb):
-                mul, scale = _multiplier(bytes_[j], pts, sc)
+                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
-                    u = C.load(xr[i], src.kind, src.codec)
-                    d = np.float64(_dequantized(_scaled(u, mul, sc), np.uint32(0), scale, el))
+                    u = _load(xr[i], kind, src.codec)
+                    d = np.float64(_dequantized(_scaled(u, mul, e8m0), np.uint32(0), scale, el, rmode, fixed))
                     xi = np.float64(f32_from_bits(u))
                     if not np.isfinite(xi) or np.isnan(d):
                         continue
