@@ -52,25 +52,31 @@ def test_public_api_is_listed():
         assert hasattr(nk, name), name
 
 
+def codec_functions_compiled(tmp_path, *steps: str) -> list[str]:
+    """Run ``steps`` (lines of code, with ``np``, ``ml_dtypes`` and ``nk`` imported) one after the
+    other in a fresh process with an empty cache; after each, which of the codec's shared functions
+    have been compiled, as a sorted comma-separated list of names ("-" for none)."""
+    lines = "\n".join(f"{step}\nprint(','.join(used()) or '-')" for step in steps)
+    r = run_python(
+        "import ml_dtypes, numpy as np, neuron_kernels as nk\n"
+        "from neuron_kernels.kernels import codec as C\n"
+        "used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, C.load,\n"
+        "    C._f64_rest, C._f64_to_f32_odd, C._f64_to_f32_truncated, C._f16_to_f32) if f.signatures)\n" + lines,
+        env={"NUMBA_CACHE_DIR": str(tmp_path)},
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
 def test_a_cast_compiles_only_its_own_path(tmp_path):
     # A process's first cast compiles the source's loader and the target's storer, not every
     # source kind and encoder: float32 -> bfloat16 needs neither the decoder, the float64 paths
     # nor the e8m0 encoder; a float64 stochastic cast to e8m0 then needs its own.
-    r = run_python(
-        """
-        import numpy as np, neuron_kernels as nk
-        from neuron_kernels.kernels import codec as C
-        used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, C.load,
-            C._f64_rest, C._f64_to_f32_odd, C._f64_to_f32_truncated, C._f16_to_f32) if f.signatures)
-        nk.cast(np.ones(8, np.float32), "bfloat16")
-        print(",".join(used()))
-        nk.cast(np.ones(8), "float8_e8m0fnu", rounding="stochastic", seed=1)
-        print(",".join(used()))
-        """,
-        env={"NUMBA_CACHE_DIR": str(tmp_path)},
+    first, second = codec_functions_compiled(
+        tmp_path,
+        'nk.cast(np.ones(8, np.float32), "bfloat16")',
+        'nk.cast(np.ones(8), "float8_e8m0fnu", rounding="stochastic", seed=1)',
     )
-    assert r.returncode == 0, r.stderr
-    first, second = r.stdout.split()
     assert first == "encode"
     assert second == "_f64_rest,_f64_to_f32_truncated,encode,encode_e8m0"
 
@@ -79,22 +85,11 @@ def test_a_block_kernel_compiles_only_its_own_path(tmp_path):
     # The helpers take the format's decisions as constants of the kernel: float32 -> MXFP8 to
     # nearest even needs no codec function at all (no loader, encoder or decoder); stochastic
     # rounding of bfloat16 then needs the encoder only (bfloat16 codes are read in place).
-    r = run_python(
-        """
-        import ml_dtypes, numpy as np, neuron_kernels as nk
-        from neuron_kernels.kernels import codec as C
-        used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, C.load,
-            C._f64_rest, C._f64_to_f32_odd, C._f64_to_f32_truncated, C._f16_to_f32) if f.signatures)
-        x = np.ones((4, 64), np.float32)
-        nk.fake_quantize(x, "mxfp8_e4m3"); nk.quantize(x, "mxfp8_e4m3")
-        print(",".join(used()) or "-")
-        nk.quantize(x.astype(ml_dtypes.bfloat16), "mxfp8_e4m3", rounding="stochastic", seed=1)
-        print(",".join(used()) or "-")
-        """,
-        env={"NUMBA_CACHE_DIR": str(tmp_path)},
+    first, second = codec_functions_compiled(
+        tmp_path,
+        'x = np.ones((4, 64), np.float32); nk.fake_quantize(x, "mxfp8_e4m3"); nk.quantize(x, "mxfp8_e4m3")',
+        'nk.quantize(x.astype(ml_dtypes.bfloat16), "mxfp8_e4m3", rounding="stochastic", seed=1)',
     )
-    assert r.returncode == 0, r.stderr
-    first, second = r.stdout.split()
     assert first == "-"
     assert second == "encode"
 
