@@ -36,6 +36,7 @@ import dataclasses
 import fnmatch
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ from .files import (
     read_safetensors_header,
 )
 from .formats import BLOCK_FORMATS, get_format
-from .stream import Progress, decoded_pieces, quantized_pieces, resolved_job
+from .stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
 
 __all__ = [
     "Checkpoint",
@@ -246,27 +247,82 @@ def tensor_decision(
     none of :data:`DEFAULT_EXCLUDES` and ``ignore``; with ``only``, the name must match one of
     them instead of avoiding the default exclusions (``ignore`` still applies). Patterns are shell
     patterns (``*``, ``?``, ``[...]``)."""
+    why = _not_a_float(dtype)
+    if why is not None:
+        return why
+    if not name.endswith(".weight"):
+        return "not a .weight"
+    if len(shape) < 2:
+        return f"{len(shape)}-D"
+    why = _patterns_keep(name, ignore, only, DEFAULT_EXCLUDES)
+    if why is not None:
+        return why
+    if shape[-1] % block_size:
+        return f"last axis {shape[-1]} is not a multiple of the block size {block_size}"
+    return None
+
+
+def _not_a_float(dtype: Any) -> str | None:
     dt = np.dtype(dtype)
     if dt.kind in "iub":
         return f"{dt.name} (not a float)"
     if dt.name not in _FLOATS:
         return f"{dt.name} (quantised from float32, float16, bfloat16 or float64 only)"
-    if not name.endswith(".weight"):
-        return "not a .weight"
-    if len(shape) < 2:
-        return f"{len(shape)}-D"
+    return None
+
+
+def _patterns_keep(name: str, ignore: tuple[str, ...], only: tuple[str, ...], excludes: tuple[str, ...]) -> str | None:
+    """Why the caller's patterns keep ``name`` (``only`` replaces the default ``excludes``)."""
     if only:
         if _matches(name, only) is None:
             return "not matched by --only"
     else:
-        hit = _matches(name, DEFAULT_EXCLUDES)
+        hit = _matches(name, excludes)
         if hit is not None:
             return f"excluded by default ({hit})"
     hit = _matches(name, ignore)
     if hit is not None:
         return f"--ignore {hit}"
-    if shape[-1] % block_size:
-        return f"last axis {shape[-1]} is not a multiple of the block size {block_size}"
+    return None
+
+
+#: The parameters gpt-oss stores in MXFP4: its experts' stacked projections, [E, in, out] in the
+#: bfloat16 model (shell patterns; no ``.weight`` suffix).
+GPTOSS_EXPERTS: tuple[str, ...] = ("*.experts.gate_up_proj", "*.experts.down_proj")
+#: The modules gpt-oss keeps in bfloat16, as its checkpoints' ``modules_to_not_convert`` name them.
+GPTOSS_NOT_CONVERTED: tuple[str, ...] = (
+    "model.layers.*.self_attn",
+    "model.layers.*.mlp.router",
+    "model.embed_tokens",
+    "lm_head",
+)
+
+
+def expert_decision(
+    name: str,
+    dtype: Any,
+    shape: tuple[int, ...],
+    block_size: int,
+    ignore: tuple[str, ...] = (),
+    only: tuple[str, ...] = (),
+) -> str | None:
+    """The ``mxfp4`` layout's rule (gpt-oss's): None if the tensor is quantised, else why it is kept.
+
+    Quantised: a float tensor matching :data:`GPTOSS_EXPERTS`, 3-D ([E, in, out]) with ``in`` a
+    multiple of ``block_size``, and not kept by ``ignore`` / ``only``. Everything else (attention,
+    router, embeddings, ``lm_head``, biases, sinks) stays as gpt-oss keeps it."""
+    if not any(fnmatch.fnmatchcase(name, p) for p in GPTOSS_EXPERTS):
+        return "kept as gpt-oss keeps it (MXFP4 holds the experts' gate_up_proj / down_proj only)"
+    why = _not_a_float(dtype)
+    if why is not None:
+        return why
+    if len(shape) != 3:
+        return f"{len(shape)}-D (gpt-oss's experts are [experts, in, out])"
+    why = _patterns_keep(name, ignore, only, ())
+    if why is not None:
+        return why
+    if shape[1] % block_size:
+        return f"input axis {shape[1]} is not a multiple of the block size {block_size}"
     return None
 
 
@@ -281,6 +337,37 @@ def _kept_modules(kept: list[tuple[str, ArrayEntry]]) -> list[str]:
         and e.dtype.name in _FLOATS + ("float8_e4m3fn", "float8_e5m2")
         and _matches(name, ("*embed*", "*norm*")) is None
     ]
+
+
+# ---- fused layers ----------------------------------------------------------------------------------
+
+#: Layers that runtimes fuse into one GEMM with one per-tensor scale, as rows of sibling module
+#: names: the shards of a row that share a parent module are one fused layer. vLLM fuses
+#: q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj`` (each MoE expert's too: ``w13``),
+#: Mixtral's experts' ``w1``/``w3``, and MLA's ``q_a_proj``/``kv_a_proj_with_mqa`` into
+#: ``fused_qkv_a_proj``; it keeps the largest of the shards' per-tensor scales for the whole layer
+#: (``weight_global_scale.max()``), so every shard must be quantised with that one scale.
+FUSED_SHARDS: tuple[tuple[str, ...], ...] = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("gate_proj", "up_proj"),
+    ("w1", "w3"),
+    ("q_a_proj", "kv_a_proj_with_mqa"),
+)
+
+
+def fused_groups(names: Any) -> dict[str, tuple[str, ...]]:
+    """Each of ``names`` (tensor names, ``MODULE.weight`` or ``MODULE``) that is a shard of a
+    fused layer (:data:`FUSED_SHARDS`) with at least one other shard among ``names`` -> the names of
+    its group, in the order of the table's row. Names in no such group are not keys."""
+    groups: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for name in names:
+        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        parent, _, last = module.rpartition(".")
+        for row, shards in enumerate(FUSED_SHARDS):
+            if last in shards:
+                groups.setdefault((parent, row), []).append((shards.index(last), name))
+    fused = [tuple(n for _, n in sorted(g)) for g in groups.values() if len(g) > 1]
+    return {n: g for g in fused for n in g}
 
 
 # ---- layouts -------------------------------------------------------------------------------------
@@ -326,18 +413,26 @@ class CheckpointLayout:
     """One checkpoint layout (see the module docstring).
 
     ``formats``: the block formats it stores; ``outputs(name, layout)``: the tensors a quantised
-    weight becomes; ``config(fmt, kept_modules)``: the ``quantization_config``; ``detect(ckpt)``:
-    whether a checkpoint is in this layout; ``weights(ckpt)``: its quantised weights;
-    ``suffix``: the layout is one file with this suffix (the package's), not a folder of shards."""
+    weight becomes; ``config(fmt, kept)``: the ``quantization_config`` given the (name, entry) of
+    the tensors kept; ``detect(ckpt)``: whether a checkpoint is in this layout; ``weights(ckpt)``:
+    its quantised weights (raising :class:`FileFormatError` where the checkpoint is not what its
+    config promises); ``suffix``: the layout is one file with this suffix (the package's), not a
+    folder of shards; ``decide``: its rule of which tensors are quantised (:func:`tensor_decision`
+    or :func:`expert_decision`); ``transpose``: a quantised [..., in, out] tensor is stored as
+    [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised)``: raises if the layout cannot
+    express the checkpoint so that its runtime loads it."""
 
     name: str
     help: str
     formats: tuple[str, ...]
     outputs: Callable[[str, BlockLayout], list[Output]]
-    config: Callable[[str, list[str]], dict[str, Any]]
+    config: Callable[[str, list[tuple[str, ArrayEntry]]], dict[str, Any]]
     detect: Callable[[Checkpoint], bool]
     weights: Callable[[Checkpoint], list[StoredWeight]]
     suffix: str | None = None
+    decide: Callable[..., str | None] = tensor_decision
+    transpose: bool = False
+    fits: Callable[[Checkpoint, list[str]], None] = lambda ckpt, quantised: None
 
     @property
     def single_file(self) -> bool:
@@ -390,7 +485,7 @@ def _ct_outputs(name: str, layout: BlockLayout) -> list[Output]:
     return out
 
 
-def _ct_config(fmt: str, kept_modules: list[str]) -> dict[str, Any]:
+def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
     nv = fmt == "nvfp4"
     weights = {
         "num_bits": 4 if "fp4" in fmt else 8,
@@ -417,10 +512,22 @@ def _ct_config(fmt: str, kept_modules: list[str]) -> dict[str, Any]:
         "format": _CT_FORMATS[fmt],
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
-        "ignore": kept_modules,
+        "ignore": _kept_modules(kept),
         "kv_cache_scheme": None,
         "global_compression_ratio": None,
     }
+
+
+def _ct_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
+    """vLLM refuses a fused layer whose shards are quantised in part (``should_ignore_layer``)."""
+    done = set(quantised)
+    for group in dict.fromkeys(fused_groups(n for n in ckpt.tensors if n.endswith(".weight")).values()):
+        if 0 < len(done.intersection(group)) < len(group):
+            kept = ", ".join(n for n in group if n not in done)
+            raise FileFormatError(
+                f"{ckpt.path}: {', '.join(group)} are one fused layer in the runtimes, which refuse it quantised in "
+                f"part ({kept} kept); --ignore all of them or none"
+            )
 
 
 def _ct_detect(ckpt: Checkpoint) -> bool:
@@ -484,7 +591,64 @@ def _ct_weights(ckpt: Checkpoint) -> list[StoredWeight]:
         found.append(
             StoredWeight(f"{base}.weight", layout, pts, _u8(codes), _u8(scale), tuple(parts), f"{base}.weight")
         )
+    _ct_check_rest(ckpt, {p for w in found for p in w.parts}, bf.block_size)
     return found
+
+
+#: Suffixes of the tensors compressed-tensors adds to a quantised module.
+_CT_PARTS = (
+    "weight_packed", "weight_scale", "weight_global_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
+    "input_scale", "input_global_scale", "input_zero_point", "output_scale", "k_scale", "v_scale",
+)  # fmt: skip
+
+
+def _ct_matches(module: str, patterns: Any) -> bool | None:
+    """Whether compressed-tensors' ``targets`` / ``ignore`` entries name ``module`` (a name, or
+    ``re:`` and a regular expression matched from the start; ``Linear``: any Linear module), or
+    None where an entry names a module class other than Linear (not decidable from the names)."""
+    undecided = False
+    for p in patterns or ():
+        if not isinstance(p, str):
+            continue
+        if p.startswith("re:"):
+            with contextlib.suppress(re.error):
+                if re.match(p[3:], module):
+                    return True
+        elif p == "Linear" or p == module:
+            return True
+        elif "." not in p:
+            undecided = True
+    return None if undecided else False
+
+
+def _ct_check_rest(ckpt: Checkpoint, claimed: set[str], block_size: int) -> None:
+    """Refuse a compressed-tensors checkpoint that is not what its config promises: quantisation
+    tensors that no quantised weight claims, or a Linear weight the config quantises (targeted,
+    not ignored) stored plain. A runtime would load either wrong (an unexpected key, or a weight
+    initialised at random)."""
+    qc = ckpt.quantization_config or {}
+    targets = [
+        t for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) for t in g.get("targets") or ()
+    ]
+    for name, entry in ckpt.tensors.items():
+        if name in claimed:
+            continue
+        module, _, last = name.rpartition(".")
+        if last in _CT_PARTS:
+            raise FileFormatError(
+                f"{ckpt.path}: {name} belongs to no quantised weight of the layout (its module has no complete "
+                f"set of tensors); a runtime would not load it"
+            )
+        if (
+            last == "weight"
+            and tensor_decision(name, entry.dtype, entry.shape, block_size) is None
+            and _ct_matches(module, targets) is True
+            and _ct_matches(module, qc.get("ignore")) is False
+        ):
+            raise FileFormatError(
+                f"{ckpt.path}: quantization_config quantises {module} (a Linear not in ignore), but "
+                f"{name} is a plain {entry.dtype} tensor; a runtime would expect its quantised tensors"
+            )
 
 
 # transformers MXFP4 (gpt-oss) ------------------------------------------------------------------------
@@ -499,8 +663,38 @@ def _gptoss_outputs(name: str, layout: BlockLayout) -> list[Output]:
     ]
 
 
-def _gptoss_config(fmt: str, kept_modules: list[str]) -> dict[str, Any]:
-    return {"quant_method": "mxfp4", "modules_to_not_convert": kept_modules}
+def _expert_modules(names: Any) -> set[str]:
+    return {n.rpartition(".")[0] for n in names}
+
+
+def _gptoss_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
+    """gpt-oss's ``modules_to_not_convert``, and the experts modules kept in bfloat16 (by --ignore)."""
+    experts = sorted(_expert_modules(n for n, _ in kept if any(fnmatch.fnmatchcase(n, p) for p in GPTOSS_EXPERTS)))
+    return {"quant_method": "mxfp4", "modules_to_not_convert": list(GPTOSS_NOT_CONVERTED) + experts}
+
+
+def _gptoss_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
+    """transformers reads MXFP4 into gpt-oss's experts only: refuse what it would load wrong."""
+    model_type = (ckpt.config or {}).get("model_type")
+    fit = "--layout compressed-tensors (--format mxfp4_e2m1) suits other models"
+    if model_type is not None and model_type != "gpt_oss":
+        raise FileFormatError(
+            f"{ckpt.path}: the mxfp4 layout is gpt-oss's (transformers reads it for model_type gpt_oss only), "
+            f"not {model_type!r}; {fit}"
+        )
+    if not quantised:
+        raise FileFormatError(
+            f"{ckpt.path}: no gpt-oss expert parameters ({', '.join(GPTOSS_EXPERTS)}) to quantise; the mxfp4 "
+            f"layout holds nothing else; {fit}"
+        )
+    half = _expert_modules(quantised) & _expert_modules(
+        n for n in ckpt.tensors if n not in quantised and any(fnmatch.fnmatchcase(n, p) for p in GPTOSS_EXPERTS)
+    )
+    if half:
+        raise FileFormatError(
+            f"{ckpt.path}: {sorted(half)[0]}: transformers converts an experts module whole; quantise both its "
+            f"gate_up_proj and down_proj or neither (--ignore the module)"
+        )
 
 
 def _gptoss_detect(ckpt: Checkpoint) -> bool:
@@ -510,37 +704,63 @@ def _gptoss_detect(ckpt: Checkpoint) -> bool:
     return any(n.endswith("_blocks") and n[: -len("_blocks")] + "_scales" in ckpt.tensors for n in ckpt.tensors)
 
 
+def _not_converted(ckpt: Checkpoint) -> tuple[str, ...]:
+    patterns = (ckpt.quantization_config or {}).get("modules_to_not_convert") or ()
+    return tuple(p for p in patterns if isinstance(p, str))
+
+
 def _gptoss_weights(ckpt: Checkpoint) -> list[StoredWeight]:
     found = []
-    for name, blocks in ckpt.tensors.items():
-        if not name.endswith("_blocks"):
+    t = ckpt.tensors
+    for name, blocks in t.items():
+        if not name.endswith(("_blocks", "_scales")):
             continue
-        base = name[: -len("_blocks")]
-        sname = f"{base}_scales"
-        if sname not in ckpt.tensors:
-            raise FileFormatError(f"{ckpt.path}: {name} has no {sname} beside it")
-        if blocks.dtype.name != "uint8" or len(blocks.shape) < 3 or blocks.shape[-1] != 16:
+        base = name[: -len("_blocks")]  # as long as "_scales"
+        if not any(fnmatch.fnmatchcase(base, p) for p in GPTOSS_EXPERTS):
             raise FileFormatError(
-                f"{blocks.where}: MXFP4 blocks must be uint8 of shape [..., out, in/32, 16], found "
+                f"{ckpt.path}: {name} is not an expert parameter ({', '.join(GPTOSS_EXPERTS)}), the only tensors "
+                f"the mxfp4 layout stores in blocks; its runtime would not load it"
+            )
+        if name.endswith("_scales"):
+            if f"{base}_blocks" not in t:
+                raise FileFormatError(f"{ckpt.path}: {name} has no {base}_blocks beside it")
+            continue
+        sname = f"{base}_scales"
+        if sname not in t:
+            raise FileFormatError(f"{ckpt.path}: {name} has no {sname} beside it")
+        if blocks.dtype.name != "uint8" or len(blocks.shape) != 4 or blocks.shape[-1] != 16:
+            raise FileFormatError(
+                f"{blocks.where}: MXFP4 blocks must be uint8 of shape [experts, out, in/32, 16], found "
                 f"{blocks.dtype} of shape {blocks.shape}"
             )
         shape = blocks.shape[:-2] + (blocks.shape[-2] * 32,)
         layout = BlockLayout("mxfp4_e2m1", shape, len(shape) - 1, 32, 1, True)
-        _expect(ckpt.tensors[sname], "uint8", layout.scales_shape, "the e8m0 scales")
-        weight = base.endswith(".weight")  # written by this package from NAME.weight; else gpt-oss experts
+        _expect(t[sname], "uint8", layout.scales_shape, "the e8m0 scales")
         found.append(
             StoredWeight(
-                base,
-                layout,
-                None,
-                _u8(blocks, layout.codes_shape),
-                _u8(ckpt.tensors[sname]),
-                (name, sname),
-                base,
-                transpose=not weight and len(shape) >= 2,
+                base, layout, None, _u8(blocks, layout.codes_shape), _u8(t[sname]), (name, sname), base, transpose=True
             )
         )
+    if ckpt.quantization_config is not None:
+        kept = _not_converted(ckpt)
+        for name in t:
+            module = name.rpartition(".")[0]
+            if (
+                any(fnmatch.fnmatchcase(name, p) for p in GPTOSS_EXPERTS)
+                and not any(_module_matches(module, p) for p in kept)
+                and not any(w.name == name for w in found)
+            ):
+                raise FileFormatError(
+                    f"{ckpt.path}: quantization_config (mxfp4) promises {name} in MXFP4 ({module} is not in "
+                    f"modules_to_not_convert), but it is a plain {t[name].dtype} tensor"
+                )
     return found
+
+
+def _module_matches(module: str, pattern: str) -> bool:
+    """transformers' test of a module against a ``modules_to_not_convert`` entry: the pattern
+    (shell wildcards) names the module or one of its parents."""
+    return fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(module, pattern + ".*")
 
 
 # the package's file --------------------------------------------------------------------------------
@@ -563,7 +783,7 @@ def _npz_weights(ckpt: Checkpoint) -> list[StoredWeight]:
     return found
 
 
-def _no_config(fmt: str, kept_modules: list[str]) -> dict[str, Any]:
+def _no_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
     return {}
 
 
@@ -577,6 +797,7 @@ LAYOUTS: dict[str, CheckpointLayout] = {
         _ct_config,
         _ct_detect,
         _ct_weights,
+        fits=_ct_fits,
     ),
     "mxfp4": CheckpointLayout(
         "mxfp4",
@@ -586,6 +807,9 @@ LAYOUTS: dict[str, CheckpointLayout] = {
         _gptoss_config,
         _gptoss_detect,
         _gptoss_weights,
+        decide=expert_decision,
+        transpose=True,
+        fits=_gptoss_fits,
     ),
     "npz": CheckpointLayout(
         "npz",
@@ -660,7 +884,8 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
 @dataclass
 class TensorReport:
     """What happened to one tensor: ``action`` is ``quantised``, ``dequantised`` or ``kept``;
-    ``reason`` why it was kept; ``stats`` the error of a quantised one."""
+    ``reason`` why it was kept; ``stats`` the error of a quantised one; ``fused_with``: the shards
+    of its fused layer (itself included) whose per-tensor scale it shares, if any."""
 
     name: str
     shape: tuple[int, ...]
@@ -669,6 +894,7 @@ class TensorReport:
     reason: str = ""
     stats: QuantizationError | None = None
     outputs: tuple[str, ...] = ()
+    fused_with: tuple[str, ...] = ()
 
 
 @dataclass
@@ -779,6 +1005,7 @@ def quantize_checkpoint(
     *,
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
+    fuse: bool = True,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     chunk_bytes: int = 256 << 20,
     progress: Progress = lambda _: None,
@@ -788,6 +1015,8 @@ def quantize_checkpoint(
     the ``.npz`` file of the ``npz`` layout) in the layout ``layout_name``.
 
     ``options`` are those of :func:`neuron_kernels.quantize` (blocks run along the last axis).
+    With ``fuse`` (the default), the shards of each fused layer (:func:`fused_groups`) quantised
+    with a per-tensor scale from the amax share one scale, from the amax over all of them.
     Returns one :class:`TensorReport` per input tensor, in order."""
     layout = LAYOUTS[layout_name]
     layout.check_format(fmt)
@@ -813,27 +1042,52 @@ def quantize_checkpoint(
     reports: list[TensorReport] = []
     chosen: list[tuple[str, ArrayEntry, BlockJob | None]] = []
     for name, entry in ckpt.tensors.items():
-        why = tensor_decision(name, entry.dtype, entry.shape, probe.block_size, ignore, only)
+        why = layout.decide(name, entry.dtype, entry.shape, probe.block_size, ignore, only)
         chosen.append((name, entry, None if why else block_job(fmt, len(entry.shape), **options)))
         reports.append(
             _report_kept(name, entry, why) if why else TensorReport(name, entry.shape, entry.dtype.name, "quantised")
         )
+    layout.fits(ckpt, [n for n, _, j in chosen if j is not None])
+    groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax) if fuse else {}
+    for report in reports:
+        report.fused_with = groups.get(report.name, ())
+    resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes)
     kept = [(n, e) for (n, e, j), r in zip(chosen, reports) if j is None]
     if layout.single_file:
-        _quantize_to_block_file(dst, chosen, reports, chunk_bytes, progress)
+        _quantize_to_block_file(dst, chosen, reports, resolve, chunk_bytes, progress)
         return reports
-    resolved: dict[str, BlockJob] = {}
     items: list[_Item] = []
     for (name, entry, job), report in zip(chosen, reports):
         if job is None:
             items.append(_copy_item(name, entry, progress, chunk_bytes))
             continue
-        outputs = layout.outputs(name, job.layout(entry.shape))
+        shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
+        outputs = layout.outputs(name, job.layout(shape))
         report.outputs = tuple(s.name for s, _ in outputs)
-        items.append(_quantize_item(name, entry, job, outputs, report, resolved, chunk_bytes, progress))
+        items.append(_quantize_item(name, entry, layout.transpose, outputs, report, resolve, chunk_bytes, progress))
     _write_shards(dst, items, max_shard_bytes)
-    _finish_folder(ckpt, dst, layout.config(fmt, _kept_modules(kept)), False)
+    _finish_folder(ckpt, dst, layout.config(fmt, kept), False)
     return reports
+
+
+class _ScaleResolver:
+    """Each quantised tensor's job with its per-tensor scale resolved: from its own amax, or from
+    the amax over its fused group (one pass over each shard, when the first is asked for)."""
+
+    def __init__(
+        self, jobs: dict[str, tuple[ArrayEntry, BlockJob]], groups: dict[str, tuple[str, ...]], chunk_bytes: int
+    ) -> None:
+        self.jobs, self.groups, self.chunk_bytes = jobs, groups, chunk_bytes
+        self.amax: dict[tuple[str, ...], float] = {}
+
+    def __call__(self, name: str) -> BlockJob:
+        entry, job = self.jobs[name]
+        if not job.needs_amax:
+            return job
+        group = self.groups.get(name, (name,))
+        if group not in self.amax:
+            self.amax[group] = max(entry_amax(*self.jobs[m], self.chunk_bytes) for m in group)
+        return job.with_amax(self.amax.pop(group) if len(group) == 1 else self.amax[group])
 
 
 def _pipelined_stats(
@@ -861,29 +1115,31 @@ def _pipelined_stats(
 def _quantize_item(
     name: str,
     entry: ArrayEntry,
-    job: BlockJob,
+    transpose: bool,
     outputs: list[Output],
     report: TensorReport,
-    resolved: dict[str, BlockJob],
+    resolve: _ScaleResolver,
     chunk_bytes: int,
     progress: Progress,
 ) -> _Item:
     by_role = {role: spec.name for spec, role in outputs}
+    resolved: list[BlockJob] = []
 
     def prepare() -> dict[str, float]:
-        resolved[name] = resolved_job(entry, job, chunk_bytes)
-        pts = resolved[name].per_tensor_scale
+        resolved.append(resolve(name))
+        pts = resolved[-1].per_tensor_scale
         return {by_role["per_tensor"]: float(pts)} if "per_tensor" in by_role and isinstance(pts, float) else {}
 
     def fill(sinks: dict[str, Any]) -> None:
-        done = resolved.pop(name)
+        done = resolved.pop()
         codes, scales = sinks[by_role["codes"]], sinks[by_role["scales"]]
 
         def write(mx: BlockArray) -> None:
             codes.write(mx.codes.reshape(-1).view(codes.spec.dtype))
             scales.write(mx.scales.reshape(-1).view(np.uint8).view(scales.spec.dtype))
 
-        acc = _pipelined_stats(quantized_pieces(entry, done, chunk_bytes), write, progress)
+        pieces = transposed_pieces(entry, done) if transpose else quantized_pieces(entry, done, chunk_bytes)
+        acc = _pipelined_stats(pieces, write, progress)
         if "per_tensor" in by_role:
             pts = done.per_tensor_scale
             assert isinstance(pts, float)
@@ -897,6 +1153,7 @@ def _quantize_to_block_file(
     dst: str,
     chosen: list[tuple[str, ArrayEntry, BlockJob | None]],
     reports: list[TensorReport],
+    resolve: _ScaleResolver,
     chunk_bytes: int,
     progress: Progress,
 ) -> None:
@@ -912,7 +1169,7 @@ def _quantize_to_block_file(
                 report.reason += " (not in the npz layout, which holds block arrays only)"
                 report.outputs = ()
                 continue
-            job = resolved_job(entry, job, chunk_bytes)
+            job = resolve(name)
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
             with writer.array(name, job.layout(entry.shape), pts, job.rotation) as out:
                 pieces = quantized_pieces(entry, job, chunk_bytes)

@@ -82,16 +82,19 @@ def _input_pieces(entry: ArrayEntry, pieces: Pieces, chunk_bytes: int) -> Iterat
         yield k, start, arr, src
 
 
-def resolved_job(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob:
-    """``job`` with its per-tensor scale, from a first pass over ``entry`` if it needs the amax."""
-    if not job.needs_amax:
-        return job
+def entry_amax(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> float:
+    """The finite amax of ``entry`` as ``job`` quantises it, in one pass of pieces."""
     amax = 0.0
     pieces = Pieces(job.layout(entry.shape))
     cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
     for k, _, arr, src in _input_pieces(entry, pieces, chunk_bytes):
         amax = max(amax, dataclasses.replace(job, axis=pieces.piece_layout(cuts[k]).axis).amax(arr, src))
-    return job.with_amax(amax)
+    return amax
+
+
+def resolved_job(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob:
+    """``job`` with its per-tensor scale, from a first pass over ``entry`` if it needs the amax."""
+    return job.with_amax(entry_amax(entry, job, chunk_bytes)) if job.needs_amax else job
 
 
 def quantized_pieces(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, BlockArray]]:
@@ -102,6 +105,19 @@ def quantized_pieces(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> Iter
     for k, start, arr, src in _input_pieces(entry, pieces, chunk_bytes):
         piece_job = dataclasses.replace(job, axis=pieces.piece_layout(cuts[k]).axis)
         yield arr, piece_job.quantize(arr, src, idx0=start)
+
+
+def transposed_pieces(entry: ArrayEntry, job: BlockJob) -> Iterator[tuple[np.ndarray, BlockArray]]:
+    """(input matrix, its quantisation) for each [in, out] matrix of the [..., in, out] ``entry``
+    transposed to [out, in] (blocks along ``in``), in order: what quantising the whole array
+    with its last two axes swapped gives, one matrix in memory at a time. ``job`` is for the whole
+    array (its per-tensor scale resolved)."""
+    rows, cols = entry.shape[-2], entry.shape[-1]
+    per = rows * cols
+    matrix_job = dataclasses.replace(job, axis=1)
+    for m in range(entry.size // per if per else 0):
+        arr, src = input_array(np.ascontiguousarray(entry.read_flat(m * per, (m + 1) * per).reshape(rows, cols).T))
+        yield arr, matrix_job.quantize(arr, src, idx0=m * per)
 
 
 def quantize_file(

@@ -180,20 +180,14 @@ LAYOUTS = [
     ("compressed-tensors", "nvfp4"),
     ("compressed-tensors", "mxfp4_e2m1"),
     ("compressed-tensors", "mxfp8_e4m3"),
-    ("mxfp4", "mxfp4_e2m1"),
-]
-IDS = ["ct-nvfp4", "ct-mxfp4", "ct-mxfp8", "mxfp4"]
+]  # the gpt-oss layout ("mxfp4") holds experts only: tests/test_checkpoints_gptoss.py
+IDS = ["ct-nvfp4", "ct-mxfp4", "ct-mxfp8"]
 
 
 def expected_tensors(layout: str, fmt: str, name: str, shape: tuple) -> dict[str, tuple[str, tuple]]:
     """The tensors the layout's description gives a quantised NAME.weight of ``shape``: name -> (dtype, shape)."""
     *lead, out, inn = shape
     lead = tuple(lead)
-    if layout == "mxfp4":
-        return {
-            f"{name}_blocks": ("uint8", lead + (out, inn // 32, 16)),
-            f"{name}_scales": ("uint8", lead + (out, inn // 32)),
-        }
     base = name[: -len(".weight")]
     if fmt == "nvfp4":
         return {
@@ -242,20 +236,14 @@ def test_layout_names_dtypes_shapes_and_values(ckpt, written, layout, fmt):
             assert (got[tname].dtype.name, got[tname].shape) == (dtype, shape), tname
         assert len({where[n] for n in expect}) == 1, "a weight's tensors share one shard"
         q = nk.quantize(x, fmt)
-        if layout == "mxfp4":
-            blocks, scales = got[f"{name}_blocks"], got[f"{name}_scales"]
-            np.testing.assert_array_equal(blocks.reshape(q.codes.shape), q.codes)
-            np.testing.assert_array_equal(scales, q.scales.view(np.uint8))
-            values = decode_gptoss(blocks, scales)
-        else:
-            base = name[: -len(".weight")]
-            codes = got[f"{base}.weight" if fmt == "mxfp8_e4m3" else f"{base}.weight_packed"]
-            np.testing.assert_array_equal(codes.view(np.uint8), q.codes)
-            np.testing.assert_array_equal(got[f"{base}.weight_scale"].view(np.uint8), q.scales.view(np.uint8))
-            if fmt == "nvfp4":
-                gs = got[f"{base}.weight_global_scale"]
-                assert bits(gs)[0] == bits(np.float32(1) / np.float32(q.per_tensor_scale))
-            values = decode_ct(got, base, fmt)
+        base = name[: -len(".weight")]
+        codes = got[f"{base}.weight" if fmt == "mxfp8_e4m3" else f"{base}.weight_packed"]
+        np.testing.assert_array_equal(codes.view(np.uint8), q.codes)
+        np.testing.assert_array_equal(got[f"{base}.weight_scale"].view(np.uint8), q.scales.view(np.uint8))
+        if fmt == "nvfp4":
+            gs = got[f"{base}.weight_global_scale"]
+            assert bits(gs)[0] == bits(np.float32(1) / np.float32(q.per_tensor_scale))
+        values = decode_ct(got, base, fmt)
         ref = q.dequantize()
         if fmt == "nvfp4":  # s / global_scale against the package's P * (pts * s): within an ulp
             np.testing.assert_allclose(values, ref, rtol=2**-22, atol=0)
@@ -277,9 +265,6 @@ def test_layout_config(ckpt, written, layout, fmt):
     assert config["model_type"] == "llama" and config["hidden_size"] == 64
     qc = config["quantization_config"]
     kept = ["model.layers.0.mlp.gate", "model.layers.0.mlp.router", "model.layers.0.mlp.odd_proj", "lm_head"]
-    if layout == "mxfp4":
-        assert qc == {"quant_method": "mxfp4", "modules_to_not_convert": kept}
-        return
     names = {"nvfp4": "nvfp4-pack-quantized", "mxfp4_e2m1": "mxfp4-pack-quantized", "mxfp8_e4m3": "mxfp8-quantized"}
     assert (qc["quant_method"], qc["format"], qc["quantization_status"]) == (
         "compressed-tensors",
