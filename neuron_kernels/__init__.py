@@ -21,6 +21,7 @@ from .blocks import (
     quantize_mx,
     quantize_nvfp4,
     rotate,
+    shared_per_tensor_scale,
 )
 from .casting import auto_cast, cast, pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
@@ -116,6 +117,7 @@ __all__ = [
     "register_cast",
     "rotate",
     "set_num_threads",
+    "shared_per_tensor_scale",
     "supported_casts",
     "to_nc_matmul_mx",
     "unpack_x4",

@@ -369,6 +369,7 @@ def _quantize_checkpoint(args: argparse.Namespace) -> int:
             args.format,
             ignore=tuple(args.ignore or ()),
             only=tuple(args.only or ()),
+            fuse=not args.no_fuse,
             max_shard_bytes=args.max_shard_size,
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
@@ -389,6 +390,9 @@ def _quantize_checkpoint(args: argparse.Namespace) -> int:
         print(f"{'kept':<{width}}{'shape':>20}{'dtype':>10}  why")
         for r in kept:
             print(f"{r.name:<{width}}{str(r.shape):>20}{r.dtype:>10}  {r.reason}")
+    fused = list(dict.fromkeys(r.fused_with for r in reports if r.fused_with))
+    for group in fused:
+        print(f"one per-tensor scale (fused in the runtime): {', '.join(group)}")
     for name, why in ckpt.skipped:
         print(f"not copied: {name}: {why}")
     return 0
@@ -706,6 +710,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--only", action="append", metavar="PATTERN", help="quantise only tensors matching this pattern (repeatable)"
+    )
+    q.add_argument(
+        "--no-fuse",
+        action="store_true",
+        help="a per-tensor scale of its own for each shard of a layer runtimes fuse (q/k/v, gate/up, ...); "
+        "by default they share one, as the runtimes keep one for the fused layer",
     )
     _block_options(q)
     q.add_argument("--block-shape", type=_block_shape, metavar="RxC", help="2-D tiles over the last two axes")

@@ -21,6 +21,7 @@ from .api import (
     quantize,
     quantize_mx,
     quantize_nvfp4,
+    shared_per_tensor_scale,
 )
 from .array import BlockArray, MXArray
 from .rotation import rotate
@@ -42,4 +43,5 @@ __all__ = [
     "quantize_mx",
     "quantize_nvfp4",
     "rotate",
+    "shared_per_tensor_scale",
 ]

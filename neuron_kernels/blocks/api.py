@@ -33,6 +33,7 @@ __all__ = [
     "block_matmul",
     "mx_matmul",
     "quantization_error",
+    "shared_per_tensor_scale",
 ]
 
 MX_FORMAT_NAMES: tuple[str, ...] = tuple(n for n, f in BLOCK_FORMATS.items() if f.is_mx)
@@ -222,6 +223,37 @@ def quantize_nvfp4(
         pack=pack,
         rht=rht,
     )
+
+
+def shared_per_tensor_scale(arrays: Any, fmt: Any = "nvfp4", **options: Any) -> float:
+    """One per-tensor scale for several arrays quantised as one layer: the scale of the amax over
+    all of them (``amax / (scale_bound * 6)`` for NVFP4), as runtimes that fuse layers need it.
+
+    vLLM fuses q/k/v, gate/up and each expert's gate/up into one GEMM and keeps one per-tensor
+    scale for it (the largest of the shards'), so shards quantised each with its own scale are
+    dequantised wrongly; quantise each shard with ``per_tensor_scale=`` this value instead.
+    ``options`` are :func:`quantize`'s that decide the amax and the scale (``scale_bound``,
+    ``four_over_six``, ``rht``, ``axis``). An empty sequence or a format without a per-tensor scale
+    is refused."""
+    if isinstance(arrays, np.ndarray) or not hasattr(arrays, "__iter__"):
+        raise TypeError(f"arrays must be a sequence of arrays (the shards), got {type(arrays).__name__}")
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("arrays is empty: the shared per-tensor scale needs at least one array")
+    options = {"per_tensor_scale": "amax", **options}
+    amax, job = 0.0, None
+    for x in arrays:
+        if is_lazy(x):
+            raise TypeError("shared_per_tensor_scale takes in-memory arrays; compute the shards' amax with Dask")
+        arr, src = input_array(x)
+        job = block_job(fmt, arr.ndim, **options)
+        if not job.needs_amax:
+            raise ValueError(f"{job.fmt.name} has no per-tensor scale from the amax (it applies to nvfp4)")
+        amax = max(amax, job.amax(arr, src))
+    assert job is not None
+    pts = job.with_amax(amax).per_tensor_scale
+    assert isinstance(pts, float)
+    return pts
 
 
 def dequantize(q: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
