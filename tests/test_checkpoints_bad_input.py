@@ -204,3 +204,34 @@ def test_full_disk_leaves_nothing(tmp_path, layout):
         message="writing failed (File too large); no output was written",
         preexec=_file_size_limit(300_000),
     )
+
+
+def test_a_compressed_tensors_checkpoint_that_is_not_what_its_config_says(tmp_path):
+    """Tensors no quantised weight claims, or a Linear the config quantises stored plain: a runtime
+    would report an unexpected key or initialise the weight at random; the package refuses."""
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng(4)
+    (tmp_path / "m").mkdir()
+    t = {f"l.{p}.weight": rng.standard_normal((32, 64)).astype(BF16) for p in ("o_proj", "down_proj")}
+    save_file(t, tmp_path / "m" / "model.safetensors")
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert run("quantize", "m", "q", "--format", "mxfp4_e2m1", cwd=tmp_path).returncode == 0
+    stored = load_file(tmp_path / "q" / "model.safetensors")
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+
+    def variant(name, tensors, ignore=()):
+        (tmp_path / name).mkdir()
+        save_file(tensors, tmp_path / name / "model.safetensors")
+        qc = dict(config["quantization_config"], ignore=list(ignore))
+        (tmp_path / name / "config.json").write_text(json.dumps(dict(config, quantization_config=qc)))
+
+    variant("stray", stored | {"l.o_proj.input_scale": np.ones(1, np.float32)})
+    fails("dequantize", "stray", "o", cwd=tmp_path, message="l.o_proj.input_scale belongs to no quantised weight")
+    plain = {k: v for k, v in stored.items() if not k.startswith("l.down_proj.")} | {
+        "l.down_proj.weight": t["l.down_proj.weight"]
+    }
+    variant("plain", plain)
+    fails("dequantize", "plain", "o", cwd=tmp_path, message="quantises l.down_proj (a Linear not in ignore)")
+    variant("ignored", plain, ignore=["re:.*down_proj$"])
+    assert run("dequantize", "ignored", "o", cwd=tmp_path).returncode == 0
