@@ -44,7 +44,7 @@ import numpy as np
 
 from .blocks import fake_quantize, quantization_error, quantize
 from .casting import cast
-from .formats import FORMATS, MX_FORMATS, get_format
+from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS, get_format
 
 __all__ = [
     "BenchRow",
@@ -371,8 +371,13 @@ def numpy_reference_nvfp4(
     return packed, s.view(np.uint8)[..., 0]
 
 
-def torchao_peer(fmt: str, options: dict[str, Any]) -> Callable[[np.ndarray], Any] | None:
-    """torchao's CPU quantiser of a case, when torch and torchao are installed and have it."""
+def torchao_peer(
+    fmt: str, options: dict[str, Any], shape: tuple[int, ...] | None = None
+) -> Callable[[np.ndarray], Any] | None:
+    """torchao's CPU quantiser of a case, when torch and torchao are installed and have it (for
+    arrays of ``shape``: torchao takes whole blocks only)."""
+    if shape is not None and (not shape or shape[-1] % BLOCK_FORMATS[fmt].block_size):
+        return None
     try:
         import torch
         from torchao.prototype.mx_formats.mx_tensor import to_mx
@@ -443,7 +448,7 @@ def bench_mx(
                 peer = measure(lambda: numpy_reference_nvfp4(source, pts), moved, few)
             else:
                 peer = measure(lambda: numpy_reference_quantize(source, fmt), moved, few)
-        torchao = torchao_peer(fmt, options) if source is x else None
+        torchao = torchao_peer(fmt, options, x.shape) if source is x else None
         torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
         sqnr = quantization_error(x, q).sqnr_db
         rows.append(BlockBenchRow(label, fmt, n, quantize_gbs, dequantize_gbs, fake, copy_gbs, peer, sqnr, torchao_gbs))

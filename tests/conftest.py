@@ -85,6 +85,15 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+def runtime_missing(why: str) -> None:
+    """Skip a test whose runtime (torch, transformers, compressed-tensors, torchao) is not
+    installed, with the reason; fail it instead where ``NEURON_KERNELS_REQUIRE_RUNTIMES`` is set
+    (CI, which installs them: a runtime test that skips there tests nothing)."""
+    if os.environ.get("NEURON_KERNELS_REQUIRE_RUNTIMES"):
+        pytest.fail(f"NEURON_KERNELS_REQUIRE_RUNTIMES is set, but {why}")
+    pytest.skip(why)
+
+
 def run_cli(*args, cwd):
     """``python -m neuron_kernels ARGS`` in ``cwd``."""
     return subprocess.run(

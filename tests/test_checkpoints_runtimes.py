@@ -20,11 +20,11 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 import neuron_kernels as nk
+from neuron_kernels.checkpoints import fused_groups
 
-from .conftest import child_env
+from .conftest import child_env, runtime_missing
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RUNTIME_MODULES = ("torch", "transformers", "compressed_tensors")
@@ -48,7 +48,7 @@ def _runtime_python() -> tuple[str | None, str]:
 def runtime():
     python, why = _runtime_python()
     if python is None:
-        pytest.skip(why)
+        runtime_missing(why)
 
     def run(script: str, *args) -> str:
         r = subprocess.run(
@@ -113,8 +113,13 @@ def test_compressed_tensors_loads_the_package_layout(runtime, tmp_path, fmt):
     original = nk.load_checkpoint(tmp_path / "llama")
     quantised = [n for n in original if n.endswith("_proj.weight")]
     assert len(quantised) == 7
+    fused = fused_groups(quantised) if fmt == "nvfp4" else {}  # q/k/v and gate/up share a per-tensor scale
+    assert len(set(fused.values())) == (2 if fmt == "nvfp4" else 0)
     for name in quantised:
-        want = nk.quantize(original[name], fmt).dequantize("bfloat16").astype(np.float32)
+        options = {}
+        if name in fused:
+            options["per_tensor_scale"] = nk.shared_per_tensor_scale([original[n] for n in fused[name]])
+        want = nk.quantize(original[name], fmt, **options).dequantize("bfloat16").astype(np.float32)
         if fmt == "nvfp4":  # the runtime divides by the global scale and rounds to bfloat16
             np.testing.assert_allclose(loaded[name], want, rtol=2**-7, atol=0, err_msg=name)
         else:
@@ -134,33 +139,59 @@ GptOssForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
 """
 
 
-def test_gpt_oss_mxfp4_dequantised_as_transformers_does(runtime, tmp_path):
+def test_gpt_oss_through_the_command_loads_in_transformers(runtime, tmp_path):
+    """bfloat16 gpt-oss -> ``quantize --layout mxfp4`` -> transformers loads it with no missing,
+    unexpected or mismatched key, its dequantised experts the package's bit for bit ->
+    ``dequantize`` -> transformers loads the plain checkpoint, every tensor as in the original."""
     runtime(MAKE_GPT_OSS, tmp_path / "oss")
-    # The MXFP4 checkpoint as gpt-oss ships it: experts [E, in, out] stored as [E, out, in/32, 16] blocks.
+    out = cli("quantize", "oss", "q", "--layout", "mxfp4", "--format", "mxfp4_e2m1", cwd=tmp_path)
     plain = nk.load_checkpoint(tmp_path / "oss")
-    stored = {}
-    for name, value in plain.items():
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            w = np.ascontiguousarray(np.swapaxes(value, 1, 2))
-            q = nk.quantize(w, "mxfp4_e2m1")
-            stored[f"{name}_blocks"] = q.codes.reshape(w.shape[:-1] + (w.shape[-1] // 32, 16))
-            stored[f"{name}_scales"] = q.scales.view(np.uint8)
-        else:
-            stored[name] = value
-    (tmp_path / "q").mkdir()
-    save_file(stored, tmp_path / "q" / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((tmp_path / "oss" / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}
-    (tmp_path / "q" / "config.json").write_text(json.dumps(config))
+    experts = sorted(n for n in plain if n.endswith(("experts.gate_up_proj", "experts.down_proj")))
+    assert len(experts) == 2 and all(n in out for n in experts)
+    stored = nk.load_checkpoint(tmp_path / "q")
+    assert {n for n, v in stored.items() if isinstance(v, nk.BlockArray)} == set(experts)
+    for name, value in plain.items():  # everything but the experts as gpt-oss keeps it: the same bytes
+        if name not in experts:
+            assert stored[name].dtype == value.dtype and stored[name].shape == value.shape, name
+            np.testing.assert_array_equal(stored[name].view(np.uint8), value.view(np.uint8), err_msg=name)
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                                   "lm_head"],
+    }  # fmt: skip
 
     info = json.loads(runtime(LOAD, tmp_path / "q", tmp_path / "rt.npz", "mxfp4").splitlines()[-1])
-    assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
-    cli("dequantize", "q", "plain", cwd=tmp_path)
-    ours = nk.load_checkpoint(tmp_path / "plain")
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
     theirs = np.load(tmp_path / "rt.npz")
-    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"):
-        assert ours[name].shape == plain[name].shape == theirs[name].shape
-        np.testing.assert_array_equal(ours[name].astype(np.float32), theirs[name], err_msg=name)
+    for name in experts:
+        w = np.ascontiguousarray(np.swapaxes(plain[name], 1, 2))  # gpt-oss blocks run along `in`
+        want = np.swapaxes(nk.quantize(w, "mxfp4_e2m1").dequantize("bfloat16"), 1, 2).astype(np.float32)
+        assert theirs[name].shape == plain[name].shape
+        np.testing.assert_array_equal(theirs[name], want, err_msg=name)
+        np.testing.assert_array_equal(
+            theirs[name], np.swapaxes(stored[name].dequantize("bfloat16"), 1, 2).astype(np.float32), err_msg=name
+        )
+
+    cli("dequantize", "q", "plain", cwd=tmp_path)
+    back = nk.load_checkpoint(tmp_path / "plain")
+    assert set(back) == set(plain)
+    for name, value in plain.items():
+        assert (back[name].dtype, back[name].shape) == (value.dtype, value.shape), name
+    for name in experts:
+        np.testing.assert_array_equal(back[name].astype(np.float32), theirs[name], err_msg=name)
     info = json.loads(runtime(LOAD, tmp_path / "plain", tmp_path / "p.npz", "plain").splitlines()[-1])
-    assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
     assert "quantization_config" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+
+
+def test_a_dense_llama_is_refused_by_the_gpt_oss_layout(runtime, tmp_path):
+    runtime(MAKE_LLAMA, tmp_path / "llama")
+    r = subprocess.run(
+        [sys.executable, "-m", "neuron_kernels", "quantize", "llama", "q", "--layout", "mxfp4", "--format",
+         "mxfp4_e2m1"],
+        cwd=tmp_path, capture_output=True, text=True, env=child_env(), timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "", r
+    assert len(r.stderr.strip().splitlines()) == 1 and "--layout compressed-tensors" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]

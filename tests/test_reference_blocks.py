@@ -22,6 +22,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from .conftest import runtime_missing
 from .reference_blocks import (
     BlockQuantRef,
     block_error_ref,
@@ -892,7 +893,7 @@ def _torchao():
             import torch
             from torchao.prototype.mx_formats import nvfp4_tensor
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        pytest.skip(f"torch/torchao not installed ({exc})")
+        runtime_missing(f"torch/torchao not installed ({exc})")
     return torch, nvfp4_tensor
 
 
