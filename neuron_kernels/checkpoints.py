@@ -16,14 +16,18 @@ layout in a checkpoint and where a stored weight's codes and scales are. The lay
   ``nvfp4``; ``NAME.weight_packed`` and ``NAME.weight_scale`` uint8 (e8m0) [..., out, in/32] for
   ``mxfp4_e2m1``; ``NAME.weight`` float8_e4m3fn [..., out, in] and ``NAME.weight_scale`` uint8
   [..., out, in/32] for ``mxfp8_e4m3``.
-- ``mxfp4`` (transformers' MXFP4, the layout of the gpt-oss checkpoints): ``NAME_blocks`` uint8
-  [..., out, in/32, 16] and ``NAME_scales`` uint8 [..., out, in/32].
+- ``mxfp4`` (transformers' MXFP4, the layout of the gpt-oss checkpoints): per expert parameter
+  ``NAME`` ([E, in, out]), ``NAME_blocks`` uint8 [E, out, in/32, 16] and ``NAME_scales`` uint8
+  [E, out, in/32].
 - ``npz``: the package's own file of block arrays (:mod:`neuron_kernels.blocks.file`).
 
-Which tensors are quantised (:func:`tensor_decision`): floating-point tensors named ``*.weight``
-with two or more dimensions whose last dimension is a multiple of the block size, except names
-matching the default exclusions (:data:`DEFAULT_EXCLUDES`) and the caller's ``ignore`` patterns,
-or only those matching ``only`` patterns. Everything else is copied bit for bit.
+Which tensors are quantised is the layout's rule: for compressed-tensors and npz
+(:func:`tensor_decision`), floating-point tensors named ``*.weight`` with two or more dimensions
+whose last dimension is a multiple of the block size, except names matching the default
+exclusions (:data:`DEFAULT_EXCLUDES`) and the caller's ``ignore`` patterns, or only those matching
+``only`` patterns; for mxfp4 (:func:`expert_decision`), gpt-oss's expert parameters only.
+Everything else is copied bit for bit. The shards of a layer runtimes fuse
+(:data:`FUSED_SHARDS`) share one per-tensor scale. The contract: ``docs/checkpoints.md``.
 
 Outputs are written under a temporary name and renamed when complete
 (:func:`neuron_kernels.files.atomic_output`).
@@ -69,6 +73,11 @@ __all__ = [
     "open_checkpoint",
     "load_checkpoint",
     "tensor_decision",
+    "expert_decision",
+    "fused_groups",
+    "FUSED_SHARDS",
+    "GPTOSS_EXPERTS",
+    "GPTOSS_NOT_CONVERTED",
     "quantize_checkpoint",
     "dequantize_checkpoint",
     "DEFAULT_MAX_SHARD_BYTES",
