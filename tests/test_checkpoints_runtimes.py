@@ -1,15 +1,19 @@
-"""The runtimes' own loaders on the package's checkpoints (optional: skipped with the reason when
-torch, transformers and compressed-tensors are not importable).
+"""The runtimes' own loaders on what the command writes (docs/checkpoints.md). They need torch,
+transformers and compressed-tensors (the ``runtimes`` extra): without them they skip with the
+reason, and fail where ``NEURON_KERNELS_REQUIRE_RUNTIMES`` is set (CI installs them).
 
 They run in the interpreter named by ``NEURON_KERNELS_RUNTIME_PYTHON`` (a virtual environment with
 ``torch``, ``transformers`` and ``compressed-tensors``), or in this one if it has them:
 
-- transformers builds a tiny Llama and saves it in bfloat16; the package quantises it to each
+- transformers builds a tiny Llama and saves it in bfloat16; the command quantises it to each
   compressed-tensors format; transformers (with compressed-tensors) loads the result without a
-  missing or unexpected key, and its dequantised weights are the package's to within the
-  runtime's bfloat16 rounding (exactly, for MX);
-- a gpt-oss MXFP4 checkpoint of a tiny GptOss model: transformers' own dequantisation equals the
-  package's ``dequantize`` bit for bit, and transformers loads that plain checkpoint cleanly.
+  missing, unexpected or mismatched key, and its dequantised weights are the package's (with the
+  shared per-tensor scale of q/k/v and gate/up) to within the runtime's bfloat16 rounding
+  (exactly, for MX);
+- transformers builds a tiny gpt-oss; the command writes gpt-oss's MXFP4 layout; transformers
+  (``Mxfp4Config(dequantize=True)``) loads it cleanly, its experts the package's bit for bit; the
+  command dequantises it back to a checkpoint transformers loads cleanly, every tensor the
+  original's name, shape and dtype; the dense Llama is refused by the gpt-oss layout.
 """
 
 import json
@@ -89,28 +93,49 @@ LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
 LOAD = """
 import sys, json, numpy as np, torch
 from transformers import AutoModelForCausalLM
-kwargs = {}
-if sys.argv[3] == "compressed-tensors":
-    from transformers import CompressedTensorsConfig
-    kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
-elif sys.argv[3] == "mxfp4":
-    from transformers import Mxfp4Config
-    kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
-model, info = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16, output_loading_info=True,
-                                                   **kwargs)
-np.savez(sys.argv[2], **{k: v.detach().float().numpy() for k, v in model.state_dict().items()})
-print(json.dumps({k: sorted(map(str, v)) for k, v in info.items()}))
+args = sys.argv[1:]
+for checkpoint, out, kind in zip(args[0::3], args[1::3], args[2::3]):  # several in one process
+    kwargs = {}
+    if kind == "compressed-tensors":
+        from transformers import CompressedTensorsConfig
+        kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+    elif kind == "mxfp4":
+        from transformers import Mxfp4Config
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+    model, info = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16, output_loading_info=True,
+                                                       **kwargs)
+    np.savez(out, **{k: v.detach().float().numpy() for k, v in model.state_dict().items()})
+    print(json.dumps({k: sorted(map(str, v)) for k, v in info.items()}))
 """
 
+CT_FORMATS = ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3"]
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3"])
-def test_compressed_tensors_loads_the_package_layout(runtime, tmp_path, fmt):
-    runtime(MAKE_LLAMA, tmp_path / "llama")
-    cli("quantize", "llama", "q", "--format", fmt, cwd=tmp_path)
-    info = json.loads(runtime(LOAD, tmp_path / "q", tmp_path / "w.npz", "compressed-tensors").splitlines()[-1])
+
+@pytest.fixture(scope="module")
+def llama(runtime, tmp_path_factory):
+    """A tiny Llama saved by transformers in bfloat16."""
+    d = tmp_path_factory.mktemp("llama")
+    runtime(MAKE_LLAMA, d / "llama")
+    return d
+
+
+@pytest.fixture(scope="module")
+def ct_loaded(runtime, llama):
+    """The Llama quantised by the command to each compressed-tensors format, then loaded by
+    transformers (all three in one process): format -> (loading info, the loaded weights)."""
+    args = []
+    for fmt in CT_FORMATS:
+        cli("quantize", "llama", fmt, "--format", fmt, cwd=llama)
+        args += [llama / fmt, llama / f"{fmt}.npz", "compressed-tensors"]
+    infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(CT_FORMATS) :]]
+    return {fmt: (info, np.load(llama / f"{fmt}.npz")) for fmt, info in zip(CT_FORMATS, infos)}
+
+
+@pytest.mark.parametrize("fmt", CT_FORMATS)
+def test_compressed_tensors_loads_the_package_layout(ct_loaded, llama, fmt):
+    info, loaded = ct_loaded[fmt]
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
-    loaded = np.load(tmp_path / "w.npz")
-    original = nk.load_checkpoint(tmp_path / "llama")
+    original = nk.load_checkpoint(llama / "llama")
     quantised = [n for n in original if n.endswith("_proj.weight")]
     assert len(quantised) == 7
     fused = fused_groups(quantised) if fmt == "nvfp4" else {}  # q/k/v and gate/up share a per-tensor scale
@@ -185,8 +210,8 @@ def test_gpt_oss_through_the_command_loads_in_transformers(runtime, tmp_path):
     assert "quantization_config" not in json.loads((tmp_path / "plain" / "config.json").read_text())
 
 
-def test_a_dense_llama_is_refused_by_the_gpt_oss_layout(runtime, tmp_path):
-    runtime(MAKE_LLAMA, tmp_path / "llama")
+def test_a_dense_llama_is_refused_by_the_gpt_oss_layout(llama, tmp_path):
+    (tmp_path / "llama").symlink_to(llama / "llama")
     r = subprocess.run(
         [sys.executable, "-m", "neuron_kernels", "quantize", "llama", "q", "--layout", "mxfp4", "--format",
          "mxfp4_e2m1"],
@@ -194,4 +219,4 @@ def test_a_dense_llama_is_refused_by_the_gpt_oss_layout(runtime, tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and r.stdout == "", r
     assert len(r.stderr.strip().splitlines()) == 1 and "--layout compressed-tensors" in r.stderr, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"] and not (llama / "q").exists()
