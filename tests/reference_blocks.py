@@ -1,17 +1,17 @@
-"""Slow, obviously-correct reference for the block formats of ``spec/blocks.md``: NVFP4, 2-D blocks,
+"""Slow, obviously-correct reference for the block formats of ``docs/blocks.md``: NVFP4, 2-D blocks,
 the scale policies ("four over six", MSE scale search), Neuron's ``quantize_mx`` and the random
 Hadamard rotation (RHT).
 
 Nothing here shares code with the package. Element encoding and decoding come from the cast
 reference ``reference_casts`` (one rounding of an exact value); the MX shared exponent of a block
-(every ``scale_mode`` of ``spec/mx.md``) comes from the MX reference ``reference_mx``. Every other
+(every ``scale_mode`` of ``docs/blocks.md``) comes from the MX reference ``reference_mx``. Every other
 step is written out one element at a time.
 
 Conventions (all functions)
 ===========================
 
 - Inputs are 2-D arrays (the RHT takes any shape). They are converted to float32 first: float16
-  and bfloat16 widen exactly, float64 rounds to nearest even (as ``spec/blocks.md`` says).
+  and bfloat16 widen exactly, float64 rounds to nearest even (as ``docs/blocks.md`` says).
 - **Codes** are uint8, one per element, unpacked, with the input's shape. NVFP4 and mxfp4 codes are
   E2M1 codes (bit 3 the sign: 0x8 is -0.0, 0xF is -6); ``reference_mx.pack_fp4_ref`` packs them two
   per byte (element 2i in the low nibble), as both specs store them.
@@ -57,7 +57,7 @@ Public names
 - ``block_error_ref(x, dq, metric)``, ``block_errors_ref(x, dq, block_shape, metric)``: float64 sums.
 - ``f32_mul``, ``f32_div``: one IEEE float32 operation (the tests check them against exact rounding).
 
-NVFP4 numerics (``spec/blocks.md`` "NVFP4 numerics")
+NVFP4 numerics (``docs/blocks.md`` "NVFP4 numerics")
 ====================================================
 
 Every step is one float32 operation (numpy float32 scalars; ties to even, subnormals kept, overflow
@@ -91,7 +91,7 @@ by ``(1 / pts) / s``: the reciprocal of pts first, then divided by the decoded s
 multiply. Then the scaled values are clamped to [-6, 6] and rounded to E2M1 to nearest even.
 Dequantisation (``NVFP4Tensor.get_hp_scales`` and ``dequantize``) forms ``pts * s`` in float32 first
 and multiplies the decoded element by it. The default per-tensor scale (``per_tensor_amax_to_scale``)
-is the amax divided by 448 * 6 in float32. This is exactly the formula of ``spec/blocks.md``, which
+is the amax divided by 448 * 6 in float32. This is exactly the formula of ``docs/blocks.md``, which
 this reference follows. Older torchao releases differ: up to 0.16 the elements were *divided*, by
 s (single level) and by ``pts * s`` (two level); 0.17 divided by s for single level and already
 used ``(1 / pts) / s`` for two level. The multiply-by-reciprocal form arrived on 2026-04-02 (torchao
@@ -105,7 +105,7 @@ Non-zero elements become +-inf, clamped to +-6, in both. The optional test in
 ``test_reference_blocks.py`` compares this reference with torchao 0.18.0 (torch 2.13.0, CPU): codes,
 scale bytes, per-tensor scale and dequantised values agree bit for bit.
 
-Scale policies (``spec/blocks.md`` "Scale policies")
+Scale policies (``docs/blocks.md`` "Scale policies")
 ====================================================
 
 - ``policy=("four_over_six", metric)`` (NVFP4 only), metric "mae" or "mse": candidate scales
@@ -138,12 +138,14 @@ the instruction's docstring in ``nki/api/nki/isa/__init__.py``, the deep dive
 - A group is 8 partitions x 4 consecutive free-axis elements: rows 8a..8a+7, columns 4b..4b+3 for
   scale [a, b]. Here: ``quantize_2d_ref(x, fmt, (8, 4), scale_mode="neuron")``.
 - Scale: X = 2^(floor(log2 amax) - (emax - 1)) with emax 8 (e4m3fn) or 15 (e5m2): twice the OCP
-  scale, so the block maximum never saturates. All-zero group: X = 2^-127 (byte 0). This is mx.md's
-  "neuron" mode. (The deep dive's CPU golden ``quantize_mx_golden`` uses the OCP exponent instead,
-  max exponent field - emax, and compares with the device through a tolerance; the instruction's
-  own documentation states the one-binade-higher rule, which is what is used here.)
+  scale, so the block maximum never saturates. All-zero group: X = 2^-127 (byte 0). This is the
+  "neuron" mode of docs/blocks.md. (The deep dive's CPU golden ``quantize_mx_golden`` uses the OCP
+  exponent instead, max exponent field - emax, and compares with the device through a tolerance;
+  the instruction's own documentation states the one-binade-higher rule, which is what is used
+  here.)
 - Elements: divided by X, clipped to +-max, cast to the FP8 type (the golden: clip, then a round to
-  nearest even cast); NaN/inf groups are not documented: mx.md's special-block rule is used.
+  nearest even cast); NaN/inf groups are not documented: the special-block rule of docs/blocks.md
+  is used.
 - Containers: element 4j + i of a row is byte i (bits 8i..8i+7) of container j, element 0 the least
   significant (the golden views the FP8 bytes as little-endian uint32).
 - Scale placement in SBUF (``mx_cpu_utils.get_p_contiguous_scale`` and the deep dive): the
@@ -189,7 +191,7 @@ Rules decided here where the specs leave room (each is repeated where it is used
 - NVFP4 dequantisation applies the formula to any scale byte (0x7f and 0xff give NaN; a negative
   scale code gives negative values).
 - MX 2-D blocks use ``reference_mx.shared_exponent_ref`` on the tile's values, so every scale mode,
-  clamp and special block is mx.md's.
+  clamp and special block is that of docs/blocks.md.
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ ERROR_METRICS = ("mae", "mse")
 SCALE_SEARCHES = ("mse",)
 PER_TENSOR_DEFAULT = "default"
 
-#: The sign vector of the rotation when none is given (spec/blocks.md).
+#: The sign vector of the rotation when none is given (docs/blocks.md).
 RHT_DEFAULT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 RHT_GROUP = 16
 
@@ -760,7 +762,7 @@ def neuron_quantize_mx_ref(x, fmt: str = "mxfp8_e4m3") -> tuple[np.ndarray, np.n
     """Emulate ``nki.isa.quantize_mx`` on a [P, F] tile (see the module docstring).
 
     Groups of 8 partitions x 4 free-axis elements, the "neuron" scale mode, elements rounded to
-    nearest even and saturated, mx.md's special blocks. ``x`` holds the tile's values (the
+    nearest even and saturated, the special blocks of docs/blocks.md. ``x`` holds the tile's values (the
     instruction reads float16/bfloat16; pass such values). P must be a multiple of 8 (the
     hardware wants a multiple of 32 up to 128) and F a multiple of 4.
 

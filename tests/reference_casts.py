@@ -1,4 +1,4 @@
-"""Slow, obviously-correct reference for the elementwise casts of ``spec/casts.md``.
+"""Slow, obviously-correct reference for the elementwise casts of ``docs/casts.md``.
 
 Nothing here shares code with the package, and nothing copies the spec's bit-level pseudocode.
 Every format is described by a small table written out from the spec (``FORMATS_REF``); from it

@@ -1,4 +1,4 @@
-"""Slow, obviously-correct reference for MX block-scale quantisation (``spec/mx.md``).
+"""Slow, obviously-correct reference for MX block-scale quantisation (``docs/blocks.md``).
 
 Nothing here shares code with the package. The elementwise rounding is delegated to the
 independent cast reference ``reference_casts`` (``encode_float64_ref`` rounds an exact float64
@@ -32,7 +32,7 @@ Public names:
 - ``dequantize_mx_ref(codes, scale_bytes, fmt, block_size)``: float32 values
 - ``pack_fp4_ref(codes)``, ``unpack_fp4_ref(packed, n)``: two FP4 codes per byte and back
 
-Rules decided here where ``spec/mx.md`` leaves room (each is repeated where it is used):
+Rules decided here where ``docs/blocks.md`` leaves room (each is repeated where it is used):
 
 - mxint8's element mantissa width (for ``scale_mode="even"``) is 6: c/64 with |c| <= 127 is a
   sign plus a 7-bit magnitude, i.e. 1.xxxxxx * 2^0 at the top binade (microxcaling describes

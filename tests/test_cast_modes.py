@@ -203,8 +203,8 @@ def test_float32_source_every_mode(name, rounding, saturate):
 @pytest.mark.parametrize("saturate", [False, True], ids=["wrap", "saturate"])
 @pytest.mark.parametrize("rounding", ROUNDING_MODES)
 def test_float32_to_float32r_copies_bits(rounding, saturate):
-    # casts.md: float32r is numerically float32, "casting to it is a copy of the bits". The spec
-    # does not say whether saturate=True turns +-inf into +-max for this exact cast: not checked.
+    # docs/casts.md: float32r is numerically float32, "a cast to it copies the bits". Whether
+    # saturate=True keeps +-inf for this exact cast ("Saturation") is not checked here.
     x = float32_inputs("bfloat16")
     if saturate:
         x = x[~np.isinf(x)]
@@ -317,7 +317,7 @@ def test_float64_source_default_double_rounding_without_ml_dtypes(name):
 
 
 def test_float64_named_double_rounding():
-    # casts.md: 1.0625 + 2^-40 -> e4m3fn 0x38 (float32 makes it the tie 1.0625; to even: 1.0)
+    # docs/casts.md: 1.0625 + 2^-40 -> e4m3fn 0x38 (float32 makes it the tie 1.0625; to even: 1.0)
     assert codes_of(nk.cast(np.array([1.0625 + 2.0**-40]), "float8_e4m3fn")).tolist() == [0x38]
     # every other mode rounds the float64 value once: it is above the tie, so nearest_away -> 0x39,
     # toward_positive -> 0x39, toward_zero -> 0x38
@@ -490,7 +490,7 @@ def test_integer_source_matches_ml_dtypes(source, target):
     with np.errstate(over="ignore", invalid="ignore"):
         via_f32 = encode_ref(x.astype(np.float32), target)
         if target == "float8_e8m0fnu":
-            want = via_f32  # casts.md's tie rule, not ml_dtypes 0.6.0's
+            want = via_f32  # the tie rule of docs/casts.md, not ml_dtypes 0.6.0's
         else:
             want = x.astype(ML_DTYPES[target]).view(f"uint{8 * ML_DTYPES[target].itemsize}")
     assert_same(x, got, want, f"{source} -> {target}")
@@ -582,7 +582,7 @@ def test_decode_every_code_to_float64(name):
         want = decode_ref(c, name).astype(np.float64)
     keep = ~np.isnan(want)
     assert_same(c[keep], codes_of(got)[keep], codes_of(want)[keep], f"{name} -> float64")
-    # NaN codes: a float64 NaN of the same sign (casts.md does not fix float64 payloads)
+    # NaN codes: a float64 NaN of the same sign (docs/casts.md does not fix float64 payloads)
     assert np.isnan(got[~keep]).all()
     assert np.array_equal(np.signbit(got[~keep]), np.signbit(want[~keep]))
 

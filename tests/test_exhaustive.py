@@ -1,7 +1,7 @@
 """Every one of the 2^32 float32 bit patterns through every encoder (marked slow).
 
 The oracle is ml_dtypes 0.6.0 (numpy for float16) with the default rounding, except where
-casts.md deliberately differs: float8_e8m0fnu rounds ties to the even code and splits the lowest
+docs/casts.md deliberately differs: float8_e8m0fnu rounds ties to the even code and splits the lowest
 binade at its midpoint. tfloat32 has no ml_dtypes type; its oracle is the float64 reference.
 numpy's float16 cast takes 40-85 ns an element where it underflows or overflows (it raises the
 FP flags one element at a time), so there numpy answers only within a binade of float16's range
@@ -47,7 +47,7 @@ def float16_expected(u: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def e8m0_expected(u: np.ndarray, ml: np.ndarray) -> np.ndarray:
-    """ml_dtypes' codes with casts.md's rule in place of them on ties (to even) and on the lowest
+    """ml_dtypes' codes with the rule of docs/casts.md in place of them on ties (to even) and on the lowest
     binade: there the expectation is the package's rule, whatever ml_dtypes does."""
     e = (u >> np.uint32(23)).astype(np.int64)  # includes the sign: negatives are >= 256
     f = u & np.uint32(0x7FFFFF)
@@ -93,7 +93,7 @@ def test_every_float32_pattern(target):
 
 
 def test_e8m0_expected_rule_on_named_values():
-    # The corrections of e8m0_expected, checked on values whose codes casts.md names.
+    # The corrections of e8m0_expected, checked on values whose codes docs/casts.md names.
     x = np.array(
         [3.0, 6.0, 12.0, 0.75, 1.5 * 2.0**127, 1.25 * 2.0**-127, 1.5 * 2.0**-127, 1.75 * 2.0**-127], dtype=np.float32
     )

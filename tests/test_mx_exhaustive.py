@@ -21,7 +21,7 @@ FORMATS = list(nk.MX_FORMATS)
 
 def _expected(v: np.ndarray, fmt: str) -> np.ndarray:
     mxf = nk.MX_FORMATS[fmt]
-    if fmt == "mxint8":  # c = round(x * 64) clamped to [-127, 127] (mx.md), independent of the table
+    if fmt == "mxint8":  # c = round(x * 64) clamped to [-127, 127] (docs/blocks.md), independent of the table
         return np.clip(np.rint(v.astype(np.float64) * 64), -127, 127).astype(np.int8).view(np.uint8)
     lim = np.float32(mxf.max_element)
     return np.clip(v, -lim, lim).astype(getattr(ml_dtypes, mxf.element)).view(np.uint8)

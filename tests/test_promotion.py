@@ -1,4 +1,4 @@
-"""Tests for the promotion layer (promote_type and friends), against spec/promotion.md.
+"""Tests for the promotion layer (promote_type and friends), against docs/promotion.md.
 
 The grid below is the whole 25x25 promotion table, derived from the spec's rules:
 

@@ -1,5 +1,5 @@
 """The block-format reference (tests/reference_blocks.py) against results derived by hand from
-spec/blocks.md and spec/mx.md.
+docs/blocks.md.
 
 The reference is what the fast NVFP4, 2-D block, scale-policy and rotation kernels will be judged
 by, so it is checked here on its own. Every expected value below is worked out in the comment next
@@ -713,7 +713,7 @@ def test_neuron_quantize_mx_groups_and_scale(fmt, one_code, emax):
 
 
 def test_neuron_quantize_mx_zero_and_special_groups():
-    # all-zero group: X = 2^-127 (byte 0), codes 0; a NaN group (mx.md): 0xff and 0x7f codes.
+    # all-zero group: X = 2^-127 (byte 0), codes 0; a NaN group (docs/blocks.md): 0xff and 0x7f codes.
     x = np.zeros((8, 8), np.float32)
     x[2, 5] = np.nan
     packed, scales = neuron_quantize_mx_ref(x)

@@ -1,4 +1,4 @@
-"""The MX reference (tests/reference_mx.py) against results derived by hand from spec/mx.md.
+"""The MX reference (tests/reference_mx.py) against results derived by hand from docs/blocks.md.
 
 The reference is what the fast MX kernels are judged by, so it is checked here on its own. Every
 expected value below is worked out in the comment next to it from the spec's rules, never by

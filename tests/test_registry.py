@@ -25,7 +25,7 @@ VALUE_TYPES = grid_dtypes()
 
 
 def _plan(t0, t1):
-    """The auto-cast plan of promotion.md: launder, promote, restore x4 where it exists."""
+    """The auto-cast plan of docs/promotion.md: launder, promote, restore x4 where it exists."""
     r = nk.promote_type(nk.launder_x4_dtype(t0), nk.launder_x4_dtype(t1))
     if nk.is_x4_dtype(t0) or nk.is_x4_dtype(t1):
         try:
@@ -226,7 +226,7 @@ def test_promotion_casts_agree_with_ml_dtypes(src, dst, rng):
             expected = round_float32_to_mbits(values.astype(np.float32), 10)
         elif dst == "float32r":
             expected = values.astype(np.float32)
-        elif dst == "float8_e8m0fnu":  # ties to even (casts.md), unlike ml_dtypes 0.6.0
+        elif dst == "float8_e8m0fnu":  # ties to even (docs/casts.md), unlike ml_dtypes 0.6.0
             f32 = x.astype(np.float32) if src == "float64" or FORMATS[src].kind == "int" else values.astype(np.float32)
             expected = encode_ref(f32, dst).view(t.result_dtype)
         elif src == "float64" or FORMATS[src].kind == "int":
