@@ -8,7 +8,7 @@ from ._parallel import get_num_threads, set_num_threads
 from .blocks import (
     BlockArray,
     MXArray,
-    QuantizationError,
+    QuantizationStats,
     block_matmul,
     dequantize,
     dequantize_mx,
@@ -25,6 +25,16 @@ from .blocks import (
 )
 from .casting import auto_cast, cast, pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
+from .errors import (
+    ClusterError,
+    InvalidTypeError,
+    InvalidValueError,
+    MissingExtraError,
+    NeuronKernelsError,
+    NotApplicableError,
+    UnknownFormatError,
+)
+from .files import FileFormatError
 from .formats import (
     BLOCK_FORMATS,
     FORMATS,
@@ -71,9 +81,17 @@ __all__ = [
     "BlockArray",
     "BlockFormat",
     "MXArray",
-    "QuantizationError",
+    "QuantizationStats",
     "ROUNDING_MODES",
     "CastKernel",
+    "ClusterError",
+    "FileFormatError",
+    "InvalidTypeError",
+    "InvalidValueError",
+    "MissingExtraError",
+    "NeuronKernelsError",
+    "NotApplicableError",
+    "UnknownFormatError",
     "CastOptions",
     "Format",
     "FormatInfo",
@@ -122,3 +140,13 @@ __all__ = [
     "to_nc_matmul_mx",
     "unpack_x4",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Names that changed: the old one still works, with a DeprecationWarning."""
+    if name == "QuantizationError":  # a statistics record, not an exception
+        import warnings
+
+        warnings.warn("QuantizationError is now QuantizationStats", DeprecationWarning, stacklevel=2)
+        return QuantizationStats
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .errors import InvalidValueError
+
 __all__ = ["set_num_threads", "get_num_threads", "PARALLEL_MIN_ELEMENTS", "run_chunked", "run_tasks"]
 
 #: Arrays with fewer elements than this run on the calling thread alone: below it, handing work
@@ -49,9 +51,9 @@ def _from_env() -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"NEURON_KERNELS_NUM_THREADS must be a positive integer, got {raw!r}") from None
+        raise InvalidValueError(f"NEURON_KERNELS_NUM_THREADS must be a positive integer, got {raw!r}") from None
     if value < 1:
-        raise ValueError(f"NEURON_KERNELS_NUM_THREADS must be a positive integer, got {raw!r}")
+        raise InvalidValueError(f"NEURON_KERNELS_NUM_THREADS must be a positive integer, got {raw!r}")
     return value
 
 
@@ -59,7 +61,7 @@ def set_num_threads(n: int | None) -> None:
     """Bound the threads one kernel call may use (``None`` restores the default)."""
     global _num_threads
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"the thread count must be a positive int or None, got {n!r}")
+        raise InvalidValueError(f"the thread count must be a positive int or None, got {n!r}")
     _num_threads = n
 
 

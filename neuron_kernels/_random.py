@@ -19,6 +19,8 @@ import numbers
 import secrets
 from typing import Any
 
+from .errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["SEED_LIMIT", "check_seed", "draw_seed", "stream_key"]
 
 #: Seeds are integers in ``[0, SEED_LIMIT)``.
@@ -29,9 +31,9 @@ _MASK64 = SEED_LIMIT - 1
 def check_seed(seed: Any) -> None:
     """``TypeError`` unless ``seed`` is None or an int; ``ValueError`` outside ``[0, 2^64)``."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
+        raise InvalidTypeError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
     if seed is not None and not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
+        raise InvalidValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
 
 
 def draw_seed() -> int:

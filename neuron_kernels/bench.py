@@ -44,6 +44,7 @@ import numpy as np
 
 from .blocks import fake_quantize, quantization_error, quantize
 from .casting import cast
+from .errors import InvalidValueError
 from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS, get_format
 
 __all__ = [
@@ -322,7 +323,7 @@ def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[
     mxf = MX_FORMATS[fmt]
     x = np.asarray(x, dtype=np.float32)
     if x.ndim == 0:
-        raise ValueError("cannot quantise a 0-d array: MX blocks run along an axis")
+        raise InvalidValueError("cannot quantise a 0-d array: MX blocks run along an axis")
     blocks, length = _blocks_of(x, block)
     amax = np.max(np.abs(blocks), axis=-1, keepdims=True)
     _, e = np.frexp(amax)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ._parallel import run_chunked
 from ._random import check_seed, draw_seed
+from .errors import InvalidTypeError, InvalidValueError
 from .formats import FORMATS, DTypeLike, Format, get_format
 from .lazy import is_lazy
 from .promotion import get_x4_from_x1, is_x4_dtype, launder_x4_dtype, promote_type
@@ -29,9 +30,9 @@ _BUFFER_ELEMENTS = 1 << 16
 def cast_options(rounding: str, saturate: bool, seed: int | None) -> CastOptions:
     """Validated options of :func:`cast` (a fresh seed drawn for stochastic rounding without one)."""
     if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
-        raise ValueError(f"unknown rounding mode {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
+        raise InvalidValueError(f"unknown rounding mode {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
     if not isinstance(saturate, (bool, np.bool_)):
-        raise TypeError(f"saturate must be True or False, got {saturate!r}")
+        raise InvalidTypeError(f"saturate must be True or False, got {saturate!r}")
     check_seed(seed)
     if rounding == "stochastic" and seed is None:
         seed = draw_seed()
@@ -43,7 +44,7 @@ def source_format(x: np.ndarray) -> Format:
     try:
         return get_format(x.dtype)
     except TypeError:
-        raise TypeError(
+        raise InvalidTypeError(
             f"cannot cast an array of dtype {x.dtype}: the sources are float and integer arrays "
             "(float16/32/64, bfloat16, the float8/6/4 types, int8..int64, uint8..uint64)"
         ) from None
@@ -53,11 +54,11 @@ def _out_shape(shape: tuple[int, ...], source: Format, target: Format) -> tuple[
     """The result's shape (packing to or from ``*_x4`` containers changes the last axis)."""
     if source.kind == "packed" and target.kind != "packed":
         if not shape:
-            raise ValueError(f"a 0-d array of {source.name} containers cannot be unpacked")
+            raise InvalidValueError(f"a 0-d array of {source.name} containers cannot be unpacked")
         return shape[:-1] + (shape[-1] * 4,)
     if target.kind == "packed" and source.kind != "packed":
         if not shape or shape[-1] % 4:
-            raise ValueError(
+            raise InvalidValueError(
                 f"casting to {target.name} packs 4 consecutive elements of the last axis into one "
                 f"container, so the last axis must be a multiple of 4; got shape {shape}"
             )
@@ -70,18 +71,18 @@ def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, *inputs: np.
     ``dtype`` computed from ``inputs`` (subclasses such as numpy.matrix are written through a view
     of their memory; the caller returns the object it was given)."""
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        raise InvalidTypeError(f"out must be a numpy array, got {type(out).__name__}")
     out = out.view(np.ndarray)
     if out.shape != shape:
-        raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
+        raise InvalidValueError(f"out has shape {out.shape}; the result has shape {shape}")
     if out.dtype != dtype:
-        raise ValueError(f"out has dtype {out.dtype}; the result has dtype {dtype}")
+        raise InvalidValueError(f"out has dtype {out.dtype}; the result has dtype {dtype}")
     if not out.flags.writeable:
-        raise ValueError("out is read-only; pass a writeable array")
+        raise InvalidValueError("out is read-only; pass a writeable array")
     for x in inputs:
         # numpy's stubs admit only max_work -1 or 0; any non-negative bound is valid at run time
         if np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10**6):  # type: ignore[arg-type, unused-ignore]
-            raise ValueError("out overlaps the input; pass a separate array")
+            raise InvalidValueError("out overlaps the input; pass a separate array")
     return out
 
 
@@ -231,7 +232,7 @@ def cast(
         from .lazy.casts import cast_lazy
 
         if out is not None:
-            raise TypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
+            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
         result: np.ndarray = cast_lazy(x, target, options, cast_piece)
         return result
     arr = np.asarray(x)  # subclasses (matrix, memmap) as plain arrays
@@ -243,7 +244,7 @@ def _logical_format(arr: np.ndarray, declared: DTypeLike | None, which: str) -> 
         return source_format(arr)
     fmt = get_format(declared)
     if arr.dtype.newbyteorder("=") != fmt.result_dtype:
-        raise ValueError(
+        raise InvalidValueError(
             f"{which} is declared {fmt.name}, whose arrays have dtype "
             f"{fmt.result_dtype}, but {which} has dtype {arr.dtype}"
         )
@@ -286,7 +287,7 @@ def _x4_format(dtype: DTypeLike) -> Format:
     fmt = get_format(dtype)
     if fmt.kind != "packed":
         packed = ", ".join(n for n, f in FORMATS.items() if f.kind == "packed")
-        raise TypeError(f"{fmt.name} is not a packed x4 type; expected one of: {packed}")
+        raise InvalidTypeError(f"{fmt.name} is not a packed x4 type; expected one of: {packed}")
     return fmt
 
 
@@ -302,7 +303,7 @@ def pack_x4(codes: Any, dtype: DTypeLike) -> np.ndarray:
     element = FORMATS[fmt.element]  # type: ignore[index]
     arr = codes if isinstance(codes, np.ndarray) else np.asarray(codes)
     if arr.dtype != element.result_dtype:
-        raise TypeError(
+        raise InvalidTypeError(
             f"pack_x4 to {fmt.name} needs an array of {element.name} codes, got dtype "
             f"{arr.dtype}; cast(x, {fmt.name!r}) converts values"
         )
@@ -318,5 +319,5 @@ def unpack_x4(packed: Any, dtype: DTypeLike) -> np.ndarray:
     element = FORMATS[fmt.element]  # type: ignore[index]
     arr = packed if isinstance(packed, np.ndarray) else np.asarray(packed, dtype=fmt.result_dtype)
     if arr.dtype.newbyteorder("=") != fmt.result_dtype:
-        raise TypeError(f"unpack_x4 of {fmt.name} needs a {fmt.result_dtype} array, got dtype {arr.dtype}")
+        raise InvalidTypeError(f"unpack_x4 of {fmt.name} needs a {fmt.result_dtype} array, got dtype {arr.dtype}")
     return CastPlan.make(fmt, element, CastOptions()).run(arr)

@@ -52,7 +52,7 @@ from .blocks.array import BlockArray
 from .blocks.file import BlockFileWriter, read_block_file
 from .blocks.job import BlockJob, block_job
 from .blocks.layout import BlockLayout
-from .blocks.stats import ErrorStats, QuantizationError
+from .blocks.stats import ErrorStats, QuantizationStats
 from .files import (
     ArrayEntry,
     FileFormatError,
@@ -901,7 +901,7 @@ class TensorReport:
     dtype: str
     action: str
     reason: str = ""
-    stats: QuantizationError | None = None
+    stats: QuantizationStats | None = None
     outputs: tuple[str, ...] = ()
     fused_with: tuple[str, ...] = ()
 

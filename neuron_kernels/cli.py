@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from .errors import ClusterError, NeuronKernelsError
+
 __all__ = ["main"]
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgG]i?)?\s*$")
@@ -281,7 +283,7 @@ def _quantize_zarr(args: argparse.Namespace) -> int:
             )
         except Exception as exc:
             if type(exc).__name__ == "KilledWorker":  # a task crashed every worker it ran on
-                raise RuntimeError(f"the Dask cluster lost the job: {exc}; no output written") from None
+                raise ClusterError(f"the Dask cluster lost the job: {exc}; no output written") from None
             raise
     where = f", on {args.scheduler}" if args.scheduler else (f", {args.workers} local workers" if args.workers else "")
     print(f"{args.output}: {args.format}, Zarr store{where}")
@@ -569,8 +571,7 @@ def _cmd_promote(args: argparse.Namespace) -> int:
         raise _UsageError("promote needs two dtypes (or --table)")
     p = explain_promotion(args.a, args.b)
     if p.error is not None:
-        print(f"{type(p.error).__name__}: {p.error}")
-        return 1
+        raise p.error  # one line on stderr, exit status 2, as for any other user error
     print(str(p) if args.explain else p.result.name)
     return 0
 
@@ -600,8 +601,8 @@ def _cmd_formats(args: argparse.Namespace) -> int:
     return 0
 
 
-class _UsageError(Exception):
-    pass
+class _UsageError(NeuronKernelsError):
+    """A combination of command-line options that does not make sense."""
 
 
 def _file_command(
@@ -835,7 +836,6 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from .files import FileFormatError
 
     previous = signal.getsignal(signal.SIGTERM)
     with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
@@ -843,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _compile_notice(args):
             return int(args.func(args))
-    except (_UsageError, FileFormatError, TypeError, ValueError, OSError, RuntimeError, ImportError) as exc:
+    except (_UsageError, NeuronKernelsError, OSError) as exc:  # the caller's mistakes; anything else is a bug
         message = (
             str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"
         )

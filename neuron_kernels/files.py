@@ -37,6 +37,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.lib.format as npformat
 
+from .errors import InvalidValueError, NeuronKernelsError
+
 __all__ = [
     "FileFormatError",
     "ArrayEntry",
@@ -78,7 +80,7 @@ SAFETENSORS_DTYPES = {
 _MAX_HEADER = 100_000_000
 
 
-class FileFormatError(ValueError):
+class FileFormatError(NeuronKernelsError, ValueError):
     """A file that cannot be read or written as asked (missing, unsupported, corrupt, exists)."""
 
 
@@ -152,7 +154,7 @@ def _npy_header(fh: BinaryIO, where: str) -> tuple[tuple[int, ...], bool, np.dty
         elif version == (2, 0):
             shape, fortran, dtype = npformat.read_array_header_2_0(fh)
         else:
-            raise ValueError(f"unsupported .npy version {version}")
+            raise InvalidValueError(f"unsupported .npy version {version}")
     except ValueError as exc:
         raise FileFormatError(f"{where}: not a valid .npy array ({exc})") from None
     if dtype.hasobject:
@@ -403,7 +405,7 @@ class _RowSink:
     def write(self, values: np.ndarray) -> None:
         """The next ``values.size`` elements (C order), whatever ``values``' shape."""
         if values.dtype != self.dtype:
-            raise ValueError(f"{self.where}: {values.dtype} elements written to a {self.dtype} array")
+            raise InvalidValueError(f"{self.where}: {values.dtype} elements written to a {self.dtype} array")
         values = np.ascontiguousarray(values)
         self.fh.write(memoryview(values.reshape(-1).view(np.uint8)))
         self.written += values.size
@@ -415,7 +417,7 @@ class _RowSink:
 
     def finish(self) -> None:
         if self.written != self.expected:
-            raise ValueError(f"{self.where}: {self.written} elements written, {self.expected} expected")
+            raise InvalidValueError(f"{self.where}: {self.written} elements written, {self.expected} expected")
 
 
 class NpyWriter:
@@ -489,12 +491,12 @@ class _TensorSink:
         """The next elements (an array of the tensor's dtype, any shape) or raw bytes."""
         if isinstance(values, np.ndarray):
             if values.dtype != self.spec.dtype:
-                raise ValueError(f"{self._where}: {values.dtype} elements written to a {self.spec.dtype} tensor")
+                raise InvalidValueError(f"{self._where}: {values.dtype} elements written to a {self.spec.dtype} tensor")
             raw: Any = memoryview(np.ascontiguousarray(values).reshape(-1).view(np.uint8))
         else:
             raw = memoryview(values).cast("B")
         if self._pos + len(raw) > self._end:
-            raise ValueError(f"{self._where}: more bytes written than its shape {self.spec.shape} holds")
+            raise InvalidValueError(f"{self._where}: more bytes written than its shape {self.spec.shape} holds")
         while len(raw):
             done = os.pwrite(self._fd, raw, self._pos)
             self._pos += done
@@ -503,7 +505,7 @@ class _TensorSink:
     def copy_from(self, path: str, offset: int, nbytes: int) -> None:
         """``nbytes`` raw bytes of ``path`` at ``offset``, copied by the kernel where it can."""
         if self._pos + nbytes > self._end:
-            raise ValueError(f"{self._where}: more bytes written than its shape {self.spec.shape} holds")
+            raise InvalidValueError(f"{self._where}: more bytes written than its shape {self.spec.shape} holds")
         with open(path, "rb") as src:
             fd_in = src.fileno()
             while nbytes:
@@ -526,7 +528,7 @@ class _TensorSink:
 
     def finish(self) -> None:
         if self._pos != self._end:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{self._where}: {self._pos - self._end + self.spec.nbytes} bytes written, {self.spec.nbytes} expected"
             )
 
@@ -547,7 +549,7 @@ class SafetensorsWriter:
         specs = list(specs)
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
-            raise ValueError(f"{path}: a tensor name appears twice")
+            raise InvalidValueError(f"{path}: a tensor name appears twice")
         order = sorted(range(len(specs)), key=lambda i: (-np.dtype(specs[i].dtype).itemsize, i))
         header: dict[str, Any] = {"__metadata__": dict(metadata or {})} if metadata else {}
         pos = 0
@@ -591,7 +593,7 @@ class SafetensorsWriter:
             if kind is None:
                 missing = [n for n in self._specs if n not in self._done]
                 if missing:
-                    raise ValueError(f"{self._path}: tensors never written: {', '.join(missing[:5])}")
+                    raise InvalidValueError(f"{self._path}: tensors never written: {', '.join(missing[:5])}")
                 os.ftruncate(self._fd, self.nbytes)
         finally:
             os.close(self._fd)

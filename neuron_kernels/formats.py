@@ -18,6 +18,7 @@ from typing import Any, Literal, Union
 import ml_dtypes
 import numpy as np
 
+from .errors import InvalidTypeError, InvalidValueError, UnknownFormatError
 from .modes import E8M0_SCALE_MODES
 
 __all__ = [
@@ -301,7 +302,7 @@ def _fixed(name: str, bits: int, fraction_bits: int) -> Format:
     2^f are its subnormals, the rest its one binade of normals), so the generic encoder rounds it;
     only the sign differs (two's complement instead of a sign bit)."""
     if bits != fraction_bits + 2:
-        raise ValueError("a fixed-point element row needs bits == fraction_bits + 2")
+        raise InvalidValueError("a fixed-point element row needs bits == fraction_bits + 2")
     return Format(
         name=name,
         kind="fixed",
@@ -386,11 +387,11 @@ ALIASES: dict[str, str] = {
 DTypeLike = Union[np.dtype[Any], NKDType, str, type[Any]]
 
 
-def _unknown(name: str) -> TypeError:
+def _unknown(name: str) -> UnknownFormatError:
     known = sorted(set(FORMATS) | set(ALIASES))
     close = difflib.get_close_matches(name.lower(), known, n=4, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return TypeError(f"unknown dtype {name!r}.{hint} Known names: {', '.join(sorted(FORMATS))}.")
+    return UnknownFormatError(f"unknown dtype {name!r}.{hint} Known names: {', '.join(sorted(FORMATS))}.")
 
 
 def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
@@ -405,7 +406,9 @@ def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
     if isinstance(t, NKDType):
         return t
     if t is None:  # numpy reads None as float64; a missing dtype here is a mistake
-        raise TypeError(f"dtype is None; pass a numpy dtype, an ml_dtypes type or one of: {', '.join(sorted(FORMATS))}")
+        raise InvalidTypeError(
+            f"dtype is None; pass a numpy dtype, an ml_dtypes type or one of: {', '.join(sorted(FORMATS))}"
+        )
     if isinstance(t, str):
         key = t.strip()
         key = ALIASES.get(key.lower(), key)
@@ -420,7 +423,7 @@ def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
         try:
             dt = np.dtype(t)
         except (TypeError, ValueError) as exc:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"not a dtype: {t!r} ({exc}); pass a numpy dtype, an ml_dtypes type "
                 f"or one of: {', '.join(sorted(FORMATS))}"
             ) from None
@@ -454,7 +457,9 @@ def _resolve_format(t: DTypeLike) -> Format:
         return dt.format
     fmt = FORMATS.get(dt.name)
     if fmt is None or fmt.numpy_name is None or dt.newbyteorder("=") != fmt.result_dtype:
-        raise TypeError(f"unsupported dtype {dt!r}: expected a numeric format, one of {', '.join(sorted(FORMATS))}")
+        raise UnknownFormatError(
+            f"unsupported dtype {dt!r}: expected a numeric format, one of {', '.join(sorted(FORMATS))}"
+        )
     return fmt
 
 
@@ -630,6 +635,11 @@ class BlockFormat:
     def is_mx(self) -> bool:
         """Whether this is an OCP MX format (power-of-two e8m0 scales)."""
         return self.scale_format.specials == "e8m0"
+
+    @property
+    def family(self) -> str:
+        """The family's name, as messages and reprs say it: ``MX``, or the format's own (``NVFP4``)."""
+        return "MX" if self.is_mx else self.name.upper()
 
 
 _BLOCK_TABLE: tuple[BlockFormat, ...] = (

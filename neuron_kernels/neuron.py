@@ -67,6 +67,7 @@ import numpy as np
 
 from .blocks.array import BlockArray
 from .casting import pack_x4, unpack_x4
+from .errors import InvalidTypeError, InvalidValueError
 from .formats import FORMATS, MX_FORMATS, BlockFormat
 
 __all__ = [
@@ -154,23 +155,23 @@ def to_nc_matmul_mx(
         ``(data, scales)``, each ``[T, P, F]`` with T = K / k_tile and P = k_tile / 4.
     """
     if not isinstance(q, BlockArray):
-        raise TypeError(f"to_nc_matmul_mx needs an MXArray, got {type(q).__name__}")
+        raise InvalidTypeError(f"to_nc_matmul_mx needs an MX BlockArray, got {type(q).__name__}")
     fmt = _check_format(q.fmt)
     limit = _check_operand(operand)
     _check_offset(scale_offset)
     if len(q.shape) != 2:
-        raise ValueError(f"to_nc_matmul_mx needs a 2-D array (K and the free axis), got shape {q.shape}")
+        raise InvalidValueError(f"to_nc_matmul_mx needs a 2-D array (K and the free axis), got shape {q.shape}")
     if q.block_shape == SBUF_TILE:
         if axis is not None:
-            raise ValueError(
+            raise InvalidValueError(
                 "an array of 8 x 4 tiles is the SBUF tile itself (rows are partitions, K runs over rows "
                 "and lanes): axis= does not apply"
             )
         if q.rotation is not None:
-            raise ValueError("a rotated array of 8 x 4 tiles is rotated along its free axis, not along K")
+            raise InvalidValueError("a rotated array of 8 x 4 tiles is rotated along its free axis, not along K")
         rows, cols = q.shape
         if cols % LANES:
-            raise ValueError(f"an array of 8 x 4 tiles needs a multiple of 4 columns, got {cols}")
+            raise InvalidValueError(f"an array of 8 x 4 tiles needs a multiple of 4 columns, got {cols}")
         partitions = _tile_partitions(LANES * rows, k_tile, f"K (4 x {rows} rows)")
         tiles, free = rows // partitions, cols // LANES
         _check_free(free, operand, limit)
@@ -237,21 +238,23 @@ def from_nc_matmul_mx(
     assert x4 is not None
     container = FORMATS[x4].result_dtype
     if not isinstance(data, np.ndarray) or not isinstance(scales, np.ndarray):
-        raise TypeError("from_nc_matmul_mx: data and scales must be numpy arrays")
+        raise InvalidTypeError("from_nc_matmul_mx: data and scales must be numpy arrays")
     if data.dtype.newbyteorder("=") != container:
-        raise TypeError(f"from_nc_matmul_mx: {fmt} data must be {x4} containers ({container}), got dtype {data.dtype}")
+        raise InvalidTypeError(
+            f"from_nc_matmul_mx: {fmt} data must be {x4} containers ({container}), got dtype {data.dtype}"
+        )
     if scales.dtype not in (np.dtype(np.uint8), bfmt.scale_format.result_dtype):
-        raise TypeError(
+        raise InvalidTypeError(
             f"from_nc_matmul_mx: scales must be e8m0 bytes (uint8 or {bfmt.scale}), got dtype {scales.dtype}"
         )
     if not isinstance(pack, (bool, np.bool_)):
-        raise TypeError(f"from_nc_matmul_mx: pack must be True or False, got {pack!r}")
+        raise InvalidTypeError(f"from_nc_matmul_mx: pack must be True or False, got {pack!r}")
     if block_shape is not None and (not isinstance(block_shape, (tuple, list)) or tuple(block_shape) != SBUF_TILE):
-        raise ValueError(
+        raise InvalidValueError(
             f"from_nc_matmul_mx: block_shape must be None (blocks of 32 along K) or (8, 4), got {block_shape!r}"
         )
     if data.ndim not in (2, 3) or scales.ndim != data.ndim:
-        raise ValueError(
+        raise InvalidValueError(
             f"from_nc_matmul_mx: data and scales must both be [T, P, F] (or [P, F]), got shapes "
             f"{data.shape} and {scales.shape}"
         )
@@ -259,23 +262,25 @@ def from_nc_matmul_mx(
     scales3 = scales.view(np.uint8).reshape((1,) * (3 - scales.ndim) + scales.shape)
     tiles, partitions, free = data3.shape
     if tiles < 1 or free < 1:
-        raise ValueError(f"from_nc_matmul_mx: data holds no operand (shape {data.shape})")
+        raise InvalidValueError(f"from_nc_matmul_mx: data holds no operand (shape {data.shape})")
     _check_partitions(partitions)
     # With one quadrant and offset 0 the scale tile may be the compact [4, F] (the deep dive's
     # "oversize optional"); otherwise it has the data's partitions.
     compact_rows = QUADRANT // GROUP_PARTITIONS if partitions == QUADRANT and scale_offset == 0 else partitions
     if scales3.shape not in ((tiles, partitions, free), (tiles, compact_rows, free)):
-        raise ValueError(f"from_nc_matmul_mx: scales must have the shape of data {data.shape}, got {scales.shape}")
+        raise InvalidValueError(
+            f"from_nc_matmul_mx: scales must have the shape of data {data.shape}, got {scales.shape}"
+        )
     rows = nc_matmul_mx_scale_partitions(partitions, scale_offset)
     logical = scales3[:, rows, :]
     lanes_last = unpack_x4(data3, x4).view(np.uint8).reshape(tiles, partitions, free, LANES)
     if block_shape is not None:
         if axis not in (-1, 1):
-            raise ValueError(
+            raise InvalidValueError(
                 "from_nc_matmul_mx: with block_shape=(8, 4) the result is the SBUF tile: axis= does not apply"
             )
         if rotation is not None:
-            raise ValueError("from_nc_matmul_mx: an array of 8 x 4 tiles cannot carry a rotation along K")
+            raise InvalidValueError("from_nc_matmul_mx: an array of 8 x 4 tiles cannot carry a rotation along K")
         codes = lanes_last.reshape(tiles * partitions, free * LANES)
         block_scales = logical.reshape(tiles * partitions // GROUP_PARTITIONS, free)
         block_size, block_rows, k = LANES, GROUP_PARTITIONS, 1
@@ -313,26 +318,26 @@ def _pack_nibbles(codes: np.ndarray, axis: int) -> np.ndarray:
 
 def _check_format(fmt: Any) -> BlockFormat:
     if not isinstance(fmt, str):
-        raise TypeError(f"fmt must be a block format name, got {type(fmt).__name__}")
+        raise InvalidTypeError(f"fmt must be a block format name, got {type(fmt).__name__}")
     if fmt not in NC_MATMUL_MX_FORMATS:
-        raise ValueError(f"nc_matmul_mx multiplies {', '.join(NC_MATMUL_MX_FORMATS)}; got {fmt!r}")
+        raise InvalidValueError(f"nc_matmul_mx multiplies {', '.join(NC_MATMUL_MX_FORMATS)}; got {fmt!r}")
     return MX_FORMATS[fmt]
 
 
 def _check_operand(operand: Any) -> int:
     if not isinstance(operand, str) or operand not in FREE_LIMITS:
-        raise ValueError(f"operand must be one of {', '.join(map(repr, FREE_LIMITS))}, got {operand!r}")
+        raise InvalidValueError(f"operand must be one of {', '.join(map(repr, FREE_LIMITS))}, got {operand!r}")
     return FREE_LIMITS[operand]
 
 
 def _check_offset(offset: Any) -> None:
     if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset not in SCALE_OFFSETS:
-        raise ValueError(f"scale_offset must be one of {', '.join(map(str, SCALE_OFFSETS))}, got {offset!r}")
+        raise InvalidValueError(f"scale_offset must be one of {', '.join(map(str, SCALE_OFFSETS))}, got {offset!r}")
 
 
 def _check_partitions(partitions: Any) -> None:
     if isinstance(partitions, bool) or not isinstance(partitions, numbers.Integral) or partitions not in PARTITIONS:
-        raise ValueError(
+        raise InvalidValueError(
             f"an nc_matmul_mx operand spans 32, 64, 96 or 128 partitions (a K tile of 128 to 512), got {partitions!r}"
         )
 
@@ -341,7 +346,7 @@ def _check_free(free: int, operand: str, limit: int) -> None:
     even = operand == "stationary"
     if not (2 if even else 1) <= free <= limit or (even and free % 2):
         size = f"an even number of elements, 2 to {limit}," if even else f"1 to {limit} elements"
-        raise ValueError(f"a {operand} operand needs {size} on its free axis; got {free}")
+        raise InvalidValueError(f"a {operand} operand needs {size} on its free axis; got {free}")
 
 
 def _tile_partitions(length: int, k_tile: Any, what: str) -> int:
@@ -351,13 +356,13 @@ def _tile_partitions(length: int, k_tile: Any, what: str) -> int:
     if k_tile is not None and (
         isinstance(k_tile, bool) or not isinstance(k_tile, numbers.Integral) or k_tile not in valid
     ):
-        raise ValueError(f"k_tile must be one of {', '.join(map(str, valid))}, got {k_tile!r}")
+        raise InvalidValueError(f"k_tile must be one of {', '.join(map(str, valid))}, got {k_tile!r}")
     tile = min(length, valid[-1]) if k_tile is None else int(k_tile)
     if length > 0 and length % tile == 0 and tile in valid:
         return tile // LANES
     fits = [t for t in valid if length > 0 and length % t == 0]
     hint = f"; k_tile={fits[-1]} divides it" if fits else "; pad K to a multiple of 128 (32 partitions)"
-    raise ValueError(
+    raise InvalidValueError(
         f"{what} = {length} is not a whole number of K tiles of {tile if tile in valid else valid[-1]} "
         f"(a K tile is {', '.join(map(str, valid))} elements){hint}"
     )
@@ -366,21 +371,25 @@ def _tile_partitions(length: int, k_tile: Any, what: str) -> int:
 def _two_d_axis(axis: Any, where: str) -> int:
     """A 2-D array's axis 0 or 1 (also given as -2 or -1)."""
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or axis not in (-2, -1, 0, 1):
-        raise ValueError(f"{where}: axis must be 0 or 1 (or -2, -1), got {axis!r}")
+        raise InvalidValueError(f"{where}: axis must be 0 or 1 (or -2, -1), got {axis!r}")
     return int(axis) % 2
 
 
 def _k_axis(q: BlockArray, axis: Any) -> int:
     """The K axis of a 1-D blocked array: its block axis, which must hold blocks of 32."""
     if q.block_rows > 1:
-        raise ValueError(
+        raise InvalidValueError(
             f"nc_matmul_mx groups 32 elements along K: blocks of 32 along K, or 8 x 4 tiles of an SBUF "
             f"tile; got {q.block_shape[0]} x {q.block_shape[1]} tiles"
         )
     if axis is not None:
         k = _two_d_axis(axis, "to_nc_matmul_mx")
         if k != q.axis:
-            raise ValueError(f"the array is blocked along axis {q.axis}, not along K (axis {k}); quantise it along K")
+            raise InvalidValueError(
+                f"the array is blocked along axis {q.axis}, not along K (axis {k}); quantise it along K"
+            )
     if q.block_size != GROUP:
-        raise ValueError(f"nc_matmul_mx scales groups of 32 elements along K; the array has blocks of {q.block_size}")
+        raise InvalidValueError(
+            f"nc_matmul_mx scales groups of 32 elements along K; the array has blocks of {q.block_size}"
+        )
     return q.axis

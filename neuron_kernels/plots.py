@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import InvalidValueError, NeuronKernelsError
+
 if TYPE_CHECKING:
     from .bench import BenchRow, MXBenchRow
 
@@ -26,7 +28,7 @@ __all__ = ["PlotUnavailable", "require_matplotlib", "bench_chart", "error_histog
 _INSTALL_HINT = "plotting needs matplotlib: pip install 'neuron_kernels[plot]'"
 
 
-class PlotUnavailable(RuntimeError):
+class PlotUnavailable(NeuronKernelsError, RuntimeError):
     """matplotlib cannot be imported."""
 
 
@@ -95,7 +97,7 @@ def bench_chart(cast_rows: Sequence[BenchRow], mx_rows: Sequence[MXBenchRow], pa
     """A PNG of bench results: GB/s per cast pair (ours with ``out=``, the peer) and per MX format
     (quantise, dequantise, fake-quantise, the peer), each against the copy baseline."""
     if not cast_rows and not mx_rows:
-        raise ValueError("bench_chart: no rows to draw")
+        raise InvalidValueError("bench_chart: no rows to draw")
     panels = [(len(cast_rows) * 0.32, "cast")] if cast_rows else []
     if mx_rows:
         panels.append((len(mx_rows) * 0.75, "mx"))
@@ -138,11 +140,11 @@ def relative_errors(x: Any, dq: Any, limit: int = 1_000_000) -> np.ndarray:
     them (an evenly strided sample in C order when there are more). Where ``dq`` is not finite the
     error is inf or NaN."""
     if limit < 1:
-        raise ValueError(f"limit must be positive, got {limit}")
+        raise InvalidValueError(f"limit must be positive, got {limit}")
     xf = np.asarray(x).reshape(-1)
     df = np.asarray(dq).reshape(-1)
     if xf.shape != df.shape:
-        raise ValueError(f"x and dq differ in size ({np.shape(x)} vs {np.shape(dq)})")
+        raise InvalidValueError(f"x and dq differ in size ({np.shape(x)} vs {np.shape(dq)})")
     valid = np.isfinite(xf) & (xf != 0)
     step = max(1, -(-int(np.count_nonzero(valid)) // limit))
     keep = valid[::step]
@@ -161,7 +163,7 @@ def error_histogram(samples: Mapping[str, Any], path: str | os.PathLike[str], ti
     """A PNG of overlaid step histograms of relative errors (:func:`relative_errors`), one per label,
     on log-spaced bins; exact (zero) and non-finite errors are counted in the legend instead."""
     if not samples:
-        raise ValueError("error_histogram: no samples to draw")
+        raise InvalidValueError("error_histogram: no samples to draw")
     data = {label: np.asarray(v, dtype=np.float64).reshape(-1) for label, v in samples.items()}
     positive = [v[np.isfinite(v) & (v > 0)] for v in data.values()]
     lo = min((float(p.min()) for p in positive if p.size), default=1e-8)

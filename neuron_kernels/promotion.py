@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InvalidTypeError, NeuronKernelsError
 from .formats import FORMATS, DTypeLike, NKDType, as_dtype
 
 __all__ = [
@@ -66,7 +67,7 @@ CUSTOM_FLOATS: frozenset[str] = frozenset(
 _E8M0 = "float8_e8m0fnu"
 
 
-class NoPromotionPathError(TypeError):
+class NoPromotionPathError(NeuronKernelsError, TypeError):
     """Two floating dtypes of equal itemsize that no rung of the precedence ladder covers."""
 
 
@@ -119,7 +120,7 @@ def get_x1_from_x4(t: DTypeLike) -> np.dtype:
     """The element dtype of a packed ``*_x4`` type (``TypeError`` for any other type)."""
     dt = as_dtype(t)
     if not is_x4_dtype(dt):
-        raise TypeError(f"{_name(dt)} is not a packed x4 dtype; x4 dtypes are: {', '.join(_X4)}")
+        raise InvalidTypeError(f"{_name(dt)} is not a packed x4 dtype; x4 dtypes are: {', '.join(_X4)}")
     return as_dtype(dt.format.element)  # type: ignore[union-attr,arg-type,return-value]
 
 
@@ -130,7 +131,7 @@ def get_x4_from_x1(t: DTypeLike) -> NKDType:
         if FORMATS[name].element == dt.name and not isinstance(dt, NKDType):
             return as_dtype(name)  # type: ignore[return-value]
     elements = ", ".join(str(FORMATS[n].element) for n in _X4)
-    raise TypeError(f"{_name(dt)} has no packed x4 form; only {elements} do")
+    raise InvalidTypeError(f"{_name(dt)} has no packed x4 form; only {elements} do")
 
 
 def launder_x4_dtype(t: DTypeLike) -> Any:
@@ -204,7 +205,7 @@ def explain_promotion(t0: DTypeLike, t1: DTypeLike) -> Promotion:
     d0, d1 = as_dtype(t0), as_dtype(t1)
     for d in (d0, d1):
         if is_x4_dtype(d):
-            err = TypeError(
+            err = InvalidTypeError(
                 f"promote_type got the packed container {d.name}; launder it first "
                 f"(launder_x4_dtype({d.name!r}) -> {get_x1_from_x4(d).name}) and promote the elements"
             )
@@ -217,7 +218,7 @@ def explain_promotion(t0: DTypeLike, t1: DTypeLike) -> Promotion:
         return Promotion(d0, d1, res, "float-int", "exactly one operand is floating: it wins, never widened")
     for d in (d0, d1):
         if not _is_integer(d):
-            err = TypeError("unexpected dtype: " + repr(d))
+            err = InvalidTypeError("unexpected dtype: " + repr(d))
             return Promotion(
                 d0, d1, None, "unexpected-dtype", "neither operand is floating and one is not an integer", err
             )

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from .errors import InvalidTypeError, InvalidValueError, NeuronKernelsError
 from .formats import DTypeLike, canonical_name
 from .modes import ROUNDING_MODES
 
@@ -131,7 +132,7 @@ class CastKernel:
             raise NotImplementedError(f"saturate=True is not implemented for {self.source} -> {self.target}")
 
 
-class UnsupportedCastError(TypeError):
+class UnsupportedCastError(NeuronKernelsError, TypeError):
     """No kernel is registered for a (source, target) pair."""
 
 
@@ -194,15 +195,17 @@ def register_cast(
     src, dst = canonical_name(source), canonical_name(target)
     unknown = set(roundings) - set(ROUNDING_MODES)
     if unknown:
-        raise ValueError(f"unknown rounding modes {sorted(unknown)}; known: {', '.join(ROUNDING_MODES)}")
+        raise InvalidValueError(f"unknown rounding modes {sorted(unknown)}; known: {', '.join(ROUNDING_MODES)}")
 
     def decorate(fn: _F) -> _F:
         if not callable(fn):
-            raise TypeError(f"a cast kernel must be a function fn(src, dst, options, start), got {fn!r}")
+            raise InvalidTypeError(f"a cast kernel must be a function fn(src, dst, options, start), got {fn!r}")
         _ensure_loaded()
         with _lock:
             if (src, dst) in _REGISTRY and not replace:
-                raise ValueError(f"a cast {src} -> {dst} is already registered; pass replace=True to use yours instead")
+                raise InvalidValueError(
+                    f"a cast {src} -> {dst} is already registered; pass replace=True to use yours instead"
+                )
             _REGISTRY[src, dst] = CastKernel(src, dst, fn, frozenset(roundings), bool(saturate))
         return fn
 

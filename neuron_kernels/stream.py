@@ -23,7 +23,8 @@ from .blocks.file import BlockFileWriter, StoredBlocks, read_block_file
 from .blocks.inputs import input_array
 from .blocks.job import DEFAULT, BlockJob, block_job, tensor_amax
 from .blocks.layout import BlockLayout, Pieces
-from .blocks.stats import ErrorStats, QuantizationError
+from .blocks.stats import ErrorStats, QuantizationStats
+from .errors import InvalidValueError
 from .files import ArrayEntry, FileFormatError, OutArray, array_file_kind, open_arrays
 from .formats import BLOCK_FORMATS, get_format
 
@@ -129,7 +130,7 @@ def quantize_file(
     chunk_bytes: int = 256 << 20,
     progress: Progress = _no_progress,
     **options: Any,
-) -> dict[str, QuantizationError]:
+) -> dict[str, QuantizationStats]:
     """Quantise every array of ``src`` (or the one called ``name``) into the block file ``dst``
     (already a temporary path: see :func:`neuron_kernels.files.atomic_output`).
 
@@ -142,7 +143,7 @@ def quantize_file(
         _check_quantizable(entry)
     jobs = [block_job(fmt, len(e.shape), **options) for e in entries]
     named = not array_file_kind(src).one_array
-    stats: dict[str, QuantizationError] = {}
+    stats: dict[str, QuantizationStats] = {}
     with BlockFileWriter(dst) as writer:
         for entry, job in zip(entries, jobs):
             job = resolved_job(entry, job, chunk_bytes)
@@ -333,7 +334,7 @@ def error_table(
     axis: int = -1,
     chunk_bytes: int = 256 << 20,
     progress: Progress = _no_progress,
-) -> list[tuple[str, str, str, str, QuantizationError]]:
+) -> list[tuple[str, str, str, str, QuantizationStats]]:
     """For each array of ``src``, every block format x scale mode x policy that applies: (array,
     format, scale mode, policy, stats), best SQNR first within each array. ``block_size``:
     the formats' own when None. NVFP4 uses the per-tensor scale from the amax (one more read)."""
@@ -342,7 +343,7 @@ def error_table(
     policies = list(POLICIES) if policies is None else policies
     for p in policies:
         if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; accepted: {', '.join(POLICIES)}")
+            raise InvalidValueError(f"unknown policy {p!r}; accepted: {', '.join(POLICIES)}")
     rows = []
     for entry in entries:
         _check_quantizable(entry)
@@ -363,7 +364,7 @@ def error_table(
             if _applies(p, f)
         }
         if not jobs:
-            raise ValueError("no format takes the scale modes and policies asked for")
+            raise InvalidValueError("no format takes the scale modes and policies asked for")
         # One read of each piece serves every job: cut on blocks of every job's length.
         sizes = {j.block_size for j in jobs.values()}
         first = next(iter(jobs.values()))

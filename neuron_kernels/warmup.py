@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
+from .errors import InvalidValueError
 from .formats import BLOCK_FORMATS, get_format
 
 __all__ = ["WARMUP_SOURCES", "Task", "warmup", "warmup_tasks", "run_task", "describe"]
@@ -52,17 +53,17 @@ def warmup_tasks(
     kinds = tuple(kinds)
     for kind in kinds:
         if kind not in _KINDS:
-            raise ValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")
+            raise InvalidValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")
     checked = [get_format(s).name for s in sources]
     for s in checked:
         if s not in ("float32", "float64", "float16", "bfloat16"):
-            raise ValueError(f"warmup sources are float arrays (float32, float64, float16, bfloat16), got {s!r}")
+            raise InvalidValueError(f"warmup sources are float arrays (float32, float64, float16, bfloat16), got {s!r}")
     blocks = [f for f in BLOCK_FORMATS if formats is None or f in formats]
     targets = sorted({t for s in checked for t in _cast_targets(s)})
     if formats is not None:
         unknown = [f for f in formats if f not in BLOCK_FORMATS and f not in targets]
         if unknown:
-            raise ValueError(
+            raise InvalidValueError(
                 f"cannot warm up {', '.join(map(repr, unknown))}: neither a block format "
                 f"({', '.join(BLOCK_FORMATS)}) nor a cast target of {', '.join(checked)}"
             )
@@ -101,7 +102,7 @@ def run_task(task: Task) -> None:
         arr.setflags(write=False)  # as the error table reads files: memory-mapped, read-only
         block_job(fmt, 2, pack=False).resolved(arr, src).error_sums(arr, src)
     else:
-        raise ValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")
+        raise InvalidValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")
 
 
 def _run_tasks(tasks: list[Task]) -> int:
@@ -129,7 +130,7 @@ def warmup(
         return 0, 0.0
     processes = len(os.sched_getaffinity(0)) if processes is None else processes
     if processes < 1:
-        raise ValueError(f"processes must be a positive int, got {processes}")
+        raise InvalidValueError(f"processes must be a positive int, got {processes}")
     compiled = _run_tasks(tasks[:1])
     if progress:
         progress(1, len(tasks), tasks[0])

@@ -24,6 +24,7 @@ import neuron_kernels as nk
 from neuron_kernels.blocks.inputs import input_array
 from neuron_kernels.blocks.job import block_job
 from neuron_kernels.blocks.layout import Pieces
+from neuron_kernels.errors import NotApplicableError, UnknownFormatError
 
 from .reference_blocks import (
     RHT_DEFAULT_SIGNS,
@@ -1280,7 +1281,7 @@ def test_nvfp4_element_codes_decode_to_the_values():
 
 
 def reference_error_stats(x, want: Want, fmt: str, block_shape, pts) -> dict[str, float]:
-    """The statistics of ``QuantizationError`` from the reference's values (float64; blocks with a
+    """The statistics of ``QuantizationStats`` from the reference's values (float64; blocks with a
     NaN value and non-finite inputs left out)."""
     x64 = as_float32(x).astype(np.float64)
     dq = (want.unrotated if want.unrotated is not None else want.values).astype(np.float64)
@@ -1391,7 +1392,14 @@ BAD_OPTIONS = [
     ("pts_complex", "nvfp4", X2, {"per_tensor_scale": 1 + 0j}, TypeError, "per_tensor_scale must be"),
     ("pts_on_mx", "mxfp8_e4m3", X2, {"per_tensor_scale": 1.0}, ValueError, "mxfp8_e4m3 has no per-tensor scale"),
     ("pts_amax_on_mx", "mxfp4_e2m1", X2, {"per_tensor_scale": "amax"}, ValueError, "has no per-tensor scale"),
-    ("four_six_on_mx", "mxfp4_e2m1", X2, {"four_over_six": "mse"}, ValueError, "four_over_six applies to NVFP4"),
+    (
+        "four_six_on_mx",
+        "mxfp4_e2m1",
+        X2,
+        {"four_over_six": "mse"},
+        NotApplicableError,
+        r"not valid for mxfp4_e2m1 \(valid: nvfp4",
+    ),
     ("four_six_unknown", "nvfp4", X2, {"four_over_six": "l1"}, ValueError, "unknown four_over_six .*'l1'.*mae, mse"),
     ("four_six_true", "nvfp4", X2, {"four_over_six": True}, ValueError, "unknown four_over_six"),
     (
@@ -1431,9 +1439,41 @@ BAD_OPTIONS = [
     ("bound_inf", "nvfp4", X2, {"scale_bound": float("inf")}, ValueError, "scale_bound must be a float"),
     ("bound_string", "nvfp4", X2, {"scale_bound": "256"}, TypeError, "scale_bound must be a float"),
     ("bound_bool", "nvfp4", X2, {"scale_bound": True}, TypeError, "scale_bound must be a float"),
-    ("nvfp4_floor", "nvfp4", X2, {"scale_mode": "floor"}, ValueError, "unknown scale mode 'floor'; accepted: nearest"),
-    ("nvfp4_rceil", "nvfp4", X2, {"scale_mode": "rceil"}, ValueError, "unknown scale mode 'rceil'; accepted: nearest"),
-    ("mx_nearest", "mxfp8_e4m3", X2, {"scale_mode": "nearest"}, ValueError, "unknown scale mode 'nearest'"),
+    # known scale modes that do not apply: said so, with the valid ones; unknown ones: said so
+    (
+        "nvfp4_floor",
+        "nvfp4",
+        X2,
+        {"scale_mode": "floor"},
+        NotApplicableError,
+        r"'floor' is not valid for nvfp4 \(valid: nearest\)",
+    ),
+    (
+        "nvfp4_rceil",
+        "nvfp4",
+        X2,
+        {"scale_mode": "rceil"},
+        NotApplicableError,
+        r"'rceil' is not valid for nvfp4 \(valid: nearest\)",
+    ),
+    (
+        "mx_nearest",
+        "mxfp8_e4m3",
+        X2,
+        {"scale_mode": "nearest"},
+        NotApplicableError,
+        "'nearest' is not valid for mxfp8_e4m3",
+    ),
+    (
+        "nvfp4_mode_unknown",
+        "nvfp4",
+        X2,
+        {"scale_mode": "round"},
+        ValueError,
+        "unknown scale mode 'round'; accepted: nearest",
+    ),
+    ("pts_on_mx_kind", "mxfp8_e4m3", X2, {"per_tensor_scale": 2.0}, NotApplicableError, "has no per-tensor scale"),
+    ("unknown_format", "nvfp5", X2, {}, UnknownFormatError, "unknown block format 'nvfp5'"),
     ("nvfp4_rounding", "nvfp4", X2, {"rounding": "toward_positive"}, ValueError, "unknown rounding mode"),
 ]
 
@@ -1456,7 +1496,15 @@ def test_bad_options(fmt, x, options, error, pattern):
 @pytest.mark.parametrize(
     "call, pattern",
     [
-        (lambda: nk.quantize_mx(X2, "nvfp4"), "unknown MX format 'nvfp4'"),
+        (
+            lambda: nk.quantize_mx(X2, "nvfp4"),
+            r"nvfp4 is not valid here, where an MX format is expected \(valid: mxfp8",
+        ),
+        (
+            lambda: nk.dequantize_mx(nk.quantize_nvfp4(X2)),
+            "dequantize_mx takes MX arrays, not NVFP4 .*dequantize takes",
+        ),
+        (lambda: nk.mx_matmul(nk.quantize_nvfp4(X2), nk.quantize_nvfp4(X2.T, axis=0)), "mx_matmul takes MX arrays"),
         (lambda: nk.quantize_mx(X2, block_shape=(0, 4)), "block_shape must be a positive int"),
         (lambda: nk.quantize_mx(X1, block_shape=(8, 4)), "2-D blocks"),
         (lambda: nk.fake_quantize_mx(X2, scale_search="mae"), "unknown scale search"),
@@ -1470,6 +1518,8 @@ def test_bad_options(fmt, x, options, error, pattern):
     ],
     ids=[
         "mx_nvfp4",
+        "dequantize_mx_nvfp4",
+        "mx_matmul_nvfp4",
         "mx_shape",
         "mx_2d_on_1d",
         "mx_search",

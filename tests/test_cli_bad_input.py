@@ -86,4 +86,26 @@ def test_cli_dequantize_corrupt_metadata(tmp_path):
 def test_cli_promote_timedelta(tmp_path):
     """promote of timedelta64 and int8 is the 'unexpected dtype' error, as for complex64."""
     r = run_cli("promote", "timedelta64", "int8", cwd=tmp_path)
-    assert r.returncode == 1 and "unexpected dtype" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    assert r.returncode == 2 and "unexpected dtype" in r.stderr and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+
+
+def test_only_user_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    """The command line turns the package's own errors (NeuronKernelsError, OSError) into one line
+    and exit status 2; anything else is a bug of the package and keeps its traceback (exit 1)."""
+    import pytest
+
+    from neuron_kernels import cli
+
+    np.save(tmp_path / "x.npy", np.ones(8, np.float32))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["cast", "x.npy", "y.npy", "--to", "float9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown dtype 'float9'" in err
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug inside the package")
+
+    monkeypatch.setattr(cli, "_cmd_cast", broken)
+    with pytest.raises(ValueError, match="a bug inside the package"):
+        cli.main(["cast", "x.npy", "y.npy", "--to", "bfloat16"])
+    assert not (tmp_path / "y.npy").exists()

@@ -23,7 +23,7 @@ SCALE_MODES = list(E8M0_SCALE_MODES)
 
 
 def _data(n: int, seed: int = 0) -> np.ndarray:
-    """Values over 60 binades, with the special blocks of mx.md (block size 32)."""
+    """Values over 60 binades, with the special blocks of docs/blocks.md (block size 32)."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n))).astype(np.float32)
     x[5] = -0.0
@@ -211,7 +211,9 @@ def test_mxarray_metadata_and_repr():
     assert mx.bits_per_element == pytest.approx(8 * (128 + 8) / 256)
     assert mx.scales.dtype == np.dtype(ml_dtypes.float8_e8m0fnu)
     assert mx.shape == (4, 64) and mx.axis == 1 and mx.block_size == 32
-    assert "mxfp4_e2m1" in repr(mx) and "bits_per_element" in repr(mx)
+    assert repr(mx).startswith("BlockArray(MX, fmt='mxfp4_e2m1'") and "bits_per_element" in repr(mx)
+    nv = nk.quantize_nvfp4(np.ones((4, 64), np.float32))
+    assert repr(nv).startswith("BlockArray(NVFP4, fmt='nvfp4'") and "per_tensor_scale=" in repr(nv)
 
 
 def test_save_and_load(tmp_path):
@@ -295,7 +297,7 @@ def test_mx_matmul():
         nk.mx_matmul(qa, nk.quantize_mx(b, "mxfp8_e4m3", axis=1))
     with pytest.raises(ValueError, match="block sizes differ"):
         nk.mx_matmul(qa, nk.quantize_mx(b, "mxfp8_e4m3", axis=0, block_size=16))
-    with pytest.raises(TypeError, match="MXArray"):
+    with pytest.raises(TypeError, match="MX BlockArray"):
         nk.mx_matmul(a, qb)
 
 
@@ -451,9 +453,9 @@ print("PEAKS " + json.dumps(peaks))
 
 
 def test_extra_memory_is_the_output():
-    """mx.md / the issue: no allocation beyond the result (numpy allocations are traced). In an interpreter of
-    its own: tracemalloc counts every thread's allocations, and a test process may hold a dask client whose
-    event loop allocates in the background."""
+    """docs/performance.md / the issue: no allocation beyond the result (numpy allocations are traced). In an
+    interpreter of its own: tracemalloc counts every thread's allocations, and a test process may hold a dask
+    client whose event loop allocates in the background."""
     proc = subprocess.run(
         [sys.executable, "-c", _MEMORY_PEAKS], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300
     )

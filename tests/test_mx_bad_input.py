@@ -304,7 +304,7 @@ def test_dequantize_dtype_spellings(dtype):
 @pytest.mark.parametrize("obj", [EXACT, None, [1.0, 2.0], MX8_EXACT.codes], ids=["array", "None", "list", "codes"])
 def test_dequantize_needs_an_mxarray(obj):
     """dequantize_mx of anything but an MXArray is a TypeError."""
-    with pytest.raises(TypeError, match="dequantize_mx takes an MXArray"):
+    with pytest.raises(TypeError, match="dequantize_mx takes an MX BlockArray"):
         nk.dequantize_mx(obj)
 
 

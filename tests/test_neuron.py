@@ -303,7 +303,7 @@ def k_array(rng):
 @pytest.mark.parametrize(
     "make, kwargs, error, pattern",
     [
-        (lambda x: x.dequantize(), {}, TypeError, "needs an MXArray"),
+        (lambda x: x.dequantize(), {}, TypeError, "needs an MX BlockArray"),
         (lambda x: nk.quantize(x.dequantize(), "nvfp4"), {}, ValueError, "multiplies mxfp8_e4m3, mxfp8_e5m2, mxfp4"),
         (lambda x: nk.quantize_mx(x.dequantize(), "mxfp6_e2m3"), {}, ValueError, "got 'mxfp6_e2m3'"),
         (lambda x: nk.quantize_mx(x.dequantize(), "mxint8"), {}, ValueError, "got 'mxint8'"),

@@ -25,12 +25,12 @@ from .api import (
 )
 from .array import BlockArray, MXArray
 from .rotation import rotate
-from .stats import QuantizationError
+from .stats import QuantizationStats
 
 __all__ = [
     "BlockArray",
     "MXArray",
-    "QuantizationError",
+    "QuantizationStats",
     "block_matmul",
     "dequantize",
     "dequantize_mx",

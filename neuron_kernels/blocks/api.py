@@ -5,7 +5,7 @@ Every block format goes through :func:`quantize` / :func:`fake_quantize` / :func
 same with each family's options and defaults. They validate (:func:`~.job.block_job`) and
 allocate; the kernels compute. Given a Dask array, they return lazy results
 (:mod:`neuron_kernels.lazy.blocks`: a ``LazyBlockArray``, a Dask array of values, a delayed
-``QuantizationError``), bit for bit those of the in-memory call.
+``QuantizationStats``), bit for bit those of the in-memory call.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError
 from ..formats import BLOCK_FORMATS
 from ..lazy import is_lazy, is_lazy_blocks
 from .array import BlockArray, deliver, result_buffer
 from .job import DEFAULT, BlockJob, block_job, input_array
-from .stats import QuantizationError
+from .stats import QuantizationStats
 from .stats import quantization_error as _in_memory_error
 
 __all__ = [
@@ -60,7 +61,7 @@ def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) ->
         from ..lazy.blocks import as_dask, fake_quantize_lazy
 
         if out is not None:
-            raise TypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
+            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
         return fake_quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
     arr, src, job = _job(x, fmt, **options)
     return _fake(arr, src, job, out)
@@ -236,19 +237,19 @@ def shared_per_tensor_scale(arrays: Any, fmt: Any = "nvfp4", **options: Any) -> 
     ``four_over_six``, ``rht``, ``axis``). An empty sequence or a format without a per-tensor scale
     is refused."""
     if isinstance(arrays, np.ndarray) or not hasattr(arrays, "__iter__"):
-        raise TypeError(f"arrays must be a sequence of arrays (the shards), got {type(arrays).__name__}")
+        raise InvalidTypeError(f"arrays must be a sequence of arrays (the shards), got {type(arrays).__name__}")
     arrays = list(arrays)
     if not arrays:
-        raise ValueError("arrays is empty: the shared per-tensor scale needs at least one array")
+        raise InvalidValueError("arrays is empty: the shared per-tensor scale needs at least one array")
     options = {"per_tensor_scale": "amax", **options}
     amax, job = 0.0, None
     for x in arrays:
         if is_lazy(x):
-            raise TypeError("shared_per_tensor_scale takes in-memory arrays; compute the shards' amax with Dask")
+            raise InvalidTypeError("shared_per_tensor_scale takes in-memory arrays; compute the shards' amax with Dask")
         arr, src = input_array(x)
         job = block_job(fmt, arr.ndim, **options)
         if not job.needs_amax:
-            raise ValueError(f"{job.fmt.name} has no per-tensor scale from the amax (it applies to nvfp4)")
+            raise InvalidValueError(f"{job.fmt.name} has no per-tensor scale from the amax (it applies to nvfp4)")
         amax = max(amax, job.amax(arr, src))
     assert job is not None
     pts = job.with_amax(amax).per_tensor_scale
@@ -261,10 +262,10 @@ def dequantize(q: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None
     ``LazyBlockArray``, a lazy Dask array."""
     if is_lazy_blocks(q):
         if out is not None:
-            raise TypeError("out= takes NumPy arrays; a LazyBlockArray gives a lazy result")
+            raise InvalidTypeError("out= takes NumPy arrays; a LazyBlockArray gives a lazy result")
         return q.dequantize(dtype)
     if not isinstance(q, BlockArray):
-        raise TypeError(f"dequantize takes an MXArray (a block-format array), got {type(q).__name__}")
+        raise InvalidTypeError(f"dequantize takes a BlockArray (a block-format array), got {type(q).__name__}")
     return q.dequantize(dtype, out=out)
 
 
@@ -279,8 +280,17 @@ def dequantize_mx(mx: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | 
     if is_lazy_blocks(mx):
         return dequantize(mx, dtype, out=out)
     if not isinstance(mx, BlockArray):
-        raise TypeError(f"dequantize_mx takes an MXArray, got {type(mx).__name__}")
+        raise InvalidTypeError(f"dequantize_mx takes an MX BlockArray, got {type(mx).__name__}")
+    _require_mx(mx, "dequantize_mx", "dequantize")
     return mx.dequantize(dtype, out=out)
+
+
+def _require_mx(q: BlockArray, function: str, general: str) -> None:
+    """The ``*_mx`` functions take MX arrays only; the general one takes every family."""
+    if not q.format.is_mx:
+        raise NotApplicableError(
+            f"{function} takes MX arrays, not {q.format.family} ({q.fmt}); {general} takes every block format"
+        )
 
 
 def _fake(arr: np.ndarray, src: Any, job: BlockJob, out: np.ndarray | None) -> np.ndarray:
@@ -294,7 +304,7 @@ def fake_quantize(x: Any, fmt: str, *, out: np.ndarray | None = None, **options:
     (written into ``out``, a float32 array of x's shape, if given). The options are those of
     :func:`quantize` but ``pack``."""
     if "pack" in options:
-        raise TypeError("fake_quantize takes the options of quantize except pack (no codes are stored)")
+        raise InvalidTypeError("fake_quantize takes the options of quantize except pack (no codes are stored)")
     for name in ("scale_mode", "block_size"):
         if name in options and options[name] is None:
             options[name] = DEFAULT
@@ -349,21 +359,23 @@ def block_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
     """
     for name, m in (("a", a), ("b", b)):
         if not isinstance(m, BlockArray):
-            raise TypeError(f"block_matmul: {name} must be an MXArray (a block-format array), got {type(m).__name__}")
+            raise InvalidTypeError(
+                f"block_matmul: {name} must be a BlockArray (a block-format array), got {type(m).__name__}"
+            )
         if len(m.shape) != 2:
-            raise ValueError(f"block_matmul: {name} must be 2-D, got shape {m.shape}")
+            raise InvalidValueError(f"block_matmul: {name} must be 2-D, got shape {m.shape}")
     if a.axis != 1:
-        raise ValueError(f"block_matmul: a must be blocked along its last axis (K), got axis {a.axis}")
+        raise InvalidValueError(f"block_matmul: a must be blocked along its last axis (K), got axis {a.axis}")
     if b.axis != 0 and b.block_rows == 1:
-        raise ValueError(f"block_matmul: b must be blocked along its first axis (K), got axis {b.axis}")
+        raise InvalidValueError(f"block_matmul: b must be blocked along its first axis (K), got axis {b.axis}")
     k_a = a.block_size
     k_b = b.block_rows if b.block_rows > 1 else b.block_size
     if k_a != k_b:
-        raise ValueError(f"block_matmul: block sizes differ along K ({k_a} vs {k_b})")
+        raise InvalidValueError(f"block_matmul: block sizes differ along K ({k_a} vs {k_b})")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"block_matmul: inner dimensions differ ({a.shape} @ {b.shape})")
+        raise InvalidValueError(f"block_matmul: inner dimensions differ ({a.shape} @ {b.shape})")
     if a.rotation != b.rotation:
-        raise ValueError("block_matmul: both operands must be rotated with the same signs (rht=), or neither")
+        raise InvalidValueError("block_matmul: both operands must be rotated with the same signs (rht=), or neither")
     return np.matmul(a.dequantize(np.float32), b.dequantize(np.float32))
 
 
@@ -376,16 +388,17 @@ def mx_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
     """
     for name, m in (("a", a), ("b", b)):
         if not isinstance(m, BlockArray):
-            raise TypeError(f"mx_matmul: {name} must be an MXArray, got {type(m).__name__}")
+            raise InvalidTypeError(f"mx_matmul: {name} must be an MX BlockArray, got {type(m).__name__}")
+        _require_mx(m, "mx_matmul", "block_matmul")
     try:
         return block_matmul(a, b)
     except ValueError as exc:
-        raise ValueError(str(exc).replace("block_matmul", "mx_matmul")) from None
+        raise InvalidValueError(str(exc).replace("block_matmul", "mx_matmul")) from None
 
 
-def quantization_error(x: Any, q: Any) -> QuantizationError:
+def quantization_error(x: Any, q: Any) -> QuantizationStats:
     """Error statistics of ``q`` as a quantisation of ``x`` (see
-    :class:`~neuron_kernels.QuantizationError`).
+    :class:`~neuron_kernels.QuantizationStats`).
 
     For an array quantised with a rotation (``rht=``), ``x`` is compared with the dequantised
     values rotated back (the error of the whole round trip). With a Dask array or a
@@ -394,6 +407,6 @@ def quantization_error(x: Any, q: Any) -> QuantizationError:
     if is_lazy(x) or is_lazy_blocks(q):
         from ..lazy.blocks import quantization_error_lazy
 
-        result: QuantizationError = quantization_error_lazy(x, q)
+        result: QuantizationStats = quantization_error_lazy(x, q)
         return result
     return _in_memory_error(x, q)

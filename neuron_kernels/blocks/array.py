@@ -17,6 +17,7 @@ import numpy as np
 
 from .._parallel import run_tasks
 from ..casting import cast, check_out, pack_x4
+from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, BlockFormat, get_format
 from .inputs import INPUT_DTYPES
 from .layout import BlockLayout
@@ -86,14 +87,17 @@ class BlockArray:
         """Refuse fields that do not fit together (the kernels trust them)."""
         for name in ("codes", "scales"):
             if not isinstance(getattr(self, name), np.ndarray):
-                raise TypeError(f"MXArray {name} must be a numpy array, got {type(getattr(self, name)).__name__}")
+                raise InvalidTypeError(
+                    f"block array {name} must be a numpy array, got {type(getattr(self, name)).__name__}"
+                )
         problem = self.layout.problem((self.codes.shape, self.codes.dtype), (self.scales.shape, self.scales.dtype))
         if problem is None and self.scales.dtype.kind == "f" and self.scales.dtype != self.format.scale_format.dtype:
             problem = f"scales must be {self.format.scale} bytes, got dtype {self.scales.dtype}"
         if problem is None:
             problem = _extra_problem(self.format, self.per_tensor_scale, self.rotation)
         if problem:
-            raise ValueError(f"inconsistent MXArray: {problem}")
+            family = BLOCK_FORMATS[self.fmt].family if self.fmt in BLOCK_FORMATS else "a"
+            raise InvalidValueError(f"inconsistent {family} block array: {problem}")
 
     @property
     def layout(self) -> BlockLayout:
@@ -128,7 +132,8 @@ class BlockArray:
         if self.rotation is not None:
             extra += ", rotated"
         return (
-            f"MXArray(fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}"
+            f"BlockArray({self.format.family}, fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, "
+            f"axis={self.axis}"
             f"{extra}, packed={self.packed}, blocks={self.scales.size}, nbytes={self.nbytes}, "
             f"bits_per_element={self.bits_per_element:.3g})"
         )
@@ -149,11 +154,11 @@ class BlockArray:
         """
         out_fmt = get_format(dtype)
         if out_fmt.name not in INPUT_DTYPES:
-            raise TypeError(f"dequantisation writes float32, float64, float16 or bfloat16; got {out_fmt.name}")
+            raise InvalidTypeError(f"dequantisation writes float32, float64, float16 or bfloat16; got {out_fmt.name}")
         if not isinstance(unrotate, (bool, np.bool_)):
-            raise TypeError(f"unrotate must be True or False, got {unrotate!r}")
+            raise InvalidTypeError(f"unrotate must be True or False, got {unrotate!r}")
         if unrotate and self.rotation is None:
-            raise ValueError("unrotate=True needs an array quantised with a rotation (rht=); this one has none")
+            raise InvalidValueError("unrotate=True needs an array quantised with a rotation (rht=); this one has none")
         staged = out_fmt.name != "float32" and unrotate  # rotate float32 values back, then convert
         narrow = out_fmt.name in ("float16", "bfloat16") or staged
         wide = np.dtype("float64" if out_fmt.name == "float64" and not staged else "float32")
@@ -208,7 +213,7 @@ class BlockArray:
         x4 = self.format.x4
         if x4 is None:
             having = ", ".join(n for n, f in BLOCK_FORMATS.items() if f.x4)
-            raise TypeError(f"{self.fmt} has no Neuron packed container; {having} do")
+            raise InvalidTypeError(f"{self.fmt} has no Neuron packed container; {having} do")
         return pack_x4(self.element_codes(), x4)
 
     def with_codes(self, codes: np.ndarray) -> BlockArray:
@@ -239,10 +244,10 @@ class BlockArray:
         arrays = read_block_file(path)
         names = ", ".join(sorted(map(str, arrays))) if None not in arrays else "one unnamed array (no name= needed)"
         if name is None and len(arrays) > 1:
-            raise ValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= ({names})")
+            raise InvalidValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= ({names})")
         key = next(iter(arrays)) if name is None else name
         if key not in arrays:
-            raise ValueError(f"{path} has no MX array named {name!r}; it has {names}")
+            raise InvalidValueError(f"{path} has no MX array named {name!r}; it has {names}")
         s = arrays[key]
         lay = s.layout
         return cls.from_parts(
@@ -269,7 +274,7 @@ class BlockArray:
         axis: Any,
         shape: Any,
         packed: Any,
-        where: str = "MXArray",
+        where: str = "BlockArray",
         *,
         block_rows: Any = 1,
         per_tensor_scale: Any = None,
@@ -278,16 +283,16 @@ class BlockArray:
         """A block array from its fields, checked for consistency (``ValueError`` naming ``where``):
         shapes, dtypes, and element codes within the element's width."""
         if not isinstance(codes, np.ndarray) or not isinstance(scales, np.ndarray):
-            raise TypeError(f"{where}: codes and scales must be numpy arrays")
+            raise InvalidTypeError(f"{where}: codes and scales must be numpy arrays")
         layout = BlockLayout(fmt, shape, axis, block_size, block_rows, packed)
         problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scales.dtype))
         if problem is None:
             problem = _extra_problem(BLOCK_FORMATS[fmt], per_tensor_scale, rotation)
         if problem:
-            raise ValueError(f"{where}: {problem}")
+            raise InvalidValueError(f"{where}: {problem}")
         element = BLOCK_FORMATS[fmt].element_format
         if not packed and codes.size and element.bits < 8 and int(codes.max()) >= 1 << element.bits:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
                 f"{element.bits}-bit code of {fmt}"
             )

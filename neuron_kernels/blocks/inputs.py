@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidTypeError
 from ..formats import Format, get_format
 
 __all__ = ["INPUT_DTYPES", "input_array", "input_format"]
@@ -30,5 +31,7 @@ def input_format(dtype: Any) -> Format:
     except TypeError:
         fmt = None
     if fmt is None or fmt.name not in INPUT_DTYPES:
-        raise TypeError(f"block quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {dtype}")
+        raise InvalidTypeError(
+            f"block quantisation takes float32, float16, bfloat16 or float64 arrays; got dtype {dtype}"
+        )
     return fmt

@@ -15,8 +15,9 @@ import numpy as np
 
 from .._parallel import run_tasks
 from .._random import check_seed, draw_seed, stream_key
+from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError, UnknownFormatError
 from ..formats import BLOCK_FORMATS, BlockFormat, Format
-from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, SCALE_SEARCHES
+from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
 from .array import BlockArray
 from .inputs import input_array
 from .layout import BlockLayout
@@ -41,31 +42,40 @@ _E4M3_MAX = 448.0
 
 def choice(value: Any, accepted: tuple[str, ...], what: str) -> str:
     if not isinstance(value, str) or value not in accepted:
-        raise ValueError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+        raise InvalidValueError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
     return value
 
 
 def block_format(fmt: Any, accepted: tuple[str, ...] = tuple(BLOCK_FORMATS), what: str = "block format") -> BlockFormat:
+    """The block format named ``fmt``: an :class:`UnknownFormatError` for a name that is no block
+    format, a :class:`NotApplicableError` for one that is but is not among ``accepted``."""
     if isinstance(fmt, BlockFormat):
         fmt = fmt.name
-    return BLOCK_FORMATS[choice(fmt, accepted, what)]
+    if not isinstance(fmt, str) or fmt not in BLOCK_FORMATS:
+        raise UnknownFormatError(f"unknown {what} {fmt!r}; accepted: {', '.join(accepted)}")
+    if fmt not in accepted:
+        raise NotApplicableError(
+            f"{fmt} is not valid here, where an {what} is expected (valid: {', '.join(accepted)}); "
+            f"quantize() takes every block format"
+        )
+    return BLOCK_FORMATS[fmt]
 
 
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
+        raise InvalidTypeError(f"{name} must be a positive int, got {value!r}")
     if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value}")
+        raise InvalidValueError(f"{name} must be a positive int, got {value}")
     return int(value)
 
 
 def _axis(axis: Any, ndim: int) -> int:
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
-        raise TypeError(f"axis must be an int, got {axis!r}")
+        raise InvalidTypeError(f"axis must be an int, got {axis!r}")
     if ndim == 0:
-        raise ValueError("cannot quantise a 0-d array: blocks run along an axis")
+        raise InvalidValueError("cannot quantise a 0-d array: blocks run along an axis")
     if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for an array of {ndim} dimensions")
+        raise InvalidValueError(f"axis {axis} is out of range for an array of {ndim} dimensions")
     return int(axis) % ndim
 
 
@@ -79,16 +89,18 @@ def _blocks(block_size: Any, block_shape: Any, fmt: BlockFormat, axis: Any, ndim
         or not isinstance(block_shape, (tuple, list))
         or not 1 <= len(block_shape) <= 2
     ):
-        raise TypeError(f"block_shape must be a tuple of one or two positive ints, got {block_shape!r}")
+        raise InvalidTypeError(f"block_shape must be a tuple of one or two positive ints, got {block_shape!r}")
     dims = [_positive_int(v, "block_shape") for v in block_shape]
     if block_size is not DEFAULT and _positive_int(block_size, "block_size") != dims[-1]:
-        raise ValueError(f"block_size {block_size} and block_shape {tuple(block_shape)} disagree; give one of them")
+        raise InvalidValueError(
+            f"block_size {block_size} and block_shape {tuple(block_shape)} disagree; give one of them"
+        )
     if len(dims) == 1 or dims[0] == 1:
         return dims[-1], 1, _axis(axis, ndim)
     if ndim < 2:
-        raise ValueError(f"2-D blocks {tuple(dims)} need an array of 2 or more dimensions, got {ndim}")
+        raise InvalidValueError(f"2-D blocks {tuple(dims)} need an array of 2 or more dimensions, got {ndim}")
     if _axis(axis, ndim) != ndim - 1:
-        raise ValueError(f"2-D blocks {tuple(dims)} tile the last two axes; axis must be -1, got {axis}")
+        raise InvalidValueError(f"2-D blocks {tuple(dims)} tile the last two axes; axis must be -1, got {axis}")
     return dims[1], dims[0], ndim - 1
 
 
@@ -99,17 +111,19 @@ def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
     if value is None:
         return None
     if not fmt.per_tensor_scale:
-        raise ValueError(f"{fmt.name} has no per-tensor scale (per_tensor_scale applies to NVFP4); got {value!r}")
+        raise NotApplicableError(
+            f"{fmt.name} has no per-tensor scale (per_tensor_scale applies to NVFP4); got {value!r}"
+        )
     if isinstance(value, str):
         if value != "amax":
-            raise ValueError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
+            raise InvalidValueError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
         return value
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)):
-        raise TypeError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
+        raise InvalidTypeError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
     with np.errstate(over="ignore", under="ignore"):
         f32 = np.float32(value)  # the kernels compute in float32: the value must stay positive and finite there
     if not (np.isfinite(value) and value > 0 and np.isfinite(f32) and f32 > 0):
-        raise ValueError(
+        raise InvalidValueError(
             f"per_tensor_scale must be a positive finite float, non-zero and finite in float32 too; got {value!r}"
         )
     return float(f32)
@@ -312,33 +326,39 @@ def block_job(
     bf = block_format(fmt, formats, what)
     size, rows, ax = _blocks(block_size, block_shape, bf, axis, ndim)
     mode = bf.scale_modes[0] if scale_mode is DEFAULT else scale_mode
+    if isinstance(mode, str) and mode in SCALE_MODES and mode not in bf.scale_modes:
+        raise NotApplicableError(f"scale mode {mode!r} is not valid for {bf.name} (valid: {', '.join(bf.scale_modes)})")
     if not isinstance(mode, str) or mode not in bf.scale_modes:
-        raise ValueError(f"unknown scale mode {mode!r}; accepted: {', '.join(bf.scale_modes)} ({bf.name})")
+        raise InvalidValueError(f"unknown scale mode {mode!r}; accepted: {', '.join(bf.scale_modes)} ({bf.name})")
     rnd = choice(rounding, BLOCK_ROUNDING_MODES, "rounding mode")
     if not isinstance(pack, (bool, np.bool_)):
-        raise TypeError(f"pack must be True or False, got {pack!r}")
+        raise InvalidTypeError(f"pack must be True or False, got {pack!r}")
     check_seed(seed)
     if rnd == "stochastic" and seed is None:
         seed = draw_seed()
     pts = _per_tensor(per_tensor_scale, bf)
     if isinstance(scale_bound, bool) or not isinstance(scale_bound, numbers.Real):
-        raise TypeError(f"scale_bound must be a float in (0, 448], got {scale_bound!r}")
+        raise InvalidTypeError(f"scale_bound must be a float in (0, 448], got {scale_bound!r}")
     if not (np.isfinite(scale_bound) and 0 < scale_bound <= _E4M3_MAX and np.float32(scale_bound) > 0):
-        raise ValueError(f"scale_bound must be a float in (0, 448] (448, or 256 with four_over_six), got {scale_bound}")
+        raise InvalidValueError(
+            f"scale_bound must be a float in (0, 448] (448, or 256 with four_over_six), got {scale_bound}"
+        )
     if four_over_six is not None:
         choice(four_over_six, FOUR_OVER_SIX, "four_over_six error measure")
         if bf.is_mx:
-            raise ValueError(f"four_over_six applies to NVFP4 (float8_e4m3fn scales), not {bf.name}")
+            raise NotApplicableError(
+                f"four_over_six is not valid for {bf.name} (valid: nvfp4, whose scales are float8_e4m3fn)"
+            )
     if scale_search is not None:
         choice(scale_search, SCALE_SEARCHES, "scale search")
         if four_over_six is not None:
-            raise ValueError("four_over_six and scale_search are two scale policies; give one of them")
+            raise InvalidValueError("four_over_six and scale_search are two scale policies; give one of them")
     rotation = rotation_signs(rht)
     if rotation is not None:
         if rows > 1:
-            raise ValueError("rht= rotates along the block axis of 1-D blocks, not 2-D tiles")
+            raise InvalidValueError("rht= rotates along the block axis of 1-D blocks, not 2-D tiles")
         if size % 16:
-            raise ValueError(
+            raise InvalidValueError(
                 f"rht= rotates groups of 16 along the block axis; block_size must be a multiple of 16, got {size}"
             )
     return BlockJob(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._parallel import run_tasks
+from ..errors import InvalidTypeError, InvalidValueError
 from .inputs import input_array
 
 __all__ = ["DEFAULT_SIGNS", "rotation_signs", "rotate_array", "rotated_amax", "rotate"]
@@ -33,18 +34,20 @@ def rotation_signs(rht: Any) -> tuple[int, ...] | None:
     if rht is True:
         return DEFAULT_SIGNS
     if isinstance(rht, (str, bytes)) or not hasattr(rht, "__len__"):
-        raise TypeError(f"rht must be True, False or a sequence of 16 signs (1 or -1), got {rht!r}")
+        raise InvalidTypeError(f"rht must be True, False or a sequence of 16 signs (1 or -1), got {rht!r}")
     if isinstance(rht, np.ndarray) and rht.ndim != 1:
-        raise ValueError(f"rht must be 16 signs (a 1-D sequence), got an array of shape {rht.shape}")
+        raise InvalidValueError(f"rht must be 16 signs (a 1-D sequence), got an array of shape {rht.shape}")
     values = rht.tolist() if isinstance(rht, np.ndarray) else list(rht)
     if len(values) != 16 or any(isinstance(v, bool) or v not in (1, -1) for v in values):
-        raise ValueError(f"rht must be 16 signs, each 1 or -1; got {rht!r}")
+        raise InvalidValueError(f"rht must be 16 signs, each 1 or -1; got {rht!r}")
     return tuple(int(v) for v in values)
 
 
 def check_length(length: int, axis: int) -> None:
     if length % 16:
-        raise ValueError(f"rht= rotates groups of 16 along axis {axis}, whose length {length} is not a multiple of 16")
+        raise InvalidValueError(
+            f"rht= rotates groups of 16 along axis {axis}, whose length {length} is not a multiple of 16"
+        )
 
 
 def _rows(arr: np.ndarray, axis: int) -> np.ndarray:
@@ -101,11 +104,11 @@ def rotate(x: Any, rht: Any = True, *, axis: int = -1, inverse: bool = False) ->
     arr, src = input_array(x)
     signs = rotation_signs(rht)
     if signs is None:
-        raise ValueError("rotate needs rht=True or 16 signs")
+        raise InvalidValueError("rotate needs rht=True or 16 signs")
     if not isinstance(inverse, (bool, np.bool_)):
-        raise TypeError(f"inverse must be True or False, got {inverse!r}")
+        raise InvalidTypeError(f"inverse must be True or False, got {inverse!r}")
     if arr.ndim == 0:
-        raise ValueError("cannot rotate a 0-d array: groups run along an axis")
+        raise InvalidValueError("cannot rotate a 0-d array: groups run along an axis")
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -arr.ndim <= axis < arr.ndim:
-        raise ValueError(f"axis {axis!r} is out of range for an array of {arr.ndim} dimensions")
+        raise InvalidValueError(f"axis {axis!r} is out of range for an array of {arr.ndim} dimensions")
     return rotate_array(arr, src.name, int(axis) % arr.ndim, signs, bool(inverse))

@@ -9,16 +9,17 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidTypeError, InvalidValueError
 from .array import BlockArray
 from .inputs import input_array
 from .layout import Pieces
 from .rotation import rotate_array
 
-__all__ = ["QuantizationError", "ErrorStats", "quantization_error", "row_sums", "by_rows"]
+__all__ = ["QuantizationStats", "ErrorStats", "quantization_error", "row_sums", "by_rows"]
 
 
 @dataclass(frozen=True)
-class QuantizationError:
+class QuantizationStats:
     """What a quantisation did to an array, computed in float64 over the finite inputs of the
     blocks with a finite scale (a block holding a NaN or an infinity dequantises to NaN as a
     whole: its elements are left out).
@@ -41,7 +42,7 @@ class QuantizationError:
 
 
 class ErrorStats:
-    """Running sums of :class:`QuantizationError`, fed piece by piece (:meth:`add`), so that the
+    """Running sums of :class:`QuantizationStats`, fed piece by piece (:meth:`add`), so that the
     statistics of an array of any size take memory for one piece only."""
 
     def __init__(self) -> None:
@@ -151,7 +152,7 @@ class ErrorStats:
         xs = rotate_array(x, input_array(x)[1].name, q.axis, q.rotation).reshape(-1) if rotated else xv
         self._fold(*error_sums(xv, dq, xs, lim))
 
-    def result(self) -> QuantizationError:
+    def result(self) -> QuantizationStats:
         n = max(self.count, 1)
         if self.noise == 0:
             sqnr = float("inf")
@@ -159,7 +160,7 @@ class ErrorStats:
             # a difference of logarithms: the ratio of sums of squares can leave float64's range
             # (an infinite error where a dequantised value overflows float32 gives -inf)
             sqnr = 10 * (math.log10(self.signal) - math.log10(self.noise)) if self.signal > 0 else float("-inf")
-        return QuantizationError(
+        return QuantizationStats(
             sqnr_db=sqnr,
             mse=self.noise / n,
             max_abs_error=self.max_abs,
@@ -194,16 +195,16 @@ def by_rows(q: Any) -> bool:
     return q.layout.kernel_shapes()[0] and q.rotation is None
 
 
-def quantization_error(x: Any, q: BlockArray) -> QuantizationError:
-    """Error statistics of ``q`` as a quantisation of ``x`` (see :class:`QuantizationError`).
+def quantization_error(x: Any, q: BlockArray) -> QuantizationStats:
+    """Error statistics of ``q`` as a quantisation of ``x`` (see :class:`QuantizationStats`).
 
     For an array quantised with a rotation (``rht=``), ``x`` is compared with the dequantised
     values rotated back (the error of the whole round trip)."""
     if not isinstance(q, BlockArray):
-        raise TypeError(f"quantization_error takes an MXArray (a block-format array), got {type(q).__name__}")
+        raise InvalidTypeError(f"quantization_error takes a BlockArray (a block-format array), got {type(q).__name__}")
     arr, _ = input_array(x)
     if arr.shape != q.shape:
-        raise ValueError(f"x has shape {arr.shape} but the MX array has shape {q.shape}")
+        raise InvalidValueError(f"x has shape {arr.shape} but the MX array has shape {q.shape}")
     stats = ErrorStats()
     stats.add(arr, q)
     return stats.result()

@@ -46,6 +46,7 @@ from .._jit import (
     u32_sub,
     u32_xor,
 )
+from ..errors import InvalidValueError
 from ..formats import SPECIALS, Format
 from ..modes import ROUNDING_MODES
 
@@ -136,7 +137,7 @@ NO_CODEC = Codec(0, 0, 0, 0, 0, 0, 0, False, False, 0, 0, 0)
 def codec_of(fmt: Format) -> Codec:
     """The :class:`Codec` of a float or fixed-point format of the table."""
     if fmt.kind not in ("float", "fixed"):
-        raise ValueError(f"{fmt.name} is not a float or fixed-point format")
+        raise InvalidValueError(f"{fmt.name} is not a float or fixed-point format")
     return Codec(
         bits=fmt.bits,
         mbits=fmt.mbits,

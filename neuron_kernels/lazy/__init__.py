@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import MissingExtraError
+
 __all__ = ["EXTRA", "is_lazy", "is_dask", "is_lazy_blocks", "require"]
 
 #: How to install what the lazy paths need.
@@ -33,7 +35,9 @@ def require(module: str, what: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{what} needs {module.split('.')[0]} (the neuron_kernels[dask] extra): {EXTRA}") from exc
+        raise MissingExtraError(
+            f"{what} needs {module.split('.')[0]} (the neuron_kernels[dask] extra): {EXTRA}"
+        ) from exc
 
 
 def is_lazy(x: Any) -> bool:

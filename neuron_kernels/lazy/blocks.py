@@ -26,7 +26,8 @@ from ..blocks.inputs import INPUT_DTYPES, input_format
 from ..blocks.job import BlockJob, input_array
 from ..blocks.layout import BlockLayout, Pieces
 from ..blocks.rotation import check_length
-from ..blocks.stats import ErrorStats, QuantizationError, by_rows, row_sums
+from ..blocks.stats import ErrorStats, QuantizationStats, by_rows, row_sums
+from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, BlockFormat, Format, get_format
 from . import require
 from .chunks import Chunks, block_chunks, chunk_shape, contiguous_runs, rechunk_for
@@ -47,7 +48,9 @@ dask = require("dask", "a Dask array")
 def as_dask(x: Any, what: str) -> Any:
     """``x`` if it is a Dask array; a TypeError naming what is accepted otherwise."""
     if not isinstance(x, da.Array):
-        raise TypeError(f"{what} takes NumPy or Dask arrays; got a {type(x).__name__} (pass x.data or np.asarray(x))")
+        raise InvalidTypeError(
+            f"{what} takes NumPy or Dask arrays; got a {type(x).__name__} (pass x.data or np.asarray(x))"
+        )
     return x
 
 
@@ -138,7 +141,7 @@ def _resolved(x: Any, job: BlockJob, src: Format) -> BlockJob:
 def _prepared(x: Any, job: BlockJob) -> tuple[Any, BlockJob, Format]:
     src = _source(x)
     if x.ndim == 0:
-        raise ValueError("cannot quantise a 0-d array: blocks run along an axis")
+        raise InvalidValueError("cannot quantise a 0-d array: blocks run along an axis")
     if job.rotation is not None:  # refused here, not in a task
         check_length(x.shape[job.axis], job.axis)
     x = _aligned(x, job)
@@ -269,11 +272,11 @@ class LazyBlockArray:
         :meth:`BlockArray.dequantize <neuron_kernels.blocks.array.BlockArray.dequantize>`)."""
         out = get_format(dtype)
         if out.name not in INPUT_DTYPES:
-            raise TypeError(f"dequantisation writes float32, float64, float16 or bfloat16; got {out.name}")
+            raise InvalidTypeError(f"dequantisation writes float32, float64, float16 or bfloat16; got {out.name}")
         if not isinstance(unrotate, (bool, np.bool_)):
-            raise TypeError(f"unrotate must be True or False, got {unrotate!r}")
+            raise InvalidTypeError(f"unrotate must be True or False, got {unrotate!r}")
         if unrotate and self.rotation is None:
-            raise ValueError("unrotate=True needs an array quantised with a rotation (rht=); this one has none")
+            raise InvalidValueError("unrotate=True needs an array quantised with a rotation (rht=); this one has none")
         return da.map_blocks(
             _dequantize_block,
             self.codes,
@@ -318,14 +321,14 @@ def _piece_totals(
     return stats.totals()
 
 
-def _from_rows(sums: np.ndarray) -> QuantizationError:
+def _from_rows(sums: np.ndarray) -> QuantizationStats:
     stats = ErrorStats()
     if sums.size:
         stats.add_row_sums(sums.reshape(-1, _N_SUMS))
     return stats.result()
 
 
-def _from_totals(*totals: np.ndarray) -> QuantizationError:
+def _from_totals(*totals: np.ndarray) -> QuantizationStats:
     stats = ErrorStats()
     for row in totals:
         stats.add_totals(row)
@@ -358,7 +361,7 @@ def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
 def quantization_error_lazy(x: Any, q: Any) -> Any:
     """The error statistics of ``q`` (a :class:`LazyBlockArray` or a BlockArray) as a quantisation
     of ``x`` (a Dask or NumPy array), as a ``dask.delayed`` object: ``.compute()`` gives the
-    :class:`~neuron_kernels.blocks.stats.QuantizationError`.
+    :class:`~neuron_kernels.blocks.stats.QuantizationStats`.
 
     The in-memory statistics bit for bit: blocks along the last axis without a rotation (the
     in-memory per-row pass) from per-row sums, each row in one chunk (the last axis is rechunked
@@ -368,9 +371,9 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
     if isinstance(q, BlockArray):
         q = lazy_block_array(q, x.chunks if isinstance(x, da.Array) else "auto")
     if not isinstance(q, LazyBlockArray):
-        raise TypeError(f"quantization_error takes an MXArray (a block-format array), got {type(q).__name__}")
+        raise InvalidTypeError(f"quantization_error takes an MXArray (a block-format array), got {type(q).__name__}")
     if tuple(x.shape) != q.shape:
-        raise ValueError(f"x has shape {tuple(x.shape)} but the MX array has shape {q.shape}")
+        raise InvalidValueError(f"x has shape {tuple(x.shape)} but the MX array has shape {q.shape}")
     _source(x)
     x = da.asarray(x).rechunk(q.chunks)
     codes, scales = q.codes, q.scales

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import Format, get_format
 from ..registry import CastOptions, lookup_cast
 from . import is_dask
@@ -44,7 +45,7 @@ def retype(a: Any, dtype: np.dtype) -> Any:
     data = getattr(a, "data", None)
     if data is not None and data is not a and callable(getattr(a, "copy", None)):
         return a.copy(data=retype(data, dtype))
-    raise TypeError(f"cannot view a {type(a).__name__} as {dtype}: it has no view(dtype)")
+    raise InvalidTypeError(f"cannot view a {type(a).__name__} as {dtype}: it has no view(dtype)")
 
 
 def _native(a: np.ndarray) -> np.ndarray:
@@ -90,7 +91,7 @@ def _source(x: Any) -> Format:
     try:
         return get_format(x.dtype)
     except (TypeError, AttributeError):
-        raise TypeError(
+        raise InvalidTypeError(
             f"cannot cast a {type(x).__name__} of dtype {getattr(x, 'dtype', None)}: the sources are float "
             "and integer arrays (float16/32/64, bfloat16, the float8/6/4 types, int8..int64, uint8..uint64)"
         ) from None
@@ -126,11 +127,11 @@ def cast_lazy(x: Any, target: Format, options: CastOptions, piece: Piece) -> Any
     chunks = list(x.chunks)
     if source.kind == "packed" and target.kind != "packed":
         if not x.ndim:
-            raise ValueError(f"a 0-d array of {source.name} containers cannot be unpacked")
+            raise InvalidValueError(f"a 0-d array of {source.name} containers cannot be unpacked")
         chunks[-1] = tuple(4 * c for c in x.chunks[-1])
     elif target.kind == "packed" and source.kind != "packed":
         if not x.ndim or x.shape[-1] % 4:
-            raise ValueError(
+            raise InvalidValueError(
                 f"casting to {target.name} packs 4 consecutive elements of the last axis into one container, "
                 f"so the last axis must be a multiple of 4; got shape {x.shape}"
             )

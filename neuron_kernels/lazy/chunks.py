@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidValueError
+
 __all__ = ["aligned", "block_chunks", "rechunk_for", "contiguous_runs", "chunk_shape"]
 
 Chunks = tuple[tuple[int, ...], ...]
@@ -74,7 +76,9 @@ def contiguous_runs(
     partial = [j for j in range(n) if tuple(location[j]) != (0, shape[j])]
     k = partial[-1] if partial else 0
     if first is not None and k > first:
-        raise ValueError(f"chunks along axis {k} split the rows of the blocks of axis {first}")  # pragma: no cover
+        raise InvalidValueError(
+            f"chunks along axis {k} split the rows of the blocks of axis {first}"
+        )  # pragma: no cover
     strides = [int(np.prod(shape[j + 1 :], dtype=np.int64)) for j in range(n)]
     base = sum(location[j][0] * strides[j] for j in range(n))
     extents = [location[j][1] - location[j][0] for j in range(k)]

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..blocks.stats import QuantizationError
+from ..blocks.stats import QuantizationStats
+from ..errors import ClusterError
 from ..files import FileFormatError, atomic_output
 from . import require
 
@@ -95,7 +96,7 @@ def _regular(chunks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
     return tuple(max(c[0], 1) if c else 1 for c in chunks)
 
 
-def _record(q: Any, source: str, stats: QuantizationError | None) -> dict[str, Any]:
+def _record(q: Any, source: str, stats: QuantizationStats | None) -> dict[str, Any]:
     record: dict[str, Any] = {
         "format": q.fmt,
         "shape": list(q.shape),
@@ -136,7 +137,7 @@ def quantize_to_zarr(
     quantize: Callable[..., Any],
     error: Callable[[Any, Any], Any],
     **options: Any,
-) -> dict[str, QuantizationError]:
+) -> dict[str, QuantizationStats]:
     """Quantise every entry to ``fmt`` into the Zarr store ``output`` (see the module docstring),
     chunk by chunk on the current Dask scheduler; the statistics of each array.
 
@@ -145,7 +146,7 @@ def quantize_to_zarr(
     zarr = require("zarr", "a Zarr output")
     da = require("dask.array", "a Zarr output")
     dask = require("dask", "a Zarr output")
-    stats: dict[str, QuantizationError] = {}
+    stats: dict[str, QuantizationStats] = {}
     with atomic_output(output, force, inputs, directory=True) as tmp:
         root = zarr.open_group(tmp, mode="w")
         sources, targets, delayed, records = [], [], [], []
@@ -215,7 +216,7 @@ def scheduler(address: str | None = None, workers: int | None = None) -> Iterato
             try:
                 client = stack.enter_context(distributed.Client(address, timeout="20s"))
             except OSError as exc:
-                raise RuntimeError(f"cannot reach the Dask scheduler at {address!r}: {exc}") from None
+                raise ClusterError(f"cannot reach the Dask scheduler at {address!r}: {exc}") from None
         else:
             cluster = stack.enter_context(
                 distributed.LocalCluster(
