@@ -54,7 +54,10 @@ __all__ = [
     "unpack_fp4_axis",
 ]
 
-FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST = (SCALE_MODES.index(m) for m in SCALE_MODES)
+#: Scale-mode ids, bound by name: an id is the mode's index in ``modes.SCALE_MODES``.
+FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST = (
+    SCALE_MODES.index(m) for m in ("floor", "ceil", "even", "rceil", "neuron", "nearest")
+)
 
 #: Scale policies, as the kernels number them: the plain rule, four-over-six by each error
 #: measure of ``modes.FOUR_OVER_SIX``, then each search of ``modes.SCALE_SEARCHES``.
@@ -63,7 +66,9 @@ POLICIES: tuple[tuple[str, str] | None, ...] = (
     *(("four_over_six", m) for m in FOUR_OVER_SIX),
     *(("scale_search", m) for m in SCALE_SEARCHES),
 )
-PLAIN, FOUR_SIX_MAE, FOUR_SIX_MSE, SEARCH_MSE = range(len(POLICIES))
+PLAIN, FOUR_SIX_MAE, FOUR_SIX_MSE, SEARCH_MSE = (
+    POLICIES.index(p) for p in (None, ("four_over_six", "mae"), ("four_over_six", "mse"), ("scale_search", "mse"))
+)
 
 #: Where a tile kernel stores two 4-bit codes per byte: not at all, along R or along C.
 PACK_NONE, PACK_ROWS, PACK_COLS = 0, 1, 2
