@@ -307,6 +307,11 @@ GPTOSS_NOT_CONVERTED: tuple[str, ...] = (
 )
 
 
+def _is_expert(name: str) -> bool:
+    """Whether ``name`` is one of gpt-oss's expert parameters (:data:`GPTOSS_EXPERTS`)."""
+    return any(fnmatch.fnmatchcase(name, p) for p in GPTOSS_EXPERTS)
+
+
 def expert_decision(
     name: str,
     dtype: Any,
@@ -320,7 +325,7 @@ def expert_decision(
     Quantised: a float tensor matching :data:`GPTOSS_EXPERTS`, 3-D ([E, in, out]) with ``in`` a
     multiple of ``block_size``, and not kept by ``ignore`` / ``only``. Everything else (attention,
     router, embeddings, ``lm_head``, biases, sinks) stays as gpt-oss keeps it."""
-    if not any(fnmatch.fnmatchcase(name, p) for p in GPTOSS_EXPERTS):
+    if not _is_expert(name):
         return "kept as gpt-oss keeps it (MXFP4 holds the experts' gate_up_proj / down_proj only)"
     why = _not_a_float(dtype)
     if why is not None:
@@ -678,7 +683,7 @@ def _expert_modules(names: Any) -> set[str]:
 
 def _gptoss_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
     """gpt-oss's ``modules_to_not_convert``, and the experts modules kept in bfloat16 (by --ignore)."""
-    experts = sorted(_expert_modules(n for n, _ in kept if any(fnmatch.fnmatchcase(n, p) for p in GPTOSS_EXPERTS)))
+    experts = sorted(_expert_modules(n for n, _ in kept if _is_expert(n)))
     return {"quant_method": "mxfp4", "modules_to_not_convert": list(GPTOSS_NOT_CONVERTED) + experts}
 
 
@@ -696,9 +701,7 @@ def _gptoss_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
             f"{ckpt.path}: no gpt-oss expert parameters ({', '.join(GPTOSS_EXPERTS)}) to quantise; the mxfp4 "
             f"layout holds nothing else; {fit}"
         )
-    half = _expert_modules(quantised) & _expert_modules(
-        n for n in ckpt.tensors if n not in quantised and any(fnmatch.fnmatchcase(n, p) for p in GPTOSS_EXPERTS)
-    )
+    half = _expert_modules(quantised) & _expert_modules(n for n in ckpt.tensors if n not in quantised and _is_expert(n))
     if half:
         raise FileFormatError(
             f"{ckpt.path}: {sorted(half)[0]}: transformers converts an experts module whole; quantise both its "
@@ -725,7 +728,7 @@ def _gptoss_weights(ckpt: Checkpoint) -> list[StoredWeight]:
         if not name.endswith(("_blocks", "_scales")):
             continue
         base = name[: -len("_blocks")]  # as long as "_scales"
-        if not any(fnmatch.fnmatchcase(base, p) for p in GPTOSS_EXPERTS):
+        if not _is_expert(base):
             raise FileFormatError(
                 f"{ckpt.path}: {name} is not an expert parameter ({', '.join(GPTOSS_EXPERTS)}), the only tensors "
                 f"the mxfp4 layout stores in blocks; its runtime would not load it"
@@ -751,14 +754,10 @@ def _gptoss_weights(ckpt: Checkpoint) -> list[StoredWeight]:
             )
         )
     if ckpt.quantization_config is not None:
-        kept = _not_converted(ckpt)
+        kept, stored = _not_converted(ckpt), {w.name for w in found}
         for name in t:
             module = name.rpartition(".")[0]
-            if (
-                any(fnmatch.fnmatchcase(name, p) for p in GPTOSS_EXPERTS)
-                and not any(_module_matches(module, p) for p in kept)
-                and not any(w.name == name for w in found)
-            ):
+            if _is_expert(name) and not any(_module_matches(module, p) for p in kept) and name not in stored:
                 raise FileFormatError(
                     f"{ckpt.path}: quantization_config (mxfp4) promises {name} in MXFP4 ({module} is not in "
                     f"modules_to_not_convert), but it is a plain {t[name].dtype} tensor"

@@ -80,7 +80,7 @@ EXPECTED_GROUPS = (
     + [(f"{L1}mlp.experts.{e}.gate_proj.weight", f"{L1}mlp.experts.{e}.up_proj.weight") for e in range(2)]
     + [(f"{L2}block_sparse_moe.experts.{e}.w1.weight", f"{L2}block_sparse_moe.experts.{e}.w3.weight") for e in range(2)]
 )
-MOE = [g for g in EXPECTED_GROUPS if ".experts." in g[0]]
+GROUPS_0 = tuple(L0 + m + ".weight" for m in GROUPS[0])
 
 
 def test_fused_groups_from_the_table():
@@ -157,9 +157,6 @@ def test_the_vllm_rule_dequantises_every_shard_well(converted):
     k = L0 + "self_attn.k_proj"
     k_alone = sqnr_db(t[k + ".weight"].astype(np.float32), dequantise(alone, k, vllm_global_scale(alone, GROUPS_0, k)))
     assert k_alone < 3 and worst_alone < 3, (k_alone, worst_alone)
-
-
-GROUPS_0 = tuple(L0 + m + ".weight" for m in GROUPS[0])
 
 
 def test_no_fuse_gives_each_shard_its_own_scale(converted):
