@@ -701,7 +701,8 @@ def _gptoss_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
             f"{ckpt.path}: no gpt-oss expert parameters ({', '.join(GPTOSS_EXPERTS)}) to quantise; the mxfp4 "
             f"layout holds nothing else; {fit}"
         )
-    half = _expert_modules(quantised) & _expert_modules(n for n in ckpt.tensors if n not in quantised and _is_expert(n))
+    done = set(quantised)
+    half = _expert_modules(done) & _expert_modules(n for n in ckpt.tensors if n not in done and _is_expert(n))
     if half:
         raise FileFormatError(
             f"{ckpt.path}: {sorted(half)[0]}: transformers converts an experts module whole; quantise both its "

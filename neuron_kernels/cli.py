@@ -843,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _compile_notice(args):
             return int(args.func(args))
-    except (_UsageError, NeuronKernelsError, OSError) as exc:  # the caller's mistakes; anything else is a bug
+    except (NeuronKernelsError, OSError) as exc:  # the caller's mistakes (_UsageError too); else a bug
         message = (
             str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"
         )
