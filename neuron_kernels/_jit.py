@@ -10,6 +10,7 @@ arguments are converted to ``uint32`` first, so literals can be passed as they a
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
@@ -56,16 +57,36 @@ JIT_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "fastmath": False, 
 
 #: The package's files that compiled code, or a constant compiled into it, comes from (folders:
 #: every ``.py`` file in them). A kernel inlines helpers of other files than its own, and numba's
-#: cache sees only the kernel's own file, so the cache keys carry a digest of all of these.
+#: cache sees only the kernel's own file, so the cache keys carry a digest of the code of all of
+#: these (the dtype API, which no kernel compiles, lives in ``dtypes.py``, outside this list).
 KERNEL_SOURCES = ("_jit.py", "kernels", "formats.py", "modes.py")
 
 
-@functools.cache
-def _sources_digest() -> str | None:
-    """SHA-256 of the names and bytes of the files of :data:`KERNEL_SOURCES`, read once per process
-    (so it describes the code this process imported, even if the files change later); ``None``
-    where one of them cannot be read (then nothing is cached on disk)."""
-    root = os.path.dirname(os.path.abspath(__file__))
+class _DropDocstrings(ast.NodeTransformer):
+    """Removes every statement that is a bare string (docstrings, attribute docstrings)."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            node.body = kept or [ast.Pass()]  # type: ignore[attr-defined]
+        return node
+
+
+def _code_of(data: bytes) -> bytes:
+    """What of a source file can change compiled code: its syntax tree without docstrings, comments,
+    line numbers or layout (so that editing any of those keeps every cached kernel); the bytes
+    themselves where the file does not parse."""
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return data
+    return ast.dump(_DropDocstrings().visit(tree), include_attributes=False).encode()
+
+
+def _kernel_files(root: str) -> list[str]:
+    """The files of :data:`KERNEL_SOURCES`, relative to the package folder ``root``, sorted."""
     names: list[str] = []
     for entry in KERNEL_SOURCES:
         path = os.path.join(root, entry)
@@ -76,16 +97,46 @@ def _sources_digest() -> str | None:
             subfolders[:] = [d for d in subfolders if d != "__pycache__"]
             rel = os.path.relpath(folder, root)
             names.extend(os.path.join(rel, f).replace(os.sep, "/") for f in files if f.endswith(".py"))
-    digest = hashlib.sha256()
+    return sorted(names)
+
+
+@functools.cache
+def _sources_digest() -> str | None:
+    """SHA-256 of the names and the code (:func:`_code_of`) of the files of :data:`KERNEL_SOURCES`,
+    read once per process (so it describes the code this process imported, even if the files
+    change later); ``None`` where one of them cannot be read (then nothing is cached on disk).
+
+    Parsing the files costs a fraction of a second, so the result is remembered in a small file
+    named by the digest of the files' bytes (cheap to compute) beside numba's cache; where that
+    folder cannot be written, it is computed every time."""
+    root = os.path.dirname(os.path.abspath(__file__))
     try:
-        for name in sorted(names):
+        sources = []
+        for name in _kernel_files(root):
             with open(os.path.join(root, name), "rb") as f:
-                data = f.read()
-            digest.update(f"{name}\0{len(data)}\0".encode())
-            digest.update(data)
+                sources.append((name, f.read()))
     except OSError:
         return None
-    return digest.hexdigest()
+    raw = hashlib.sha256(b"".join(f"{n}\0{len(d)}\0".encode() + d for n, d in sources)).hexdigest()
+    memo = os.path.join(numba.config.CACHE_DIR or os.path.join(root, "__pycache__"), f"nk-code-{raw[:32]}.txt")
+    with contextlib.suppress(OSError, ValueError):
+        with open(memo, encoding="ascii") as f:
+            known = f.read().strip()
+        if len(known) == 64:
+            return known
+    digest = hashlib.sha256()
+    for name, data in sources:
+        code = _code_of(data)
+        digest.update(f"{name}\0{len(code)}\0".encode())
+        digest.update(code)
+    result = digest.hexdigest()
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        tmp = f"{memo}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(result)
+        os.replace(tmp, memo)
+    return result
 
 
 @contextlib.contextmanager
