@@ -8,7 +8,6 @@ may crash or hang the interpreter in a subprocess of its own. Every subprocess s
 checkout (``child_env``), whatever its working directory.
 """
 
-import contextlib
 import functools
 import json
 import os
@@ -16,7 +15,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
@@ -348,69 +346,34 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-@contextlib.contextmanager
-def _locked(path):
-    """An exclusive lock on the file ``path`` (between the processes of one pytest run)."""
-    import fcntl
-
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _other_clients(client) -> int:
-    """How many clients besides ``client`` the scheduler serves (its own fire-and-forget one aside)."""
-    names = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.clients))
-    return sum(1 for n in names if n != client.id and n != "fire-and-forget")
-
-
 @pytest.fixture(scope="session")
-def dask_client(tmp_path_factory):
-    """A ``distributed.Client`` of a LocalCluster of two worker processes (one thread each), shared by
-    every test that runs on a cluster (starting one takes seconds); the default scheduler while it
-    is open. Skipped without the ``dask`` extra.
-
-    Under pytest-xdist one cluster serves every test process: the first to need it starts it and
-    records its address; the others connect to it; its owner closes it once no other process is
-    connected (under the same lock, so none connects meanwhile; a process that comes later starts
-    a new one)."""
+def dask_client():
+    """A ``distributed.Client`` of a LocalCluster whose scheduler and two workers (one thread each)
+    run as threads of this test process: the real scheduler, its task graph and its workers, without
+    the start-up and memory of more processes beside the test workers; the default scheduler while
+    it is open. Tests where separate processes are the point (pickling across processes, a worker
+    that dies) use ``process_cluster`` instead. Skipped without the ``dask`` extra."""
     distributed = pytest.importorskip("distributed")
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        with (
-            distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", worker_dashboard_address=":0"
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            yield client
-        return
-    shared = tmp_path_factory.getbasetemp().parent
-    lock, record = shared / "dask-cluster.lock", shared / "dask-cluster.address"
-    cluster = None
-    with _locked(lock):
-        if record.exists():
-            client = distributed.Client(record.read_text(), timeout="30s")
-        else:
-            cluster = distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", worker_dashboard_address=":0"
-            )
-            client = distributed.Client(cluster)
-            record.write_text(cluster.scheduler_address)
-    try:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0", worker_dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         yield client
-    finally:
-        if cluster is None:
-            client.close()
-        else:
-            deadline = time.monotonic() + 600
-            while True:
-                with _locked(lock):
-                    if _other_clients(client) == 0 or time.monotonic() > deadline:
-                        record.unlink(missing_ok=True)
-                        break
-                time.sleep(0.2)
-            client.close()
-            cluster.close()
+
+
+@pytest.fixture
+def process_cluster(dask_client):
+    """A ``distributed.Client`` of a LocalCluster of two worker processes (one thread each), for the
+    tests where processes are the point; it is the default scheduler while the test runs and is
+    closed after it."""
+    import distributed
+
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", worker_dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client

@@ -1,7 +1,9 @@
-"""Casts and block formats on Dask arrays, computed on a real ``dask.distributed.LocalCluster`` of two
-worker processes, against the in-memory functions (the oracle) bit for bit.
+"""Casts and block formats on Dask arrays, computed on a real ``dask.distributed.LocalCluster``,
+against the in-memory functions (the oracle) bit for bit.
 
-One cluster (``dask_client`` of conftest) serves all the cluster tests (starting one takes seconds).
+One cluster of two worker threads (``dask_client`` of conftest) serves most tests; where separate
+processes are the point (the graph and the block arrays pickled across them, a worker that dies), a
+cluster of two worker processes (``process_cluster``).
 The arrays are small; the kernels are the ones the rest of the suite compiles (float32 sources,
 default rounding) plus the stochastic variants the C-order offsets are about. The in-memory result
 is computed first, so that the workers load the kernels from the compilation cache instead of
@@ -112,6 +114,16 @@ def test_mx_stochastic_and_packed_fp4_on_cluster(client, x):
 
 @pytest.mark.parametrize("chunks", [(3, 40), (8, 16)])
 def test_nvfp4_on_cluster(client, x, chunks):
+    _nvfp4_on(x, chunks)
+
+
+def test_nvfp4_on_worker_processes(process_cluster, x):
+    """The same on worker processes: the graph, the kernels' arguments and the block arrays
+    (with their per-tensor scale) travel pickled between processes."""
+    _nvfp4_on(x, (3, 40))
+
+
+def _nvfp4_on(x, chunks):
     expected = nk.quantize_nvfp4(x)
     dx = da.from_array(x, chunks=chunks)
     q = nk.quantize_nvfp4(dx)  # the per-tensor scale: a Dask reduction, computed now
@@ -127,13 +139,14 @@ def _slowly(block):
     return block
 
 
-def test_worker_killed_mid_job(client, rng):
+def test_worker_killed_mid_job(process_cluster, rng):
     """One worker process dies while the job runs: the scheduler reruns its tasks elsewhere (and
     the nanny restarts it); the result is complete and identical."""
     x = rng.standard_normal((64, 64)).astype(np.float32)
     expected = nk.quantize_mx(x, "mxfp8_e4m3")
     slow = da.from_array(x, chunks=(4, 64)).map_blocks(_slowly, dtype=np.float32)
     q = nk.quantize_mx(slow, "mxfp8_e4m3")
+    client = process_cluster
     codes, scales = client.compute([q.codes, q.scales])
     deadline = time.monotonic() + 30
     while not any(client.processing().values()) and time.monotonic() < deadline:
