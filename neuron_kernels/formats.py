@@ -101,7 +101,12 @@ class Format:
 
     @property
     def has_negative_zero(self) -> bool:
-        return self.kind == "float" and self.specials in ("ieee", "fn", "none")
+        return self.kind == "float" and self.signed and self.specials in ("ieee", "fn", "none")
+
+    @property
+    def magnitude_bits(self) -> int:
+        """The bits of a code that are not its sign (all of them in an unsigned format)."""
+        return self.bits - 1 if self.signed else self.bits
 
     @property
     def max_exponent_field(self) -> int:
@@ -131,15 +136,13 @@ class Format:
 
     @property
     def nan_code(self) -> int | None:
-        """The positive quiet NaN code (fnuz: the only NaN, 0x80)."""
+        """The positive quiet NaN code (fn and e8m0: every magnitude bit set; fnuz: the only NaN, 0x80)."""
         if self.specials == "ieee":
             return (((1 << self.ebits) - 1) << self.mbits) | (1 << (self.mbits - 1))
-        if self.specials == "fn":
-            return (1 << (self.bits - 1)) - 1
+        if self.specials in ("fn", "e8m0"):
+            return (1 << self.magnitude_bits) - 1
         if self.specials == "fnuz":
             return 1 << (self.bits - 1)
-        if self.specials == "e8m0":
-            return (1 << self.bits) - 1
         return None
 
     @property
@@ -162,7 +165,9 @@ class Format:
     def lowest(self) -> float:
         if self.kind == "int":
             return float(np.iinfo(self.name).min)
-        return -self.max if self.signed else self.smallest_normal
+        if self.signed:
+            return -self.max
+        return self.smallest_normal if self.specials == "e8m0" else 0.0  # e8m0 has no zero
 
     @property
     def smallest_normal(self) -> float:
@@ -194,6 +199,16 @@ class Format:
     def storage_dtype(self) -> np.dtype:
         """The unsigned integer dtype of the same width: what the kernels see."""
         return np.dtype(f"uint{8 * self.itemsize}")
+
+
+def _has_numpy_dtype(name: str) -> bool:
+    if hasattr(ml_dtypes, name):
+        return True
+    try:
+        np.dtype(name)
+    except TypeError:
+        return False
+    return True
 
 
 def _numpy_dtype(name: str) -> np.dtype:
@@ -273,6 +288,9 @@ def _float(
 ) -> Format:
     width = 1 + ebits + mbits if signed else ebits + mbits
     numpy_name = None if container else name
+    if numpy_name is not None and not _has_numpy_dtype(name):
+        # a format newer than the installed ml_dtypes: its codes in plain unsigned integers
+        numpy_name, container = None, f"uint{8 * itemsize}"
     return Format(
         name=name,
         kind="float",
@@ -349,6 +367,7 @@ _TABLE: tuple[Format, ...] = (
     _float("float8_e5m2", 5, 2, 15, "ieee"),
     _float("float8_e5m2fnuz", 5, 2, 16, "fnuz"),
     _float("float8_e3m4", 3, 4, 3, "ieee"),
+    _float("float8_e5m3fnu", 5, 3, 15, "fn", signed=False),
     _float("float6_e2m3fn", 2, 3, 1, "none"),
     _float("float6_e3m2fn", 3, 2, 3, "none"),
     _float("float4_e2m1fn", 2, 1, 1, "none"),

@@ -19,9 +19,11 @@ Public names:
 - ``magnitudes_ref(name)``: the sorted finite non-negative values, index = magnitude code
 - ``encode_ref(x, name, rounding, saturate, rand)``: float32 values -> codes
 - ``decode_ref(codes, name)``: codes -> float32 values
-- ``float64_to_target_ref(x64, name)``: ml_dtypes' default double rounding for float64 sources
+- ``float64_to_target_ref(x64, name)``: float64 rounded to float32 first, then encoded (how the
+  block formats read float64; ml_dtypes 0.6.0's casts)
 - ``encode_float64_ref(x64, name, rounding, saturate, rand)``: float64 values -> codes, rounding
   the exact float64 value once (no intermediate float32)
+- ``int_to_target_ref(x, name, rounding, saturate)``: integers -> codes, one rounding of the integer
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class FormatRef:
         What a finite overflow gives by default: ``"inf"``, ``"nan"`` (the NaN code of the sign)
         or ``"max"`` (float6 / float4 saturate). +-inf inputs give the same code.
     signed:
-        False only for e8m0 (no sign bit; 0 and negatives are NaN).
+        False for e8m0 and e5m3fnu (no sign bit): negatives are NaN, -0 is 0 (e8m0: 0 is NaN too).
     subnormals:
         False only for e8m0 (code 0 is 2^-127, not zero).
     code_shift:
@@ -270,6 +272,26 @@ FORMATS_REF: dict[str, FormatRef] = {
         _ieee("float8_e5m2", 5, 2, 15, np.uint8, 0x7B, 57344.0, 2.0**-14, 2.0**-16, nan_codes=(0x7E, 0xFE)),
         _fnuz("float8_e5m2fnuz", 5, 2, 16, 57344.0, 2.0**-15, 2.0**-17),
         _ieee("float8_e3m4", 3, 4, 3, np.uint8, 0x6F, 15.5, 2.0**-2, 2.0**-6, nan_codes=(0x78, 0xF8)),
+        # ml_dtypes 0.7.0's unsigned FP8: no sign bit, subnormals, 0xff the only NaN, no infinity
+        FormatRef(
+            "float8_e5m3fnu",
+            5,
+            3,
+            15,
+            np.uint8,
+            0xFE,
+            114688.0,
+            2.0**-14,
+            2.0**-17,
+            inf=False,
+            nan="fn",
+            nan_codes=(0xFF, 0xFF),
+            nan_payload_encode=False,
+            nan_payload_decode=False,
+            signed_zero=False,
+            overflow="nan",
+            signed=False,
+        ),
         _small_fn("float6_e2m3fn", 2, 3, 1, 0x1F, 7.5, 1.0, 0.125),
         _small_fn("float6_e3m2fn", 3, 2, 3, 0x1F, 28.0, 0.25, 0.0625),
         _small_fn("float4_e2m1fn", 2, 1, 1, 0x07, 6.0, 1.0, 0.5),
@@ -408,8 +430,8 @@ def _encode_one(fmt: FormatRef, bits: int, x: float, mode: str, saturate: bool, 
     negative = bool(bits >> 31)
     if math.isnan(x):
         return _nan_code(fmt, bits)
-    if not fmt.signed and (negative or x == 0.0):
-        return fmt.nan_codes[0]  # e8m0: 0, -0, negatives and -inf are NaN
+    if not fmt.signed and (negative or x == 0.0) and not (x == 0.0 and fmt.subnormals):
+        return fmt.nan_codes[0]  # unsigned: negatives and -inf are NaN; e8m0 (no zero): 0 and -0 too
     if math.isinf(x):
         return _overflow_code(fmt, negative, saturate)
     values, beyond = _magnitude_table(fmt.name)
@@ -476,9 +498,21 @@ def encode_ref(x, name: str, rounding: str = "nearest_even", saturate: bool = Fa
 
 
 def float64_to_target_ref(x64, name: str) -> np.ndarray:
-    """ml_dtypes' default for float64 sources: round to float32 (nearest even), then encode."""
+    """float64 rounded to float32 (nearest even), then encoded: two roundings (ml_dtypes 0.6.0's casts)."""
     with np.errstate(over="ignore", invalid="ignore"):
         return encode_ref(np.asarray(x64, dtype=np.float64).astype(np.float32), name)
+
+
+def int_to_target_ref(x, name: str, rounding: str = "nearest_even", saturate: bool = False) -> np.ndarray:
+    """Encode integers into format ``name`` with one rounding of the exact integer (ml_dtypes 0.7.0;
+    no float32 or float64 on the way). Python compares an int with a float exactly, so the rules of
+    ``encode_ref`` apply to the integer as it is. ``stochastic`` is not offered here."""
+    fmt = FORMATS_REF[name]
+    if rounding not in ROUNDING_MODES or rounding == "stochastic":
+        raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDING_MODES[:-1]}")
+    x = np.asarray(x)
+    codes = [_encode_one(fmt, 0x80000000 if v < 0 else 0, v, rounding, saturate, 0) for v in x.reshape(-1).tolist()]
+    return np.array(codes, dtype=fmt.container).reshape(x.shape)
 
 
 def encode_float64_ref(x64, name: str, rounding: str = "nearest_even", saturate: bool = False, rand=None) -> np.ndarray:

@@ -26,6 +26,7 @@ from .reference_casts import (
     encode_float64_ref,
     encode_ref,
     float64_to_target_ref,
+    int_to_target_ref,
     magnitudes_ref,
 )
 
@@ -299,28 +300,29 @@ def test_float64_to_float16_default_rounds_once_like_numpy():
 
 
 @pytest.mark.parametrize("name", [n for n in SMALL_SOURCES if n not in ("float16", "float8_e8m0fnu")])
-def test_float64_source_default_double_rounding_like_ml_dtypes(name):
+def test_float64_source_default_rounds_once_like_ml_dtypes(name):
     x = float64_inputs(name)
     got = codes_of(nk.cast(x, name))
     with np.errstate(over="ignore", invalid="ignore"):
         ml = x.astype(ML_DTYPES[name]).view(f"uint{8 * ML_DTYPES[name].itemsize}")
     assert_same(x, got, ml, f"float64 -> {name} against ml_dtypes")
-    assert_same(x, got, float64_to_target_ref(x, name), f"float64 -> {name} against the reference")
-    assert (encode_float64_ref(x, name) != got).sum() > 10, "the default must round twice here"
+    assert_same(x, got, encode_float64_ref(x, name), f"float64 -> {name} against the reference")
+    assert (float64_to_target_ref(x, name) != got).sum() > 10, "the input set must tell single from double rounding"
 
 
 @pytest.mark.parametrize("name", ["float8_e8m0fnu", "tfloat32"])
-def test_float64_source_default_double_rounding_without_ml_dtypes(name):
+def test_float64_source_default_rounds_once_without_ml_dtypes(name):
     x = float64_inputs(name)
     got = codes_of(nk.cast(x, name))
-    assert_same(x, got, float64_to_target_ref(x, name), f"float64 -> {name}")
+    assert_same(x, got, encode_float64_ref(x, name), f"float64 -> {name}")
 
 
-def test_float64_named_double_rounding():
-    # docs/casts.md: 1.0625 + 2^-40 -> e4m3fn 0x38 (float32 makes it the tie 1.0625; to even: 1.0)
-    assert codes_of(nk.cast(np.array([1.0625 + 2.0**-40]), "float8_e4m3fn")).tolist() == [0x38]
-    # every other mode rounds the float64 value once: it is above the tie, so nearest_away -> 0x39,
-    # toward_positive -> 0x39, toward_zero -> 0x38
+def test_float64_named_single_rounding():
+    # docs/casts.md: 1.0625 + 2^-40 -> e4m3fn 0x39: the float64 value is above the tie 1.0625 (through
+    # float32, which makes it the tie itself, it would go to the even 0x38)
+    assert codes_of(nk.cast(np.array([1.0625 + 2.0**-40]), "float8_e4m3fn")).tolist() == [0x39]
+    # every mode rounds the float64 value once: nearest_away -> 0x39, toward_positive -> 0x39,
+    # toward_zero -> 0x38
     for rounding, code in [("nearest_away", 0x39), ("toward_positive", 0x39), ("toward_zero", 0x38)]:
         got = nk.cast(np.array([1.0625 + 2.0**-40]), "float8_e4m3fn", rounding=rounding)
         assert codes_of(got).tolist() == [code], rounding
@@ -329,9 +331,9 @@ def test_float64_named_double_rounding():
     # 1 + 2^-30: toward_positive of the float64 value is the next e4m3fn value (0x39), although
     # float32 would round it to exactly 1.0
     assert codes_of(nk.cast(np.array([1 + 2.0**-30]), "float8_e4m3fn", rounding="toward_positive")).tolist() == [0x39]
-    # e8m0: 3 + 2^-30 -> float32 gives the tie 3 -> 0x80 (even) by default; 3 - 2^-30 is below the
-    # tie, so nearest_away of the float64 value -> 0x80 (through float32 it would be 0x81)
-    assert codes_of(nk.cast(np.array([3 + 2.0**-30]), "float8_e8m0fnu")).tolist() == [0x80]
+    # e8m0: 3 + 2^-30 is above the tie 3 (float32 would make it the tie, to even 0x80): 4 = 0x81;
+    # 3 - 2^-30 is below it, so nearest_away of the float64 value -> 0x80 (through float32 it would be 0x81)
+    assert codes_of(nk.cast(np.array([3 + 2.0**-30]), "float8_e8m0fnu")).tolist() == [0x81]
     assert codes_of(nk.cast(np.array([3 - 2.0**-30]), "float8_e8m0fnu", rounding="nearest_away")).tolist() == [0x80]
 
 
@@ -401,6 +403,7 @@ def _narrowing_cases() -> list[tuple[str, str, str, bool]]:
     plus e8m0 from a few sources (its encoder is separate)."""
     targets = [
         "float8_e4m3fn",
+        "float8_e5m3fnu",
         "float8_e5m2",
         "float8_e4m3fnuz",
         "float8_e3m4",
@@ -488,13 +491,13 @@ def test_integer_source_matches_ml_dtypes(source, target):
     x = int_inputs(source)
     got = codes_of(nk.cast(x, target))
     with np.errstate(over="ignore", invalid="ignore"):
-        via_f32 = encode_ref(x.astype(np.float32), target)
+        once = int_to_target_ref(x, target)
         if target == "float8_e8m0fnu":
-            want = via_f32  # the tie rule of docs/casts.md, not ml_dtypes 0.6.0's
+            want = once  # the tie rule of docs/casts.md, not ml_dtypes'
         else:
             want = x.astype(ML_DTYPES[target]).view(f"uint{8 * ML_DTYPES[target].itemsize}")
     assert_same(x, got, want, f"{source} -> {target}")
-    assert_same(x, got, via_f32, f"{source} -> {target} (through float32)")
+    assert_same(x, got, once, f"{source} -> {target} (the reference)")
 
 
 @pytest.mark.parametrize("source, target", [("int64", "float32"), ("uint64", "float64")])
@@ -707,15 +710,11 @@ def test_pack_from_integer_and_float64_sources(source, packed, rounding):
     if source == "float64":
         x = float64_inputs(element)
         x = x[: x.size - x.size % 16].reshape(-1, 16)
-        codes = (
-            float64_to_target_ref(x, element)
-            if rounding == "nearest_even"  # the default rounds twice
-            else encode_float64_ref(x, element, rounding=rounding)
-        )
+        codes = encode_float64_ref(x, element, rounding=rounding)
     else:
         x = int_inputs(source)
         x = x[: x.size - x.size % 16].reshape(-1, 16)
-        codes = encode_ref(x.astype(np.float32), element, rounding=rounding)
+        codes = int_to_target_ref(x, element, rounding=rounding)
     got = nk.cast(x, packed, rounding=rounding)
     assert got.dtype == container
     np.testing.assert_array_equal(got, pack_vectorised(codes, lane_bits, container))

@@ -93,13 +93,14 @@ def mode_id(rounding: str) -> int:
 
 # Where a kernel's float32 patterns come from / go to.
 SOURCE_F32 = 0  # a float32 (or tfloat32/float32r) array
-SOURCE_F64_NEAREST = 1  # float64, rounded to float32 to nearest even first (ml_dtypes' double rounding)
+SOURCE_F64_NEAREST = 1  # float64, rounded to float32 to nearest even first (the block formats' reading)
 SOURCE_F64_ODD = 2  # float64, rounded to float32 "to odd": one correct rounding follows
 SOURCE_CODES = 3  # codes of a small format, decoded exactly
-SOURCE_INT = 4  # integers, converted to float32 (round to nearest even), as ml_dtypes does
+SOURCE_INT = 4  # integers, converted to float32 (round to nearest even): for float32 targets
 SOURCE_F64_SPLIT = 5  # float64 truncated to float32, the rest kept as 32 more bits (stochastic rounding)
 SOURCE_BF16 = 6  # bfloat16 codes: the top half of a float32 pattern
 SOURCE_F16 = 7  # float16 codes: the hardware conversion, NaN payloads kept
+SOURCE_INT_ODD = 8  # integers, rounded to float32 "to odd" (exactly, see _int_to_f32_odd): one correct rounding follows
 TARGET_F32 = 0
 TARGET_F64 = 1
 TARGET_CODES = 2
@@ -120,6 +121,7 @@ class Codec(NamedTuple):
     mbits: int
     bias: int
     specials: int
+    sign_bit: int
     max_code: int
     nan_code: int
     inf_code: int
@@ -131,7 +133,7 @@ class Codec(NamedTuple):
 
 
 #: The codec argument of kernels whose source or target has none (float32, float64, integers).
-NO_CODEC = Codec(0, 0, 0, 0, 0, 0, 0, False, False, 0, 0, 0)
+NO_CODEC = Codec(0, 0, 0, 0, 0, 0, 0, 0, False, False, 0, 0, 0)
 
 
 def codec_of(fmt: Format) -> Codec:
@@ -143,6 +145,7 @@ def codec_of(fmt: Format) -> Codec:
         mbits=fmt.mbits,
         bias=fmt.bias,
         specials=SPECIALS.index(fmt.specials),
+        sign_bit=fmt.sign_code,
         max_code=fmt.max_code,
         nan_code=fmt.nan_code if fmt.nan_code is not None else 0,
         inf_code=fmt.inf_code if fmt.inf_code is not None else 0,
@@ -193,7 +196,8 @@ def encode(u, rnd, ext, c, mode, saturate):  # pragma: no cover - compiled
     """Code of the float32 pattern ``u`` in the format of :class:`Codec` ``c`` (every format with
     a mantissa: all but e8m0), rounded by ``mode``; ``rnd`` and ``ext`` as in
     :func:`round_significand`. Fixed-point formats (``FIXED``) saturate, encode NaN as 0 and
-    store the sign as two's complement of the magnitude code."""
+    store the sign as two's complement of the magnitude code. Unsigned formats (no sign bit)
+    give NaN for every negative input but -0 (ml_dtypes' rule), whatever the rounding."""
     mbits, kc, off, bits, specials = c.mbits, c.kc, c.off, c.bits, c.specials
     max_code, nan_code, inf_code, payload = c.max_code, c.nan_code, c.inf_code, c.payload_encode
     a = u32_and(u, 0x7FFFFFFF)
@@ -239,7 +243,10 @@ def encode(u, rnd, ext, c, mode, saturate):  # pragma: no cover - compiled
     mag = nan_out if a > 0x7F800000 else mag
 
     # The sign: XOR (ml_dtypes' rule for float6/float4; the same as OR elsewhere), except that
-    # fnuz formats have no negative zero and a single NaN, and fixed-point codes negate.
+    # fnuz formats have no negative zero and a single NaN, fixed-point codes negate, and an
+    # unsigned format has no negative values (a float64 below float32's range has ext != 0).
+    if c.sign_bit == 0:
+        return u32_or(u32_and(mag, 0), nan_code) if (neg == 1) & ((a != 0) | (ext != 0)) else mag
     if specials == FIXED:
         return u32_and(u32_sub(0, mag), (1 << bits) - 1) if neg == 1 else mag
     signed = (mag != 0) & (mag < sign_bit) if specials == FNUZ else mag == mag
@@ -299,8 +306,8 @@ def decode(c, f):  # pragma: no cover - compiled
         signed = np.int32(u32_shl(c, 32 - bits)) >> (32 - bits)
         return f32_bits(np.float32(signed) * np.float32(2.0**-mbits))
     sign_bit = 1 << (bits - 1)
-    neg = c >= sign_bit if specials == NONE else u32_and(c, sign_bit) != 0
-    mag = u32_and(c, sign_bit - 1)
+    neg = c >= sign_bit if specials == NONE else u32_and(c, f.sign_bit) != 0
+    mag = u32_and(c, sign_bit - 1 if f.sign_bit != 0 else 0xFFFFFFFF)
     ex = u32_shr(mag, mbits)
     mant = u32_and(mag, (1 << mbits) - 1)
     normal = u32_add(u32_shl(mag, 23 - mbits), (127 - bias) << 23)
@@ -314,7 +321,7 @@ def decode(c, f):  # pragma: no cover - compiled
         nan = u32_or(u32_shl(mant, 23 - mbits), 0x7F800000) if payload else quiet
         v = (0x7F800000 if mant == 0 else nan) if ex == top else v
     elif specials == FN:
-        v = 0x7FC00000 if mag == sign_bit - 1 else v
+        v = 0x7FC00000 if mag == f.nan_code else v
     v = u32_or(v, u32_shl(neg, 31))
     if specials == FNUZ:
         v = 0xFFC00000 if c == sign_bit else v
@@ -344,6 +351,21 @@ def _f64_to_f32_odd(x):  # pragma: no cover - compiled
     back = np.float64(y)
     b = u32_sub(b, 1) if abs(back) > abs(x) else b
     return u32_or(b, 1) if (back != x) & (x == x) else b
+
+
+@jit
+def _int_to_f32_odd(x):  # pragma: no cover - compiled
+    """Integer -> float32 pattern rounded to odd, with no rounding on the way: a magnitude below
+    2^53 is a float64 as it is; from 2^53 on, float32's ulp is at least 2^30, so the bits below
+    2^21 only decide the odd bit, and the rest (at most 43 significant bits) is a float64."""
+    neg = x < 0
+    m = np.uint64(0) - np.uint64(x) if neg else np.uint64(x)
+    low = m & np.uint64(0x1FFFFF)
+    if m < np.uint64(1 << 53):
+        b = _f64_to_f32_odd(np.float64(m))
+    else:
+        b = u32_or(_f64_to_f32_odd(np.float64(m - low)), low != np.uint64(0))
+    return u32_or(b, 0x80000000) if neg else b
 
 
 @jit
@@ -400,6 +422,8 @@ def load(x, source, c):  # pragma: no cover - compiled
         return f32_bits(np.float32(x))
     if source == SOURCE_F64_ODD:
         return _f64_to_f32_odd(x)
+    if source == SOURCE_INT_ODD:
+        return _int_to_f32_odd(x)
     if source == SOURCE_F64_SPLIT:
         return _f64_to_f32_truncated(x)
     if source == SOURCE_BF16:
@@ -451,6 +475,11 @@ def _load_f64_odd(x, c):  # pragma: no cover - compiled
 
 
 @jit
+def _load_int_odd(x, c):  # pragma: no cover - compiled
+    return _int_to_f32_odd(x)
+
+
+@jit
 def _load_f64_truncated(x, c):  # pragma: no cover - compiled
     return _f64_to_f32_truncated(x)
 
@@ -470,6 +499,7 @@ _LOADERS = {
     SOURCE_F64_NEAREST: _load_rounded,
     SOURCE_INT: _load_rounded,
     SOURCE_F64_ODD: _load_f64_odd,
+    SOURCE_INT_ODD: _load_int_odd,
     SOURCE_F64_SPLIT: _load_f64_truncated,
     SOURCE_BF16: _load_bf16,
     SOURCE_F16: _load_f16,

@@ -124,17 +124,17 @@ def _plan(
         return "copy", ()
     mode = c.mode_id(rounding)
     if s_el.kind == "int":
-        src_kind, src_codec = c.SOURCE_INT, c.NO_CODEC
+        # to a float32 target, numpy's conversion; to a narrower one, one rounding of the integer
+        # (ml_dtypes 0.7.0), through float32 rounded to odd
+        narrower = t_el.name not in ("float32", "float32r", "float64")
+        src_kind, src_codec = (c.SOURCE_INT_ODD if narrower else c.SOURCE_INT), c.NO_CODEC
     elif s_el.name in _F32_LIKE:
         src_kind, src_codec = c.SOURCE_F32, c.NO_CODEC
     elif s_el.name == "float64":
-        # ml_dtypes (and the default) round float64 to float32 first; numpy's float16 and every
-        # other mode round once, which rounding to odd first preserves. Stochastic rounding needs
-        # every bit below the target's ulp (to 2^-32 of it), which a float32 rounded to odd loses.
-        nearest = rounding == "nearest_even" and t_el.name != "float16"
-        src_kind = (
-            c.SOURCE_F64_NEAREST if nearest else c.SOURCE_F64_SPLIT if rounding == "stochastic" else c.SOURCE_F64_ODD
-        )
+        # Every mode rounds the float64 value once (as ml_dtypes 0.7.0 and numpy's float16 do),
+        # which rounding to float32 "to odd" first preserves. Stochastic rounding needs every bit
+        # below the target's ulp (to 2^-32 of it), which a float32 rounded to odd loses.
+        src_kind = c.SOURCE_F64_SPLIT if rounding == "stochastic" else c.SOURCE_F64_ODD
         src_codec = c.NO_CODEC
         if target.name == "float64":
             return "copy", ()
