@@ -19,10 +19,18 @@ import numpy as np
 
 from ...blocks.layout import BlockLayout
 from ...files import ArrayEntry, FileFormatError, TensorSpec
-from ...formats import BLOCK_FORMATS, get_format
+from ...formats import BLOCK_FORMATS, BlockFormat
 from ..folder import PTS_KEY, Checkpoint
 from ..selection import fused_groups, kept_modules, tensor_decision
-from .records import CheckpointLayout, Output, StoredWeight, expect_tensor, uint8_view
+from .records import (
+    CheckpointLayout,
+    Output,
+    StoredWeight,
+    expect_tensor,
+    stored_codes_dtype,
+    stored_scales_dtype,
+    uint8_view,
+)
 
 __all__ = ["LAYOUT"]
 
@@ -30,29 +38,33 @@ __all__ = ["LAYOUT"]
 _CT_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp4_e2m1": "mxfp4-pack-quantized", "mxfp8_e4m3": "mxfp8-quantized"}
 
 
+def _ct_codes(bf: BlockFormat) -> str:
+    """The tensor that holds a weight's codes: ``weight_packed`` for codes packed two per byte
+    (4-bit elements), ``weight`` for codes in the element's own dtype."""
+    return "weight_packed" if bf.packable else "weight"
+
+
 def _ct_outputs(name: str, layout: BlockLayout) -> list[Output]:
     base = name[: -len(".weight")] if name.endswith(".weight") else name
-    scale = np.dtype(BLOCK_FORMATS[layout.fmt].scale_format.dtype) if layout.fmt == "nvfp4" else np.dtype(np.uint8)
-    if layout.fmt == "mxfp8_e4m3":
-        codes = TensorSpec(f"{base}.weight", np.dtype(get_format("float8_e4m3fn").result_dtype), layout.codes_shape)
-    else:
-        codes = TensorSpec(f"{base}.weight_packed", np.dtype(np.uint8), layout.codes_shape)
-    out = [(codes, "codes"), (TensorSpec(f"{base}.weight_scale", scale, layout.scales_shape), "scales")]
-    if layout.fmt == "nvfp4":
+    bf = BLOCK_FORMATS[layout.fmt]
+    codes = TensorSpec(f"{base}.{_ct_codes(bf)}", stored_codes_dtype(bf), layout.codes_shape)
+    scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf), layout.scales_shape)
+    out = [(codes, "codes"), (scales, "scales")]
+    if bf.per_tensor_scale:
         out.append((TensorSpec(f"{base}.weight_global_scale", np.dtype(np.float32), (1,)), "per_tensor"))
     return out
 
 
 def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
-    nv = fmt == "nvfp4"
+    bf = BLOCK_FORMATS[fmt]
     weights = {
-        "num_bits": 4 if "fp4" in fmt else 8,
+        "num_bits": bf.element_bits,
         "type": "float",
         "symmetric": True,
-        "strategy": "tensor_group" if nv else "group",
-        "group_size": BLOCK_FORMATS[fmt].block_size,
+        "strategy": "tensor_group" if bf.per_tensor_scale else "group",
+        "group_size": bf.block_size,
         "dynamic": False,
-        "scale_dtype": "torch.float8_e4m3fn" if nv else "torch.uint8",
+        "scale_dtype": f"torch.{stored_scales_dtype(bf).name}",
         "actorder": None,
         "block_structure": None,
         "observer": "minmax",
@@ -119,7 +131,7 @@ def _ct_weights(ckpt: Checkpoint) -> list[StoredWeight]:
         if not name.endswith(".weight_scale"):
             continue
         base = name[: -len(".weight_scale")]
-        codes_name = f"{base}.weight" if fmt == "mxfp8_e4m3" else f"{base}.weight_packed"
+        codes_name = f"{base}.{_ct_codes(bf)}"
         if codes_name not in t:
             raise FileFormatError(f"{ckpt.path}: {name} has no {codes_name} beside it")
         codes = t[codes_name]
@@ -127,11 +139,10 @@ def _ct_weights(ckpt: Checkpoint) -> list[StoredWeight]:
             raise FileFormatError(f"{codes.where}: a 0-d tensor cannot hold block codes")
         shape = codes.shape[:-1] + (codes.shape[-1] * (2 if bf.packable else 1),)
         layout = BlockLayout(fmt, shape, len(shape) - 1, bf.block_size, 1, bf.packable)
-        scale_dtype = "float8_e4m3fn" if fmt == "nvfp4" else "uint8"
-        expect_tensor(scale, scale_dtype, layout.scales_shape, "the block scales")
+        expect_tensor(scale, stored_scales_dtype(bf).name, layout.scales_shape, "the block scales")
         parts = [codes_name, name]
         pts = None
-        if fmt == "nvfp4":
+        if bf.per_tensor_scale:
             gname = f"{base}.weight_global_scale"
             if gname not in t:
                 raise FileFormatError(f"{ckpt.path}: {codes_name} has no {gname} beside it")

@@ -10,23 +10,35 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-import numpy as np
-
 from ...blocks.layout import BlockLayout
 from ...files import ArrayEntry, FileFormatError, TensorSpec
+from ...formats import BLOCK_FORMATS
 from ..folder import Checkpoint
 from ..selection import GPTOSS_EXPERTS, GPTOSS_NOT_CONVERTED, expert_decision, is_expert
-from .records import CheckpointLayout, Output, StoredWeight, expect_tensor, uint8_view
+from .records import (
+    CheckpointLayout,
+    Output,
+    StoredWeight,
+    expect_tensor,
+    stored_codes_dtype,
+    stored_scales_dtype,
+    uint8_view,
+)
 
 __all__ = ["LAYOUT"]
+
+#: The one block format of the layout (MXFP4: E2M1 elements, e8m0 scales, blocks of 32).
+_FORMAT = BLOCK_FORMATS["mxfp4_e2m1"]
+#: The bytes of one block's codes, the last axis of ``NAME_blocks`` (16: 32 codes, two per byte).
+_BLOCK_BYTES = _FORMAT.block_size * _FORMAT.element_bits // 8
 
 
 def _gptoss_outputs(name: str, layout: BlockLayout) -> list[Output]:
     groups = layout.scales_shape[-1]
-    blocks = layout.shape[:-1] + (groups, 16)
+    blocks = layout.shape[:-1] + (groups, _BLOCK_BYTES)
     return [
-        (TensorSpec(f"{name}_blocks", np.dtype(np.uint8), blocks), "codes"),
-        (TensorSpec(f"{name}_scales", np.dtype(np.uint8), layout.scales_shape), "scales"),
+        (TensorSpec(f"{name}_blocks", stored_codes_dtype(_FORMAT), blocks), "codes"),
+        (TensorSpec(f"{name}_scales", stored_scales_dtype(_FORMAT), layout.scales_shape), "scales"),
     ]
 
 
@@ -94,14 +106,15 @@ def _gptoss_weights(ckpt: Checkpoint) -> list[StoredWeight]:
         sname = f"{base}_scales"
         if sname not in t:
             raise FileFormatError(f"{ckpt.path}: {name} has no {sname} beside it")
-        if blocks.dtype.name != "uint8" or len(blocks.shape) != 4 or blocks.shape[-1] != 16:
+        codes_dtype, size = stored_codes_dtype(_FORMAT).name, _FORMAT.block_size
+        if blocks.dtype.name != codes_dtype or len(blocks.shape) != 4 or blocks.shape[-1] != _BLOCK_BYTES:
             raise FileFormatError(
-                f"{blocks.where}: MXFP4 blocks must be uint8 of shape [experts, out, in/32, 16], found "
-                f"{blocks.dtype} of shape {blocks.shape}"
+                f"{blocks.where}: MXFP4 blocks must be {codes_dtype} of shape [experts, out, in/{size}, "
+                f"{_BLOCK_BYTES}], found {blocks.dtype} of shape {blocks.shape}"
             )
-        shape = blocks.shape[:-2] + (blocks.shape[-2] * 32,)
-        layout = BlockLayout("mxfp4_e2m1", shape, len(shape) - 1, 32, 1, True)
-        expect_tensor(t[sname], "uint8", layout.scales_shape, "the e8m0 scales")
+        shape = blocks.shape[:-2] + (blocks.shape[-2] * size,)
+        layout = BlockLayout(_FORMAT.name, shape, len(shape) - 1, size, 1, _FORMAT.packable)
+        expect_tensor(t[sname], stored_scales_dtype(_FORMAT).name, layout.scales_shape, "the e8m0 scales")
         found.append(
             StoredWeight(
                 base,
@@ -135,7 +148,7 @@ def _module_matches(module: str, pattern: str) -> bool:
 LAYOUT = CheckpointLayout(
     "mxfp4",
     "transformers MXFP4, the gpt-oss layout (NAME_blocks, NAME_scales)",
-    ("mxfp4_e2m1",),
+    (_FORMAT.name,),
     _gptoss_outputs,
     _gptoss_config,
     _gptoss_detect,

@@ -18,10 +18,19 @@ import numpy as np
 from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
 from ...files import ArrayEntry, FileFormatError, TensorSpec
+from ...formats import BlockFormat
 from ..folder import Checkpoint
 from ..selection import tensor_decision
 
-__all__ = ["CheckpointLayout", "StoredWeight", "Output", "uint8_view", "expect_tensor"]
+__all__ = [
+    "CheckpointLayout",
+    "StoredWeight",
+    "Output",
+    "uint8_view",
+    "expect_tensor",
+    "stored_codes_dtype",
+    "stored_scales_dtype",
+]
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,18 @@ class CheckpointLayout:
                 f"the {self.name} layout stores {', '.join(self.formats)}, not {fmt}; "
                 f"choose another --format or --layout"
             )
+
+
+def stored_codes_dtype(bf: BlockFormat) -> np.dtype:
+    """The dtype a checkpoint stores the codes of ``bf`` in: 4-bit codes (packable) two per byte
+    as uint8, other codes as the element's own dtype (float8_e4m3fn for ``mxfp8_e4m3``)."""
+    return np.dtype(np.uint8) if bf.packable else np.dtype(bf.element_format.result_dtype)
+
+
+def stored_scales_dtype(bf: BlockFormat) -> np.dtype:
+    """The dtype a checkpoint stores the block scales of ``bf`` in: e8m0 scales (MX) as their
+    byte, uint8, other scales as their own dtype (float8_e4m3fn for ``nvfp4``)."""
+    return bf.scale_format.storage_dtype if bf.is_mx else np.dtype(bf.scale_format.result_dtype)
 
 
 def uint8_view(entry: ArrayEntry, shape: tuple[int, ...] | None = None) -> ArrayEntry:
