@@ -1,0 +1,63 @@
+"""Model checkpoints: directories of ``.safetensors`` shards in, the layouts runtimes load out.
+
+A checkpoint is a directory of ``.safetensors`` shards (with or without an index), a
+``config.json`` and other files, or a single ``.safetensors`` file; a checkpoint of any size is
+processed in bounded memory. One module per job:
+
+- :mod:`.folder`: the checkpoint folder (:func:`open_checkpoint`, :class:`Checkpoint`);
+- :mod:`.selection`: which tensors are quantised (:func:`tensor_decision`,
+  :func:`expert_decision`, :data:`DEFAULT_EXCLUDES`) and which share a per-tensor scale
+  (:data:`FUSED_SHARDS`, :func:`fused_groups`);
+- :mod:`.layouts`: one record per layout (:class:`CheckpointLayout`, all of them in
+  :data:`LAYOUTS`), one module each: ``compressed-tensors`` (vLLM, transformers), ``mxfp4``
+  (transformers' MXFP4, the layout of the gpt-oss checkpoints), ``npz`` (the package's own file
+  of block arrays, :mod:`neuron_kernels.blocks.file`);
+- :mod:`.convert`: :func:`quantize_checkpoint`, :func:`dequantize_checkpoint`,
+  :func:`load_checkpoint`.
+
+The contract: ``docs/checkpoints.md``. Besides :data:`__all__`, ``detect_layout``,
+``INDEX_NAME``, ``CONFIG_NAME`` and ``Output`` are importable from here.
+"""
+
+from .convert import (
+    DEFAULT_MAX_SHARD_BYTES,
+    TensorReport,
+    dequantize_checkpoint,
+    load_checkpoint,
+    quantize_checkpoint,
+)
+from .folder import CONFIG_NAME as CONFIG_NAME
+from .folder import INDEX_NAME as INDEX_NAME
+from .folder import Checkpoint, open_checkpoint
+from .layouts import LAYOUTS, CheckpointLayout, StoredWeight
+from .layouts import Output as Output
+from .layouts import detect_layout as detect_layout
+from .selection import (
+    DEFAULT_EXCLUDES,
+    FUSED_SHARDS,
+    GPTOSS_EXPERTS,
+    GPTOSS_NOT_CONVERTED,
+    expert_decision,
+    fused_groups,
+    tensor_decision,
+)
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointLayout",
+    "LAYOUTS",
+    "DEFAULT_EXCLUDES",
+    "StoredWeight",
+    "TensorReport",
+    "open_checkpoint",
+    "load_checkpoint",
+    "tensor_decision",
+    "expert_decision",
+    "fused_groups",
+    "FUSED_SHARDS",
+    "GPTOSS_EXPERTS",
+    "GPTOSS_NOT_CONVERTED",
+    "quantize_checkpoint",
+    "dequantize_checkpoint",
+    "DEFAULT_MAX_SHARD_BYTES",
+]

@@ -1,0 +1,448 @@
+"""Converting checkpoints: quantising one into a layout, dequantising one back, reading one into memory.
+
+:func:`quantize_checkpoint` writes each quantised weight as its layout's tensors and copies
+everything else bit for bit; :func:`dequantize_checkpoint` writes a plain checkpoint back;
+:func:`load_checkpoint` reads one into memory. Shards are written by
+:class:`neuron_kernels.files.SafetensorsWriter`, one tensor piece at a time; outputs are written
+under a temporary name and renamed when complete (:func:`neuron_kernels.files.atomic_output`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..blocks.array import BlockArray
+from ..blocks.file import BlockFileWriter
+from ..blocks.job import BlockJob, block_job
+from ..blocks.stats import ErrorStats, QuantizationStats
+from ..files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
+from ..formats import get_format
+from ..stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
+from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint, open_checkpoint
+from .layouts import LAYOUTS, Output, StoredWeight, open_any, stored_weights
+from .selection import FLOATS, fused_groups
+
+__all__ = [
+    "TensorReport",
+    "load_checkpoint",
+    "quantize_checkpoint",
+    "dequantize_checkpoint",
+    "DEFAULT_MAX_SHARD_BYTES",
+]
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+
+
+def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str, BlockArray | np.ndarray]:
+    """Read a checkpoint into memory: a :class:`BlockArray` for each quantised weight (as stored:
+    gpt-oss's expert parameters are [E, out, in] blocks), a numpy array for every other tensor.
+
+    ``path``: a checkpoint folder or ``.safetensors`` file in any layout of :data:`LAYOUTS` (or
+    plain), or the package's ``.npz`` file. ``names``: only these names (an iterable). Keys are
+    the weights' names (``NAME.weight``; ``NAME`` for gpt-oss's experts) and the other tensors'.
+    NVFP4's per-tensor scale is the one quantised with when this package wrote the checkpoint,
+    else ``1 / weight_global_scale`` in float32."""
+    ckpt, layout = open_any(os.fspath(path))
+    wanted = None if names is None else set(names)
+    out: dict[str, BlockArray | np.ndarray] = {}
+    taken: set[str] = set()
+    for w in stored_weights(ckpt, layout):
+        taken.update(w.parts)
+        if wanted is None or w.name in wanted:
+            out[w.name] = w.block_array()
+    for name, entry in ckpt.tensors.items():
+        if name not in taken and (wanted is None or name in wanted):
+            out[name] = np.array(entry.read())
+    if wanted is not None and wanted - set(out):
+        raise KeyError(f"{path}: no tensor or weight named {', '.join(sorted(wanted - set(out)))}")
+    return out
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class TensorReport:
+    """What happened to one tensor: ``action`` is ``quantised``, ``dequantised`` or ``kept``;
+    ``reason`` why it was kept; ``stats`` the error of a quantised one; ``fused_with``: the shards
+    of its fused layer (itself included) whose per-tensor scale it shares, if any."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    action: str
+    reason: str = ""
+    stats: QuantizationStats | None = None
+    outputs: tuple[str, ...] = ()
+    fused_with: tuple[str, ...] = ()
+
+
+@dataclass
+class _Item:
+    """A unit of output that goes into one shard: its tensors and how to fill them.
+
+    ``prepare()`` runs before its shard's header is written (the per-tensor scale's pass) and
+    returns metadata; ``fill(sinks)`` writes every tensor through ``sinks`` (name -> sink)."""
+
+    specs: list[TensorSpec]
+    fill: Callable[[dict[str, Any]], None]
+    prepare: Callable[[], dict[str, float]] = lambda: {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+
+def _shards(items: list[_Item], max_bytes: int) -> list[list[_Item]]:
+    """Consecutive items grouped into shards of at most ``max_bytes`` (an item larger than that
+    gets a shard of its own)."""
+    shards: list[list[_Item]] = [[]]
+    size = 0
+    for item in items:
+        if shards[-1] and size + item.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(item)
+        size += item.nbytes
+    return shards
+
+
+def _write_shards(folder: str, items: list[_Item], max_bytes: int) -> None:
+    """The items as ``model.safetensors`` (one shard) or ``model-0000k-of-0000n.safetensors`` with
+    ``model.safetensors.index.json``."""
+    groups = _shards(items, max_bytes)
+    n = len(groups)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k, group in enumerate(groups, 1):
+        fname = "model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"
+        pts: dict[str, float] = {}
+        for item in group:
+            pts.update(item.prepare())
+        metadata = {"format": "pt"} | ({PTS_KEY: json.dumps(pts)} if pts else {})
+        specs = [s for item in group for s in item.specs]
+        with SafetensorsWriter(os.path.join(folder, fname), specs, metadata) as writer:
+            for item in group:
+                with contextlib.ExitStack() as stack:
+                    sinks = {s.name: stack.enter_context(writer.tensor(s.name)) for s in item.specs}
+                    item.fill(sinks)
+        for s in specs:
+            weight_map[s.name] = fname
+            total += s.nbytes
+    if n > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        with open(os.path.join(folder, INDEX_NAME), "w", encoding="utf-8") as fh:
+            json.dump(index, fh, indent=2)
+            fh.write("\n")
+
+
+def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: int) -> _Item:
+    """A tensor copied bit for bit (bytes moved by the kernel where the input stores them raw)."""
+    spec = TensorSpec(name, entry.dtype, entry.shape)
+
+    def fill(sinks: dict[str, Any]) -> None:
+        sink = sinks[name]
+        if entry.offset is not None:
+            sink.copy_from(entry.path, entry.offset, entry.nbytes)
+            progress(entry.nbytes)
+            return
+        step = max(1, chunk_bytes // max(entry.dtype.itemsize, 1))
+        for start in range(0, entry.size, step):
+            piece = entry.read_flat(start, min(start + step, entry.size))
+            sink.write(np.ascontiguousarray(piece))
+            progress(piece.nbytes)
+
+    return _Item([spec], fill)
+
+
+def _finish_folder(
+    ckpt: Checkpoint, folder: str, quantization_config: dict[str, Any] | None, remove_quantization: bool
+) -> None:
+    """config.json (with the new quantization_config, or without one) and the other files."""
+    config = dict(ckpt.config or {})
+    if remove_quantization:
+        config.pop("quantization_config", None)
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    if config or ckpt.config is not None:
+        with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as fh:
+            json.dump(config, fh, indent=2)
+            fh.write("\n")
+    if ckpt.folder is not None:
+        for name in ckpt.extra_files:
+            shutil.copyfile(os.path.join(ckpt.folder, name), os.path.join(folder, name))
+
+
+def _report_kept(name: str, entry: ArrayEntry, reason: str) -> TensorReport:
+    return TensorReport(name, entry.shape, entry.dtype.name, "kept", reason, outputs=(name,))
+
+
+def quantize_checkpoint(
+    src: str,
+    dst: str,
+    layout_name: str,
+    fmt: str,
+    *,
+    ignore: tuple[str, ...] = (),
+    only: tuple[str, ...] = (),
+    fuse: bool = True,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    chunk_bytes: int = 256 << 20,
+    progress: Progress = lambda _: None,
+    **options: Any,
+) -> list[TensorReport]:
+    """Quantise the checkpoint ``src`` into ``dst`` (already a temporary path: an empty folder, or
+    the ``.npz`` file of the ``npz`` layout) in the layout ``layout_name``.
+
+    ``options`` are those of :func:`neuron_kernels.quantize` (blocks run along the last axis).
+    With ``fuse`` (the default), the shards of each fused layer (:func:`fused_groups`) quantised
+    with a per-tensor scale from the amax share one scale, from the amax over all of them.
+    Returns one :class:`TensorReport` per input tensor, in order."""
+    layout = LAYOUTS[layout_name]
+    layout.check_format(fmt)
+    ckpt = open_checkpoint(src)
+    if ckpt.quantization_config is not None:
+        qc = ckpt.quantization_config
+        raise FileFormatError(
+            f"{src}: already quantised (quantization_config, quant_method {qc.get('quant_method')!r}); "
+            f"dequantize it first"
+        )
+    if options.get("axis", -1) not in (-1, None):
+        raise FileFormatError("checkpoint layouts block the last axis (the input dimension); --axis must be -1")
+    probe = block_job(fmt, 2, **options)
+    if not layout.single_file and (probe.block_size != probe.fmt.block_size or probe.block_rows != 1):
+        raise FileFormatError(
+            f"the {layout.name} layout stores {fmt} with 1-D blocks of {probe.fmt.block_size}; "
+            f"--block-size/--block-shape other than that need --layout npz"
+        )
+    if not layout.single_file and probe.rotation is not None:
+        raise FileFormatError(f"the {layout.name} layout has no place for a rotation (--rht needs --layout npz)")
+    if not layout.single_file and not probe.pack and probe.fmt.packable:
+        raise FileFormatError(f"the {layout.name} layout stores 4-bit codes two per byte (no --no-pack)")
+    reports: list[TensorReport] = []
+    chosen: list[tuple[str, ArrayEntry, BlockJob | None]] = []
+    for name, entry in ckpt.tensors.items():
+        why = layout.decide(name, entry.dtype, entry.shape, probe.block_size, ignore, only)
+        chosen.append((name, entry, None if why else block_job(fmt, len(entry.shape), **options)))
+        reports.append(
+            _report_kept(name, entry, why) if why else TensorReport(name, entry.shape, entry.dtype.name, "quantised")
+        )
+    layout.fits(ckpt, [n for n, _, j in chosen if j is not None])
+    groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax) if fuse else {}
+    for report in reports:
+        report.fused_with = groups.get(report.name, ())
+    resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes)
+    kept = [(n, e) for (n, e, j), r in zip(chosen, reports) if j is None]
+    if layout.single_file:
+        _quantize_to_block_file(dst, chosen, reports, resolve, chunk_bytes, progress)
+        return reports
+    items: list[_Item] = []
+    for (name, entry, job), report in zip(chosen, reports):
+        if job is None:
+            items.append(_copy_item(name, entry, progress, chunk_bytes))
+            continue
+        shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
+        outputs = layout.outputs(name, job.layout(shape))
+        report.outputs = tuple(s.name for s, _ in outputs)
+        items.append(_quantize_item(name, entry, layout.transpose, outputs, report, resolve, chunk_bytes, progress))
+    _write_shards(dst, items, max_shard_bytes)
+    _finish_folder(ckpt, dst, layout.config(fmt, kept), False)
+    return reports
+
+
+class _ScaleResolver:
+    """Each quantised tensor's job with its per-tensor scale resolved: from its own amax, or from
+    the amax over its fused group (one pass over each shard, when the first is asked for)."""
+
+    def __init__(
+        self, jobs: dict[str, tuple[ArrayEntry, BlockJob]], groups: dict[str, tuple[str, ...]], chunk_bytes: int
+    ) -> None:
+        self.jobs, self.groups, self.chunk_bytes = jobs, groups, chunk_bytes
+        self.amax: dict[tuple[str, ...], float] = {}
+
+    def __call__(self, name: str) -> BlockJob:
+        entry, job = self.jobs[name]
+        if not job.needs_amax:
+            return job
+        group = self.groups.get(name, (name,))
+        if group not in self.amax:
+            self.amax[group] = max(entry_amax(*self.jobs[m], self.chunk_bytes) for m in group)
+        return job.with_amax(self.amax.pop(group) if len(group) == 1 else self.amax[group])
+
+
+def _pipelined_stats(
+    pieces: Iterator[tuple[np.ndarray, BlockArray]], write: Callable[[BlockArray], None], progress: Progress
+) -> ErrorStats:
+    """Write each quantised piece and fold it into the error statistics, the statistics of one
+    piece running on a worker thread while the next is read and quantised (the statistics'
+    kernels are serial; this keeps a second core busy). At most one piece waits for them."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    acc = ErrorStats()
+    with ThreadPoolExecutor(1, thread_name_prefix="nk-stats") as pool:
+        pending: Future[None] | None = None
+        for arr, mx in pieces:
+            write(mx)
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(acc.add, arr, mx)
+            progress(arr.nbytes)
+        if pending is not None:
+            pending.result()
+    return acc
+
+
+def _quantize_item(
+    name: str,
+    entry: ArrayEntry,
+    transpose: bool,
+    outputs: list[Output],
+    report: TensorReport,
+    resolve: _ScaleResolver,
+    chunk_bytes: int,
+    progress: Progress,
+) -> _Item:
+    by_role = {role: spec.name for spec, role in outputs}
+    resolved: list[BlockJob] = []
+
+    def prepare() -> dict[str, float]:
+        resolved.append(resolve(name))
+        pts = resolved[-1].per_tensor_scale
+        return {by_role["per_tensor"]: float(pts)} if "per_tensor" in by_role and isinstance(pts, float) else {}
+
+    def fill(sinks: dict[str, Any]) -> None:
+        done = resolved.pop()
+        codes, scales = sinks[by_role["codes"]], sinks[by_role["scales"]]
+
+        def write(mx: BlockArray) -> None:
+            codes.write(mx.codes.reshape(-1).view(codes.spec.dtype))
+            scales.write(mx.scales.reshape(-1).view(np.uint8).view(scales.spec.dtype))
+
+        pieces = transposed_pieces(entry, done) if transpose else quantized_pieces(entry, done, chunk_bytes)
+        acc = _pipelined_stats(pieces, write, progress)
+        if "per_tensor" in by_role:
+            pts = done.per_tensor_scale
+            assert isinstance(pts, float)
+            sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(pts)], np.float32))
+        report.stats = acc.result()
+
+    return _Item([spec for spec, _ in outputs], fill, prepare)
+
+
+def _quantize_to_block_file(
+    dst: str,
+    chosen: list[tuple[str, ArrayEntry, BlockJob | None]],
+    reports: list[TensorReport],
+    resolve: _ScaleResolver,
+    chunk_bytes: int,
+    progress: Progress,
+) -> None:
+    """The ``npz`` layout: the quantised weights as the package's file (the kept tensors are not
+    in it: it holds block arrays only)."""
+    for name, _, job in chosen:
+        parts = name.replace("\\", "/").split("/")
+        if job is not None and (name.startswith("/") or ".." in parts):
+            raise FileFormatError(f"tensor name {name!r} would make a file member outside the file; refused")
+    with BlockFileWriter(dst) as writer:
+        for (name, entry, job), report in zip(chosen, reports):
+            if job is None:
+                report.reason += " (not in the npz layout, which holds block arrays only)"
+                report.outputs = ()
+                continue
+            job = resolve(name)
+            pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
+            with writer.array(name, job.layout(entry.shape), pts, job.rotation) as out:
+                pieces = quantized_pieces(entry, job, chunk_bytes)
+                acc = _pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress)
+            report.stats = acc.result()
+            report.outputs = (name,)
+
+
+def dequantize_checkpoint(
+    src: str,
+    dst: str,
+    *,
+    dtype: str = "bfloat16",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    chunk_bytes: int = 256 << 20,
+    progress: Progress = lambda _: None,
+) -> list[TensorReport]:
+    """Dequantise a checkpoint in any layout of :data:`LAYOUTS` (or the package's ``.npz`` file)
+    into the plain checkpoint folder ``dst`` (already a temporary, empty folder): each quantised
+    weight as a ``dtype`` tensor (gpt-oss's expert parameters transposed to [E, in, out]), every
+    other tensor bit for bit, ``config.json`` without its ``quantization_config``, the other files
+    copied."""
+    ckpt, layout = open_any(src)
+    if layout is None:
+        raise FileFormatError(f"{src}: not a quantised checkpoint (no quantization_config, no block tensors)")
+    out_fmt = get_format(dtype)
+    if out_fmt.name not in FLOATS:
+        raise FileFormatError(f"dequantisation writes float32, float16, bfloat16 or float64, not {dtype}")
+    out_dtype = np.dtype(out_fmt.result_dtype)
+    weights = stored_weights(ckpt, layout)
+    by_part = {p: w for w in weights for p in w.parts}
+    reports: list[TensorReport] = []
+    items: list[_Item] = []
+    order: list[tuple[str, StoredWeight | None]] = [(w.name, w) for w in weights if not w.parts]
+    seen: set[str] = set()
+    for name in ckpt.tensors:
+        w = by_part.get(name)
+        if w is None:
+            order.append((name, None))
+        elif w.name not in seen:
+            seen.add(w.name)
+            order.append((w.name, w))
+    for name, w in order:
+        if w is None:
+            entry = ckpt.tensors[name]
+            items.append(_copy_item(name, entry, progress, chunk_bytes))
+            reports.append(_report_kept(name, entry, "not quantised"))
+            continue
+        shape = w.layout.shape
+        out_shape = shape[:-2] + (shape[-1], shape[-2]) if w.transpose else shape
+        spec = TensorSpec(w.out_name, out_dtype, out_shape)
+        items.append(_Item([spec], _decode_fill(w, out_fmt.name, chunk_bytes, progress)))
+        reports.append(TensorReport(w.name, shape, w.layout.fmt, "dequantised", outputs=(w.out_name,)))
+    _write_shards(dst, items, max_shard_bytes)
+    _finish_folder(ckpt, dst, None, True)
+    return reports
+
+
+def _decode_fill(w: StoredWeight, dtype: str, chunk_bytes: int, progress: Progress) -> Callable[[dict[str, Any]], None]:
+    def fill(sinks: dict[str, Any]) -> None:
+        sink = sinks[w.out_name]
+        if not w.transpose:
+            for values, used in decoded_pieces(w.codes, w.scales, w.layout, w.per_tensor_scale, None, dtype,
+                                               chunk_bytes):  # fmt: skip
+                sink.write(values)
+                progress(used)
+            return
+        # one matrix at a time: decoded [out, in], written transposed as [in, out]
+        lay = w.layout
+        rows, cols = lay.shape[-2], lay.shape[-1]
+        count = int(np.prod(lay.shape[:-2], dtype=np.int64))
+        per_codes, per_scales = rows * lay.codes_shape[-1], rows * lay.scales_shape[-1]
+        for m in range(count):
+            part = BlockArray.from_parts(
+                np.asarray(w.codes.read_flat(m * per_codes, (m + 1) * per_codes)).reshape(rows, -1),
+                np.asarray(w.scales.read_flat(m * per_scales, (m + 1) * per_scales)).reshape(rows, -1),
+                lay.fmt,
+                lay.block_size,
+                1,
+                (rows, cols),
+                lay.packed,
+                w.codes.where,
+                per_tensor_scale=w.per_tensor_scale,
+            )
+            sink.write(np.ascontiguousarray(part.dequantize(dtype).T))
+            progress(per_codes + per_scales)
+
+    return fill

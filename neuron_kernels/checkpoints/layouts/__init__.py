@@ -1,0 +1,57 @@
+"""Every checkpoint layout (:data:`LAYOUTS`), and which of them a checkpoint is in.
+
+One module per layout, each holding its :class:`~.records.CheckpointLayout` record:
+
+- :mod:`.compressed_tensors`: ``compressed-tensors`` (vLLM, transformers);
+- :mod:`.gptoss`: ``mxfp4`` (transformers' MXFP4, the layout of the gpt-oss checkpoints);
+- :mod:`.npz`: ``npz``, the package's own file of block arrays.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...files import FileFormatError
+from ..folder import Checkpoint, open_checkpoint
+from . import compressed_tensors, gptoss, npz
+from .records import CheckpointLayout, Output, StoredWeight
+
+__all__ = ["LAYOUTS", "CheckpointLayout", "StoredWeight", "Output", "detect_layout", "open_any", "stored_weights"]
+
+#: Every checkpoint layout, by the name ``--layout`` takes.
+LAYOUTS: dict[str, CheckpointLayout] = {
+    layout.name: layout for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz.LAYOUT)
+}
+
+
+def detect_layout(ckpt: Checkpoint) -> CheckpointLayout | None:
+    """The layout of a quantised checkpoint, or None for a plain one."""
+    for layout in LAYOUTS.values():
+        if layout.detect(ckpt):
+            return layout
+    qc = ckpt.quantization_config
+    if qc is not None:
+        raise FileFormatError(
+            f"{ckpt.path}: quantization_config with quant_method {qc.get('quant_method')!r} is not a layout "
+            f"this package reads ({', '.join(LAYOUTS)})"
+        )
+    return None
+
+
+def open_any(path: str) -> tuple[Checkpoint, CheckpointLayout | None]:
+    """The checkpoint at ``path`` and its layout (None for a plain one); a file of a layout that is
+    one file of its own is not opened as shards."""
+    for layout in LAYOUTS.values():  # a layout that is one file of its own (the package's)
+        if layout.suffix and os.path.isfile(path) and path.lower().endswith(layout.suffix):
+            return Checkpoint(path, None, {}, None), layout
+    ckpt = open_checkpoint(path)
+    return ckpt, detect_layout(ckpt)
+
+
+def stored_weights(ckpt: Checkpoint, layout: CheckpointLayout | None) -> list[StoredWeight]:
+    """The quantised weights of ``ckpt`` in ``layout`` (none for a plain checkpoint); a folder that
+    says it is in a layout but holds none of its weights is refused."""
+    weights = layout.weights(ckpt) if layout is not None else []
+    if layout is not None and not weights and not layout.single_file:
+        raise FileFormatError(f"{ckpt.path}: says it is {layout.name} but holds no quantised weight of that layout")
+    return weights

@@ -1,0 +1,234 @@
+"""The ``compressed-tensors`` layout (vLLM, transformers).
+
+Per quantised ``NAME.weight``, ``NAME.weight_packed`` uint8 [..., out, in/2],
+``NAME.weight_scale`` float8_e4m3fn [..., out, in/16] and ``NAME.weight_global_scale`` float32
+[1] (= 1 / per-tensor scale) for ``nvfp4``; ``NAME.weight_packed`` and ``NAME.weight_scale``
+uint8 (e8m0) [..., out, in/32] for ``mxfp4_e2m1``; ``NAME.weight`` float8_e4m3fn [..., out, in]
+and ``NAME.weight_scale`` uint8 [..., out, in/32] for ``mxfp8_e4m3``. Which tensors are
+quantised: :func:`neuron_kernels.checkpoints.selection.tensor_decision`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from ...blocks.layout import BlockLayout
+from ...files import ArrayEntry, FileFormatError, TensorSpec
+from ...formats import BLOCK_FORMATS, BlockFormat
+from ..folder import PTS_KEY, Checkpoint
+from ..selection import fused_groups, kept_modules, tensor_decision
+from .records import (
+    CheckpointLayout,
+    Output,
+    StoredWeight,
+    expect_tensor,
+    stored_codes_dtype,
+    stored_scales_dtype,
+    uint8_view,
+)
+
+__all__ = ["LAYOUT"]
+
+#: compressed-tensors' format strings by block format.
+_CT_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp4_e2m1": "mxfp4-pack-quantized", "mxfp8_e4m3": "mxfp8-quantized"}
+
+
+def _ct_codes(bf: BlockFormat) -> str:
+    """The tensor that holds a weight's codes: ``weight_packed`` for codes packed two per byte
+    (4-bit elements), ``weight`` for codes in the element's own dtype."""
+    return "weight_packed" if bf.packable else "weight"
+
+
+def _ct_outputs(name: str, layout: BlockLayout) -> list[Output]:
+    base = name[: -len(".weight")] if name.endswith(".weight") else name
+    bf = BLOCK_FORMATS[layout.fmt]
+    codes = TensorSpec(f"{base}.{_ct_codes(bf)}", stored_codes_dtype(bf), layout.codes_shape)
+    scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf), layout.scales_shape)
+    out = [(codes, "codes"), (scales, "scales")]
+    if bf.per_tensor_scale:
+        out.append((TensorSpec(f"{base}.weight_global_scale", np.dtype(np.float32), (1,)), "per_tensor"))
+    return out
+
+
+def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
+    bf = BLOCK_FORMATS[fmt]
+    weights = {
+        "num_bits": bf.element_bits,
+        "type": "float",
+        "symmetric": True,
+        "strategy": "tensor_group" if bf.per_tensor_scale else "group",
+        "group_size": bf.block_size,
+        "dynamic": False,
+        "scale_dtype": f"torch.{stored_scales_dtype(bf).name}",
+        "actorder": None,
+        "block_structure": None,
+        "observer": "minmax",
+        "observer_kwargs": {},
+    }
+    group = {
+        "targets": ["Linear"],
+        "weights": weights,
+        "input_activations": None,
+        "output_activations": None,
+        "format": _CT_FORMATS[fmt],
+    }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": _CT_FORMATS[fmt],
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": group},
+        "ignore": kept_modules(kept),
+        "kv_cache_scheme": None,
+        "global_compression_ratio": None,
+    }
+
+
+def _ct_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
+    """vLLM refuses a fused layer whose shards are quantised in part (``should_ignore_layer``)."""
+    done = set(quantised)
+    for group in dict.fromkeys(fused_groups(n for n in ckpt.tensors if n.endswith(".weight")).values()):
+        if 0 < len(done.intersection(group)) < len(group):
+            kept = ", ".join(n for n in group if n not in done)
+            raise FileFormatError(
+                f"{ckpt.path}: {', '.join(group)} are one fused layer in the runtimes, which refuse it quantised in "
+                f"part ({kept} kept); --ignore all of them or none"
+            )
+
+
+def _ct_detect(ckpt: Checkpoint) -> bool:
+    qc = ckpt.quantization_config
+    return qc is not None and qc.get("quant_method") == "compressed-tensors"
+
+
+def _ct_format(ckpt: Checkpoint) -> str:
+    qc = ckpt.quantization_config or {}
+    formats = {qc.get("format")} | {
+        g.get("format") for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) and g.get("format")
+    }
+    formats.discard(None)
+    formats.discard("mixed-precision")
+    known = {v: k for k, v in _CT_FORMATS.items()}
+    if len(formats) != 1 or next(iter(formats)) not in known:
+        raise FileFormatError(
+            f"{ckpt.path}: compressed-tensors format {sorted(map(str, formats))} is not one this package reads "
+            f"({', '.join(known)})"
+        )
+    return known[next(iter(formats))]
+
+
+def _ct_weights(ckpt: Checkpoint) -> list[StoredWeight]:
+    fmt = _ct_format(ckpt)
+    bf = BLOCK_FORMATS[fmt]
+    t = ckpt.tensors
+    exact = json.loads(ckpt.metadata.get(PTS_KEY, "{}"))
+    found = []
+    for name, scale in t.items():
+        if not name.endswith(".weight_scale"):
+            continue
+        base = name[: -len(".weight_scale")]
+        codes_name = f"{base}.{_ct_codes(bf)}"
+        if codes_name not in t:
+            raise FileFormatError(f"{ckpt.path}: {name} has no {codes_name} beside it")
+        codes = t[codes_name]
+        if not codes.shape:
+            raise FileFormatError(f"{codes.where}: a 0-d tensor cannot hold block codes")
+        shape = codes.shape[:-1] + (codes.shape[-1] * (2 if bf.packable else 1),)
+        layout = BlockLayout(fmt, shape, len(shape) - 1, bf.block_size, 1, bf.packable)
+        expect_tensor(scale, stored_scales_dtype(bf).name, layout.scales_shape, "the block scales")
+        parts = [codes_name, name]
+        pts = None
+        if bf.per_tensor_scale:
+            gname = f"{base}.weight_global_scale"
+            if gname not in t:
+                raise FileFormatError(f"{ckpt.path}: {codes_name} has no {gname} beside it")
+            g = t[gname]
+            if g.dtype.name != "float32" or g.size != 1:
+                raise FileFormatError(f"{g.where}: must be one float32, found {g.dtype} of shape {g.shape}")
+            gs = np.float32(g.read_flat(0, 1)[0])
+            if not (np.isfinite(gs) and gs > 0):
+                raise FileFormatError(f"{g.where}: the global scale {gs} is not a positive finite number")
+            pts = float(np.float32(1) / gs)
+            kept = exact.get(gname)
+            if isinstance(kept, float) and np.float32(1) / np.float32(kept) == gs:
+                pts = kept
+            parts.append(gname)
+        found.append(
+            StoredWeight(
+                f"{base}.weight", layout, pts, uint8_view(codes), uint8_view(scale), tuple(parts), f"{base}.weight"
+            )
+        )
+    _ct_check_rest(ckpt, {p for w in found for p in w.parts}, bf.block_size)
+    return found
+
+
+#: Suffixes of the tensors compressed-tensors adds to a quantised module.
+_CT_PARTS = (
+    "weight_packed", "weight_scale", "weight_global_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
+    "input_scale", "input_global_scale", "input_zero_point", "output_scale", "k_scale", "v_scale",
+)  # fmt: skip
+
+
+def _ct_matches(module: str, patterns: Any) -> bool | None:
+    """Whether compressed-tensors' ``targets`` / ``ignore`` entries name ``module`` (a name, or
+    ``re:`` and a regular expression matched from the start; ``Linear``: any Linear module), or
+    None where an entry names a module class other than Linear (not decidable from the names)."""
+    undecided = False
+    for p in patterns or ():
+        if not isinstance(p, str):
+            continue
+        if p.startswith("re:"):
+            with contextlib.suppress(re.error):
+                if re.match(p[3:], module):
+                    return True
+        elif p == "Linear" or p == module:
+            return True
+        elif "." not in p:
+            undecided = True
+    return None if undecided else False
+
+
+def _ct_check_rest(ckpt: Checkpoint, claimed: set[str], block_size: int) -> None:
+    """Refuse a compressed-tensors checkpoint that is not what its config promises: quantisation
+    tensors that no quantised weight claims, or a Linear weight the config quantises (targeted,
+    not ignored) stored plain. A runtime would load either wrong (an unexpected key, or a weight
+    initialised at random)."""
+    qc = ckpt.quantization_config or {}
+    targets = [
+        t for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) for t in g.get("targets") or ()
+    ]
+    for name, entry in ckpt.tensors.items():
+        if name in claimed:
+            continue
+        module, _, last = name.rpartition(".")
+        if last in _CT_PARTS:
+            raise FileFormatError(
+                f"{ckpt.path}: {name} belongs to no quantised weight of the layout (its module has no complete "
+                f"set of tensors); a runtime would not load it"
+            )
+        if (
+            last == "weight"
+            and tensor_decision(name, entry.dtype, entry.shape, block_size) is None
+            and _ct_matches(module, targets) is True
+            and _ct_matches(module, qc.get("ignore")) is False
+        ):
+            raise FileFormatError(
+                f"{ckpt.path}: quantization_config quantises {module} (a Linear not in ignore), but "
+                f"{name} is a plain {entry.dtype} tensor; a runtime would expect its quantised tensors"
+            )
+
+
+LAYOUT = CheckpointLayout(
+    "compressed-tensors",
+    "vLLM / transformers compressed-tensors (weight_packed, weight_scale, weight_global_scale)",
+    tuple(_CT_FORMATS),
+    _ct_outputs,
+    _ct_config,
+    _ct_detect,
+    _ct_weights,
+    fits=_ct_fits,
+)

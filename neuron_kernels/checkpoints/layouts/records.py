@@ -1,0 +1,138 @@
+"""The records of a checkpoint layout: :class:`CheckpointLayout` and :class:`StoredWeight`.
+
+Each layout is one record, :class:`CheckpointLayout` (all of them in
+:data:`neuron_kernels.checkpoints.layouts.LAYOUTS`, one module each): the tensors a quantised
+weight becomes, the ``quantization_config`` that announces them, how to recognise the layout in
+a checkpoint and where a stored weight's codes and scales are (:class:`StoredWeight`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...blocks.array import BlockArray
+from ...blocks.layout import BlockLayout
+from ...files import ArrayEntry, FileFormatError, TensorSpec
+from ...formats import BlockFormat
+from ..folder import Checkpoint
+from ..selection import tensor_decision
+
+__all__ = [
+    "CheckpointLayout",
+    "StoredWeight",
+    "Output",
+    "uint8_view",
+    "expect_tensor",
+    "stored_codes_dtype",
+    "stored_scales_dtype",
+]
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """A quantised weight as a layout stores it: its block layout, per-tensor scale, where its
+    codes and scales are (uint8, C order), the stored tensors it takes, and the name and
+    orientation of its dequantised tensor (``transpose``: the last two axes swapped)."""
+
+    name: str
+    layout: BlockLayout
+    per_tensor_scale: float | None
+    codes: ArrayEntry
+    scales: ArrayEntry
+    parts: tuple[str, ...]
+    out_name: str
+    transpose: bool = False
+
+    def block_array(self) -> BlockArray:
+        """The whole weight as a :class:`BlockArray` (read into memory)."""
+        lay = self.layout
+        return BlockArray.from_parts(
+            self.codes.read().reshape(lay.codes_shape),
+            self.scales.read().reshape(lay.scales_shape),
+            lay.fmt,
+            lay.block_size,
+            lay.axis,
+            lay.shape,
+            lay.packed,
+            self.codes.where,
+            per_tensor_scale=self.per_tensor_scale,
+        )
+
+
+#: (tensor spec, what fills it: "codes", "scales" or "per_tensor") of one quantised weight.
+Output = tuple[TensorSpec, str]
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """One checkpoint layout (see the module docstring).
+
+    ``formats``: the block formats it stores; ``outputs(name, layout)``: the tensors a quantised
+    weight becomes; ``config(fmt, kept)``: the ``quantization_config`` given the (name, entry) of
+    the tensors kept; ``detect(ckpt)``: whether a checkpoint is in this layout; ``weights(ckpt)``:
+    its quantised weights (raising :class:`FileFormatError` where the checkpoint is not what its
+    config promises); ``suffix``: the layout is one file with this suffix (the package's), not a
+    folder of shards; ``decide``: its rule of which tensors are quantised (:func:`tensor_decision`
+    or :func:`expert_decision`); ``transpose``: a quantised [..., in, out] tensor is stored as
+    [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised)``: raises if the layout cannot
+    express the checkpoint so that its runtime loads it."""
+
+    name: str
+    help: str
+    formats: tuple[str, ...]
+    outputs: Callable[[str, BlockLayout], list[Output]]
+    config: Callable[[str, list[tuple[str, ArrayEntry]]], dict[str, Any]]
+    detect: Callable[[Checkpoint], bool]
+    weights: Callable[[Checkpoint], list[StoredWeight]]
+    suffix: str | None = None
+    decide: Callable[..., str | None] = tensor_decision
+    transpose: bool = False
+    fits: Callable[[Checkpoint, list[str]], None] = lambda ckpt, quantised: None
+
+    @property
+    def single_file(self) -> bool:
+        return self.suffix is not None
+
+    def check_format(self, fmt: str) -> None:
+        if fmt not in self.formats:
+            raise FileFormatError(
+                f"the {self.name} layout stores {', '.join(self.formats)}, not {fmt}; "
+                f"choose another --format or --layout"
+            )
+
+
+def stored_codes_dtype(bf: BlockFormat) -> np.dtype:
+    """The dtype a checkpoint stores the codes of ``bf`` in: 4-bit codes (packable) two per byte
+    as uint8, other codes as the element's own dtype (float8_e4m3fn for ``mxfp8_e4m3``)."""
+    return np.dtype(np.uint8) if bf.packable else np.dtype(bf.element_format.result_dtype)
+
+
+def stored_scales_dtype(bf: BlockFormat) -> np.dtype:
+    """The dtype a checkpoint stores the block scales of ``bf`` in: e8m0 scales (MX) as their
+    byte, uint8, other scales as their own dtype (float8_e4m3fn for ``nvfp4``)."""
+    return bf.scale_format.storage_dtype if bf.is_mx else np.dtype(bf.scale_format.result_dtype)
+
+
+def uint8_view(entry: ArrayEntry, shape: tuple[int, ...] | None = None) -> ArrayEntry:
+    """``entry`` read as its raw bytes (a 1-byte dtype) and seen with ``shape``."""
+    if entry.dtype.itemsize != 1:
+        raise FileFormatError(f"{entry.where}: expected a 1-byte dtype, found {entry.dtype}")
+    base = entry._reader
+    return dataclasses.replace(
+        entry,
+        dtype=np.dtype(np.uint8),
+        shape=entry.shape if shape is None else shape,
+        _reader=lambda a, b: base(a, b).view(np.uint8),
+    )
+
+
+def expect_tensor(entry: ArrayEntry, dtype: str, shape: tuple[int, ...], what: str) -> None:
+    if entry.dtype.name != dtype or entry.shape != shape:
+        raise FileFormatError(
+            f"{entry.where}: {what} must be {dtype} of shape {shape}, found {entry.dtype} of shape {entry.shape}"
+        )
