@@ -487,7 +487,7 @@ def test_nvfp4_empty_arrays(shape, options):
 
 
 #: (format, input dtype, rounding) of the random cases: a fixed few, as each combination is a kernel
-#: of its own to compile (the slow random test draws from all of them).
+#: of its own to compile (the slow tests cover every pair of kernel choices).
 KERNEL_CHOICES = [
     ("nvfp4", np.float32, "nearest_even"),
     ("nvfp4", np.float32, "stochastic"),
@@ -498,25 +498,37 @@ KERNEL_CHOICES = [
     ("mxfp8_e4m3", BF16, "stochastic"),
     ("mxint8", np.float32, "nearest_even"),
 ]
-ALL_KERNEL_CHOICES = [(f, d, r) for f in ["nvfp4", *MX_FORMATS] for d in INPUT_DTYPES for r in ROUNDINGS]
+
+
+#: The kernel variants besides format, input dtype and rounding: blocks along the last axis (row
+#: kernels), along another axis or 2-D (tile kernels), rotated; plain scale rule or a scale policy.
+KERNEL_LAYOUTS = ("rows", "tiles", "rotated")
+POLICY_KINDS = ("plain", "policy")
 
 
 @st.composite
-def block_cases(draw, kernels=tuple(KERNEL_CHOICES)):
+def block_cases(draw, kernels=tuple(KERNEL_CHOICES), layout=None, policy=None):
     """An input and the options of one quantisation: any rank, axis, block (1-D or tile), per-tensor
-    scale, policy, rotation and data; the format, input dtype and rounding from ``kernels``."""
+    scale, policy, rotation and data; the format, input dtype and rounding from ``kernels``; the
+    kernel variant (``layout`` of KERNEL_LAYOUTS, ``policy`` of POLICY_KINDS) drawn too unless given."""
     fmt, dtype, rounding = draw(st.sampled_from(kernels))
     nv = fmt == "nvfp4"
-    ndim = draw(st.integers(1, 3))
+    ndim = draw(st.integers(2 if layout == "tiles" else 1, 3))
     shape = draw(st.lists(st.integers(1, {1: 64, 2: 20, 3: 8}[ndim]), min_size=ndim, max_size=ndim))
     options: dict[str, Any] = {"rounding": rounding, "seed": draw(st.integers(0, 2**63 - 1))}
-    tiles = ndim >= 2 and draw(st.booleans())
+    tiles = ndim >= 2 and (draw(st.booleans()) if layout in (None, "tiles") else False)
     if tiles:
         options["block_shape"] = (draw(st.integers(2, 17)), draw(st.integers(1, 17)))
     else:
-        axis = draw(st.integers(-ndim, ndim - 1))
+        if layout == "rows":
+            axis = draw(st.sampled_from([-1, ndim - 1]))
+        elif layout == "tiles":  # a 1-D block along an axis other than the last
+            axis = draw(st.integers(-ndim, ndim - 2))
+        else:
+            axis = draw(st.integers(-ndim, ndim - 1))
         options["axis"] = axis
-        if draw(st.integers(0, 3)) == 0:
+        rotated = layout == "rotated" if layout is not None else draw(st.integers(0, 3)) == 0
+        if rotated:
             shape[axis] = 16 * draw(st.integers(1, 3))
             options["block_size"] = draw(st.sampled_from([16, 32]))
             options["rht"] = draw(st.sampled_from([True, CUSTOM_SIGNS]))
@@ -527,11 +539,13 @@ def block_cases(draw, kernels=tuple(KERNEL_CHOICES)):
             st.sampled_from([None, "amax"]) | st.floats(1e-30, 1e30).map(lambda v: float(np.float32(v)))
         )
         options["scale_bound"] = draw(st.sampled_from([448.0, 256.0]))
-        options["four_over_six"] = draw(st.sampled_from([None, None, "mae", "mse"]))
+        four_over_six = {None: [None, None, "mae", "mse"], "plain": [None], "policy": [None, "mae", "mse"]}[policy]
+        options["four_over_six"] = draw(st.sampled_from(four_over_six))
     else:
         options["scale_mode"] = draw(st.sampled_from(SCALE_MODES))
     if options.get("four_over_six") is None:
-        options["scale_search"] = draw(st.sampled_from([None, None, "mse"]))
+        searches = {None: [None, None, "mse"], "plain": [None], "policy": ["mse"]}[policy]
+        options["scale_search"] = draw(st.sampled_from(searches))
     lo = draw(st.integers(-150, 110))
     x = binades(tuple(shape), draw(st.integers(0, 2**32 - 1)), lo, min(lo + draw(st.integers(1, 40)), 129))
     flat = x.reshape(-1)

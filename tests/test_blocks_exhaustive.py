@@ -1,24 +1,28 @@
 """Slow sweeps of the block formats against the reference (``tests/reference_blocks.py``): every
 float16 and bfloat16 bit pattern as NVFP4 input and through the rotation, every scale code under
 the scale policies, larger 2-D tiles in every MX format and scale mode, and random cases over every
-format, input dtype and rounding mode. Deselect with ``-m 'not slow'``.
+format, input dtype, rounding mode, layout and policy (every pair of them). Deselect with ``-m 'not slow'``.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import neuron_kernels as nk
 
 from .reference_blocks import rht_inverse_ref, rht_ref
 from .test_blocks import (
-    ALL_KERNEL_CHOICES,
     CUSTOM_SIGNS,
     INPUT_DTYPES,
+    KERNEL_LAYOUTS,
     MX_FORMATS,
+    POLICY_KINDS,
     ROUNDINGS,
     SCALE_MODES,
     as_float32,
@@ -135,10 +139,41 @@ def test_mx_scale_search_grid(fmt, scale_mode):
     check_mx_scale_search(fmt, scale_mode)
 
 
-# Most examples compile a kernel of their own (format x dtype x rounding x layout: about 900 of
-# them), a second each: 30 examples draw a different sample of them on every run.
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(block_cases(kernels=tuple(ALL_KERNEL_CHOICES)))
-def test_random_cases_over_every_kernel(case):
-    x, fmt, options = case
+def pairwise_cover(axes: list[list]) -> list[tuple]:
+    """Rows of the product of ``axes`` such that every pair of values of two axes occurs in some row
+    (a covering array of strength 2), chosen greedily: each next row is the first of the product
+    (in its order) that covers the most pairs not yet covered. Deterministic."""
+    rows = list(itertools.product(*axes))
+    pairs = lambda row: {(i, a, j, b) for (i, a), (j, b) in itertools.combinations(enumerate(row), 2)}  # noqa: E731
+    missing = set().union(*(pairs(r) for r in rows))
+    cover = []
+    while missing:
+        best = max(rows, key=lambda r: len(pairs(r) & missing))
+        cover.append(best)
+        missing -= pairs(best)
+    return cover
+
+
+# Each (format, input dtype, rounding, layout, policy) is a kernel of its own to compile (about a
+# second each, 1,344 of them): the cases cover every pair of those values, the same ones on every run.
+KERNEL_AXES = [["nvfp4", *MX_FORMATS], INPUT_DTYPES, ROUNDINGS, list(KERNEL_LAYOUTS), list(POLICY_KINDS)]
+KERNEL_COVER = pairwise_cover(KERNEL_AXES)
+
+
+def test_the_kernel_cases_cover_every_pair():
+    assert len(KERNEL_COVER) <= 40
+    for (i, a), (j, b) in itertools.combinations(enumerate(KERNEL_AXES), 2):
+        for u, v in itertools.product(a, b):
+            assert any(row[i] == u and row[j] == v for row in KERNEL_COVER), (u, v)
+
+
+@pytest.mark.parametrize(
+    "fmt, dtype, rounding, layout, policy",
+    KERNEL_COVER,
+    ids=[f"{f}-{np.dtype(d).name}-{r}-{lay}-{p}" for f, d, r, lay, p in KERNEL_COVER],
+)
+@settings(max_examples=3, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_cases_over_every_pair_of_kernel_choices(fmt, dtype, rounding, layout, policy, data):
+    x, fmt, options = data.draw(block_cases(kernels=((fmt, dtype, rounding),), layout=layout, policy=policy))
     check(x, fmt, **options)
