@@ -377,3 +377,21 @@ def process_cluster(dask_client):
         distributed.Client(cluster) as client,
     ):
         yield client
+
+
+@pytest.fixture(autouse=bool(os.environ.get("NEURON_KERNELS_COMPILE_LOG")))
+def _compile_log(request):
+    """With ``NEURON_KERNELS_COMPILE_LOG=path`` set: one line per kernel compiled during a test
+    (worker, test, kernel, seconds) appended to ``path``: which tests compile, on which worker, and
+    how much of the run's time compiling takes."""
+    from neuron_kernels import _jit
+
+    path, worker = os.environ["NEURON_KERNELS_COMPILE_LOG"], os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+    def log(event, name, seconds):
+        if event == "end":
+            with open(path, "a") as f:
+                f.write(f"{worker}\t{request.node.nodeid}\t{name}\t{seconds:.3f}\n")
+
+    with _jit.on_compile(log):
+        yield
