@@ -1,6 +1,6 @@
 """Every one of the 2^32 float32 bit patterns through every encoder (marked slow).
 
-The oracle is ml_dtypes 0.6.0 (numpy for float16) with the default rounding, except where
+The oracle is ml_dtypes 0.7.0 (numpy for float16) with the default rounding, except where
 docs/casts.md deliberately differs: float8_e8m0fnu rounds ties to the even code and splits the lowest
 binade at its midpoint. tfloat32 has no ml_dtypes type; its oracle is the float64 reference.
 numpy's float16 cast takes 40-85 ns an element where it underflows or overflows (it raises the

@@ -1,4 +1,4 @@
-"""The cast reference (tests/reference_casts.py) against ml_dtypes 0.6.0, the spec and hand-derived results.
+"""The cast reference (tests/reference_casts.py) against ml_dtypes 0.7.0, the spec and hand-derived results.
 
 The reference is what the fast kernels are judged by, so it is checked here on its own: bit for bit
 against ml_dtypes' ``astype`` for the default rounding (except e8m0's ties and lowest binade, which
@@ -297,7 +297,7 @@ def test_underflow_keeps_sign_except_fnuz_and_e8m0():
 
 
 def e8m0_is_tie_or_lowest_binade(x: np.ndarray) -> np.ndarray:
-    """True where the spec's e8m0 rule deliberately differs from ml_dtypes 0.6.0: positive ties
+    """True where the spec's e8m0 rule deliberately differs from ml_dtypes: positive ties
     1.5 * 2^k, and the open interval (2^-127, 2^-126)."""
     with np.errstate(invalid="ignore", divide="ignore"):  # signalling NaNs may raise "invalid"
         x64 = x.astype(np.float64)

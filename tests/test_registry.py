@@ -226,7 +226,7 @@ def test_promotion_casts_agree_with_ml_dtypes(src, dst, rng):
             expected = round_float32_to_mbits(values.astype(np.float32), 10)
         elif dst == "float32r":
             expected = values.astype(np.float32)
-        elif dst == "float8_e8m0fnu":  # ties to even (docs/casts.md), unlike ml_dtypes 0.6.0
+        elif dst == "float8_e8m0fnu":  # ties to even (docs/casts.md), unlike ml_dtypes
             f32 = x.astype(np.float32) if src == "float64" or FORMATS[src].kind == "int" else values.astype(np.float32)
             expected = encode_ref(f32, dst).view(t.result_dtype)
         elif src == "float64" or FORMATS[src].kind == "int":
