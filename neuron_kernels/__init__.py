@@ -5,11 +5,9 @@ loaded from the on-disk cache) the first time it runs.
 """
 
 from ._parallel import get_num_threads, set_num_threads
-from .blocks import (
-    BlockArray,
-    MXArray,
-    QuantizationStats,
+from .api import (
     block_matmul,
+    cast,
     dequantize,
     dequantize_mx,
     fake_quantize,
@@ -20,10 +18,10 @@ from .blocks import (
     quantize,
     quantize_mx,
     quantize_nvfp4,
-    rotate,
     shared_per_tensor_scale,
 )
-from .casting import auto_cast, cast, pack_x4, unpack_x4
+from .blocks import BlockArray, MXArray, QuantizationStats, rotate
+from .casting import auto_cast, pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
 from .errors import (
     ClusterError,

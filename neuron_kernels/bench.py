@@ -42,8 +42,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .blocks import fake_quantize, quantization_error, quantize
-from .casting import cast
+from .api import cast, fake_quantize, quantization_error, quantize
 from .errors import InvalidValueError
 from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS, get_format
 

@@ -17,7 +17,6 @@ from ._parallel import run_chunked
 from ._random import check_seed, draw_seed
 from .errors import InvalidTypeError, InvalidValueError
 from .formats import FORMATS, DTypeLike, Format, get_format
-from .lazy import is_lazy
 from .promotion import get_x4_from_x1, is_x4_dtype, launder_x4_dtype, promote_type
 from .registry import ROUNDING_MODES, CastKernel, CastOptions, lookup_cast
 
@@ -191,10 +190,11 @@ def cast(
     ----------
     x
         An array of any shape and strides (or anything ``numpy.asarray`` accepts) of a float or
-        integer dtype. Big-endian arrays are read correctly. A Dask array gives a lazy Dask array
-        (cast chunk by chunk, bit for bit the same, stochastic rounding included); another object
-        implementing ``__array_ufunc__`` (xarray) goes through the pair's ufunc (see
-        :meth:`CastKernel.ufunc`) and stays lazy.
+        integer dtype. Big-endian arrays are read correctly. Through the package's ``cast``
+        (:mod:`neuron_kernels.api`), a Dask array gives a lazy Dask array (cast chunk by chunk, bit
+        for bit the same, stochastic rounding included), and another object implementing
+        ``__array_ufunc__`` (xarray) goes through the pair's ufunc (see :meth:`CastKernel.ufunc`)
+        and stays lazy.
     dtype
         The target: a numpy dtype, an ml_dtypes type, a name such as ``"bfloat16"`` or
         ``"float8_e4m3fn"``, or one of the package's types (``"tfloat32"``, ``"float32r"``,
@@ -228,13 +228,6 @@ def cast(
     """
     target = get_format(dtype)
     options = cast_options(rounding, saturate, seed)
-    if is_lazy(x):
-        from .lazy.casts import cast_lazy
-
-        if out is not None:
-            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
-        result: np.ndarray = cast_lazy(x, target, options, cast_piece)
-        return result
     arr = np.asarray(x)  # subclasses (matrix, memmap) as plain arrays
     return CastPlan.make(source_format(arr), target, options).run(arr, out)
 

@@ -541,7 +541,7 @@ def _error_plot(args: argparse.Namespace, entry: Any, rows: list[Any]) -> None:
     format at its best scale mode and policy."""
     import numpy as np
 
-    from .blocks.api import fake_quantize
+    from .api import fake_quantize
     from .plots import error_histogram, relative_errors
     from .stream import POLICIES
 

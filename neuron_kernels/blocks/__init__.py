@@ -5,43 +5,14 @@
 - :mod:`.file`: the package's file of block arrays;
 - :mod:`.job`: validated options applied to arrays or pieces;
 - :mod:`.rotation`: the random Hadamard rotation;
-- :mod:`.stats`: error statistics;
-- :mod:`.api`: the public functions.
+- :mod:`.stats`: error statistics.
+
+These handle in-memory arrays; the public functions (``quantize``, ``dequantize``, ...) are in
+:mod:`neuron_kernels.api`, which sends lazy arrays to :mod:`neuron_kernels.lazy`.
 """
 
-from .api import (
-    block_matmul,
-    dequantize,
-    dequantize_mx,
-    fake_quantize,
-    fake_quantize_mx,
-    fake_quantize_nvfp4,
-    mx_matmul,
-    quantization_error,
-    quantize,
-    quantize_mx,
-    quantize_nvfp4,
-    shared_per_tensor_scale,
-)
 from .array import BlockArray, MXArray
 from .rotation import rotate
 from .stats import QuantizationStats
 
-__all__ = [
-    "BlockArray",
-    "MXArray",
-    "QuantizationStats",
-    "block_matmul",
-    "dequantize",
-    "dequantize_mx",
-    "fake_quantize",
-    "fake_quantize_mx",
-    "fake_quantize_nvfp4",
-    "mx_matmul",
-    "quantization_error",
-    "quantize",
-    "quantize_mx",
-    "quantize_nvfp4",
-    "rotate",
-    "shared_per_tensor_scale",
-]
+__all__ = ["BlockArray", "MXArray", "QuantizationStats", "rotate"]

@@ -1,28 +1,36 @@
-"""The public functions of block-scaled formats: quantise, dequantise, fake-quantise, simulate.
+"""The public functions: the one place where the kind of the input picks the implementation.
+
+In-memory arrays go to the numerics (:mod:`neuron_kernels.casting` for casts, :mod:`neuron_kernels.blocks`
+for block formats), which handle NumPy arrays only; lazy arrays (Dask, and other array-likes that
+implement ``__array_ufunc__`` for casts) go to :mod:`neuron_kernels.lazy`, whose results are bit
+for bit those of the in-memory call. Nothing below this module imports the lazy layer.
 
 Every block format goes through :func:`quantize` / :func:`fake_quantize` / :func:`dequantize` /
 :func:`block_matmul`; ``quantize_mx`` and ``quantize_nvfp4`` (and their ``fake_`` forms) are the
-same with each family's options and defaults. They validate (:func:`~.job.block_job`) and
-allocate; the kernels compute. Given a Dask array, they return lazy results
+same with each family's options and defaults. They validate (:func:`~neuron_kernels.blocks.job.block_job`)
+and allocate; the kernels compute. Given a Dask array, they return lazy results
 (:mod:`neuron_kernels.lazy.blocks`: a ``LazyBlockArray``, a Dask array of values, a delayed
-``QuantizationStats``), bit for bit those of the in-memory call.
+``QuantizationStats``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError
-from ..formats import BLOCK_FORMATS
-from ..lazy import is_lazy, is_lazy_blocks
-from .array import BlockArray, deliver, result_buffer
-from .job import DEFAULT, BlockJob, block_job, input_array
-from .stats import QuantizationStats
-from .stats import quantization_error as _in_memory_error
+from . import casting
+from .blocks.array import BlockArray, deliver, result_buffer
+from .blocks.job import DEFAULT, BlockJob, block_job, input_array
+from .blocks.stats import QuantizationStats
+from .blocks.stats import quantization_error as _in_memory_error
+from .errors import InvalidTypeError, InvalidValueError, NotApplicableError
+from .formats import BLOCK_FORMATS, DTypeLike, get_format
+from .lazy import is_lazy, is_lazy_blocks
 
 __all__ = [
+    "cast",
     "quantize",
     "quantize_mx",
     "quantize_nvfp4",
@@ -40,6 +48,27 @@ __all__ = [
 MX_FORMAT_NAMES: tuple[str, ...] = tuple(n for n, f in BLOCK_FORMATS.items() if f.is_mx)
 
 
+@functools.wraps(casting.cast)
+def cast(
+    x: Any,
+    dtype: DTypeLike,
+    *,
+    rounding: str = "nearest_even",
+    saturate: bool = False,
+    seed: int | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    if is_lazy(x):
+        from .lazy.casts import cast_lazy
+
+        if out is not None:
+            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
+        target = get_format(dtype)
+        result: np.ndarray = cast_lazy(x, target, casting.cast_options(rounding, saturate, seed), casting.cast_piece)
+        return result
+    return casting.cast(x, dtype, rounding=rounding, saturate=saturate, seed=seed, out=out)
+
+
 def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
     arr, src = input_array(x)
     job = block_job(fmt, arr.ndim, **options)
@@ -49,7 +78,7 @@ def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
 def _quantized(x: Any, fmt: Any, **options: Any) -> Any:
     """The quantisation of ``x``: a BlockArray, or a LazyBlockArray of a Dask array."""
     if is_lazy(x):
-        from ..lazy.blocks import as_dask, quantize_lazy
+        from .lazy.blocks import as_dask, quantize_lazy
 
         return quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
     arr, src, job = _job(x, fmt, **options)
@@ -58,7 +87,7 @@ def _quantized(x: Any, fmt: Any, **options: Any) -> Any:
 
 def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) -> Any:
     if is_lazy(x):
-        from ..lazy.blocks import as_dask, fake_quantize_lazy
+        from .lazy.blocks import as_dask, fake_quantize_lazy
 
         if out is not None:
             raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
@@ -405,7 +434,7 @@ def quantization_error(x: Any, q: Any) -> QuantizationStats:
     ``LazyBlockArray`` the result is a ``dask.delayed`` object whose ``.compute()`` gives the
     statistics (see :func:`neuron_kernels.lazy.blocks.quantization_error_lazy`)."""
     if is_lazy(x) or is_lazy_blocks(q):
-        from ..lazy.blocks import quantization_error_lazy
+        from .lazy.blocks import quantization_error_lazy
 
         result: QuantizationStats = quantization_error_lazy(x, q)
         return result
