@@ -3,22 +3,23 @@
 Each format is one frozen :class:`Format` row holding its defining parameters (exponent and
 mantissa widths, bias, infinity/NaN policy, sign rule, storage). Every other number (largest
 finite value, smallest normal, codes of NaN and infinity, ...) is computed from those parameters;
-nothing is written out per format.
+nothing is written out per format. The block formats are rows of their own (:class:`BlockFormat`)
+over these.
 
-The name normaliser :func:`as_dtype` accepts numpy dtypes, anything ``numpy.dtype()`` accepts,
-ml_dtypes scalar types, canonical name strings and the package's own :class:`NKDType` objects.
+The kernels compile constants from this module, so its code is part of their cache key; turning a
+user's dtype description into a row (:func:`~neuron_kernels.dtypes.as_dtype`,
+:func:`~neuron_kernels.dtypes.get_format`, ``format_info``) is in :mod:`neuron_kernels.dtypes`.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
 
-from .errors import InvalidTypeError, InvalidValueError, UnknownFormatError
+from .errors import InvalidValueError
 from .modes import E8M0_SCALE_MODES
 
 __all__ = [
@@ -27,15 +28,8 @@ __all__ = [
     "BlockFormat",
     "SPECIALS",
     "Format",
-    "FormatInfo",
     "NKDType",
     "FORMATS",
-    "ALIASES",
-    "DTypeLike",
-    "as_dtype",
-    "canonical_name",
-    "format_info",
-    "get_format",
 ]
 
 #: How a format spends its top codes on special values.
@@ -270,7 +264,12 @@ class NKDType:
         return hash(("neuron_kernels", self._format.name))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (as_dtype, (self.name,))
+        return (_dtype_named, (self.name,))
+
+
+def _dtype_named(name: str) -> np.dtype | NKDType:
+    """The dtype object of the format ``name`` (how an :class:`NKDType` is unpickled)."""
+    return FORMATS[name].dtype
 
 
 def _float(
@@ -384,204 +383,6 @@ _TABLE: tuple[Format, ...] = (
 
 #: Every format, by canonical name.
 FORMATS: dict[str, Format] = {f.name: f for f in _TABLE}
-
-#: Extra spellings accepted by :func:`as_dtype` (never ones that numpy reads differently).
-ALIASES: dict[str, str] = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "fp32": "float32",
-    "fp64": "float64",
-    "tf32": "tfloat32",
-    "fp32r": "float32r",
-    "fp8_e4m3": "float8_e4m3",
-    "fp8_e4m3fn": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-    "fp4_e2m1fn": "float4_e2m1fn",
-    "e8m0": "float8_e8m0fnu",
-}
-
-#: What the functions taking a dtype accept: a numpy dtype, the package's own dtype object, a
-#: name (canonical, an alias, or anything ``numpy.dtype()`` reads) or a scalar type such as
-#: ``np.float32`` or ``ml_dtypes.bfloat16``.
-DTypeLike = Union[np.dtype[Any], NKDType, str, type[Any]]
-
-
-def _unknown(name: str) -> UnknownFormatError:
-    known = sorted(set(FORMATS) | set(ALIASES))
-    close = difflib.get_close_matches(name.lower(), known, n=4, cutoff=0.5)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return UnknownFormatError(f"unknown dtype {name!r}.{hint} Known names: {', '.join(sorted(FORMATS))}.")
-
-
-def as_dtype(t: DTypeLike) -> np.dtype | NKDType:
-    """Normalise a dtype description.
-
-    Accepts a ``numpy.dtype``, anything ``numpy.dtype()`` accepts, an ml_dtypes scalar type, a
-    canonical name or alias string, or an :class:`NKDType`. Formats in the table come back as their
-    canonical dtype object (native byte order); other numpy dtypes (bool, complex, ...) come back
-    unchanged so that callers can reject them with their own message. Unknown names raise
-    ``TypeError`` listing the closest known names.
-    """
-    if isinstance(t, NKDType):
-        return t
-    if t is None:  # numpy reads None as float64; a missing dtype here is a mistake
-        raise InvalidTypeError(
-            f"dtype is None; pass a numpy dtype, an ml_dtypes type or one of: {', '.join(sorted(FORMATS))}"
-        )
-    if isinstance(t, str):
-        key = t.strip()
-        key = ALIASES.get(key.lower(), key)
-        fmt = FORMATS.get(key)
-        if fmt is not None:
-            return fmt.dtype
-        try:
-            dt = np.dtype(key)
-        except TypeError:
-            raise _unknown(t) from None
-    else:
-        try:
-            dt = np.dtype(t)
-        except (TypeError, ValueError) as exc:
-            raise InvalidTypeError(
-                f"not a dtype: {t!r} ({exc}); pass a numpy dtype, an ml_dtypes type "
-                f"or one of: {', '.join(sorted(FORMATS))}"
-            ) from None
-    fmt = FORMATS.get(dt.name)
-    if fmt is not None and fmt.numpy_name is not None and dt.newbyteorder("=") == fmt.result_dtype:
-        return fmt.result_dtype
-    return dt
-
-
-_FORMAT_CACHE: dict[Any, Format] = {}
-
-
-def get_format(t: DTypeLike) -> Format:
-    """The table row for a dtype description; ``TypeError`` for anything not in the table."""
-    try:
-        return _FORMAT_CACHE[t]
-    except (KeyError, TypeError):  # not seen yet, or unhashable
-        pass
-    fmt = _resolve_format(t)
-    if len(_FORMAT_CACHE) < 4096:
-        try:
-            _FORMAT_CACHE[t] = fmt
-        except TypeError:
-            pass
-    return fmt
-
-
-def _resolve_format(t: DTypeLike) -> Format:
-    dt = as_dtype(t)
-    if isinstance(dt, NKDType):
-        return dt.format
-    fmt = FORMATS.get(dt.name)
-    if fmt is None or fmt.numpy_name is None or dt.newbyteorder("=") != fmt.result_dtype:
-        raise UnknownFormatError(
-            f"unsupported dtype {dt!r}: expected a numeric format, one of {', '.join(sorted(FORMATS))}"
-        )
-    return fmt
-
-
-def canonical_name(t: DTypeLike) -> str:
-    """The canonical name of a supported dtype (``TypeError`` for anything else)."""
-    return get_format(t).name
-
-
-@dataclass(frozen=True)
-class FormatInfo:
-    """finfo-like facts about one format (``None`` where a field does not apply)."""
-
-    name: str
-    kind: str
-    bits: int
-    itemsize: int
-    container: np.dtype
-    dtype: Any
-    ebits: int | None
-    mbits: int | None
-    bias: int | None
-    max: float
-    min: float
-    smallest_normal: float | None
-    smallest_subnormal: float | None
-    eps: float | None
-    has_inf: bool
-    has_nan: bool
-    has_negative_zero: bool
-    element: str | None = None
-    lanes: int = 1
-
-
-def format_info(t: DTypeLike) -> FormatInfo:
-    """Describe a format: bits, exponent/mantissa widths, bias, range, eps, special values.
-
-    >>> format_info("float8_e4m3fn").max
-    448.0
-    """
-    f = get_format(t)
-    if f.kind == "packed":
-        e = FORMATS[f.element]  # type: ignore[index]
-        return FormatInfo(
-            f.name,
-            f.kind,
-            f.bits,
-            f.itemsize,
-            np.dtype(f.container),
-            f.dtype,
-            e.ebits,
-            e.mbits,
-            e.bias,
-            e.max,
-            e.lowest,
-            e.smallest_normal,
-            e.smallest_subnormal,
-            e.eps,
-            e.has_inf,
-            e.has_nan,
-            e.has_negative_zero,
-            f.element,
-            f.lanes,
-        )
-    if f.kind == "int":
-        return FormatInfo(
-            f.name,
-            f.kind,
-            f.bits,
-            f.itemsize,
-            f.result_dtype,
-            f.dtype,
-            None,
-            None,
-            None,
-            f.max,
-            f.lowest,
-            None,
-            None,
-            None,
-            False,
-            False,
-            False,
-        )
-    return FormatInfo(
-        f.name,
-        f.kind,
-        f.bits,
-        f.itemsize,
-        f.result_dtype,
-        f.dtype,
-        f.ebits,
-        f.mbits,
-        f.bias,
-        f.max,
-        f.lowest,
-        f.smallest_normal,
-        f.smallest_subnormal,
-        f.eps,
-        f.has_inf,
-        f.has_nan,
-        f.has_negative_zero,
-    )
-
 
 # ---- block formats ------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.formats import FORMATS, get_format
+from neuron_kernels.dtypes import get_format
+from neuron_kernels.formats import FORMATS
 
 ML_FLOATS = [n for n, f in FORMATS.items() if f.kind == "float" and hasattr(ml_dtypes, n)]
 NUMPY_FLOATS = ["float16", "float32", "float64"]

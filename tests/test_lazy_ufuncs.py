@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.formats import get_format
+from neuron_kernels.dtypes import get_format
 from neuron_kernels.registry import CastOptions, supported_casts
 
 from .conftest import special_float32
