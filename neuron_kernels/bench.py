@@ -43,8 +43,9 @@ import ml_dtypes
 import numpy as np
 
 from .api import cast, fake_quantize, quantization_error, quantize
+from .dtypes import get_format
 from .errors import InvalidValueError
-from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS, get_format
+from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS
 
 __all__ = [
     "BenchRow",
@@ -384,7 +385,7 @@ def torchao_peer(
         from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
     except Exception:  # noqa: BLE001 - any failure to import means the peer is absent
         return None
-    if fmt == "nvfp4":
+    if BLOCK_FORMATS[fmt].per_tensor_scale:  # NVFP4: torchao's nvfp4_quantize
         if set(options) - {"per_tensor_scale"}:
             return None
         pts_option = options.get("per_tensor_scale", "amax")
@@ -443,7 +444,7 @@ def bench_mx(
         fake = measure(lambda: fake_quantize(source, fmt, out=fake_out, **options), source.nbytes + x.nbytes, repeat)
         few = max(1, min(repeat, 3))
         with np.errstate(all="ignore"):
-            if fmt == "nvfp4":
+            if q.format.per_tensor_scale:
                 pts = q.per_tensor_scale
                 peer = measure(lambda: numpy_reference_nvfp4(source, pts), moved, few)
             else:

@@ -54,12 +54,13 @@ def _is_exact(source: Format, target: Format) -> bool:
         if t.kind == "int":
             return t.signed >= s.signed and t.bits - t.signed >= s.bits - s.signed
         return t.kind == "float" and t.mbits + 1 >= s.bits - s.signed and t.max >= s.max
-    if t.kind != "float" or t.name == "float8_e8m0fnu":
+    if t.kind != "float" or t.specials == "e8m0":
         return s.name == t.name
-    if s.name == "float8_e8m0fnu":
+    if s.specials == "e8m0":
         return t.emin - t.mbits <= s.emin and t.emax >= s.emax
     return (
-        s.mbits <= t.mbits
+        (t.signed or not s.signed)
+        and s.mbits <= t.mbits
         and t.emax >= s.emax
         and t.emin - t.mbits <= s.emin - s.mbits
         and (t.has_inf or not s.has_inf)
