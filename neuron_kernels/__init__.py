@@ -23,6 +23,7 @@ from .api import (
 from .blocks import BlockArray, MXArray, QuantizationStats, rotate
 from .casting import auto_cast, pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
+from .dtypes import FormatInfo, as_dtype, canonical_name, format_info
 from .errors import (
     ClusterError,
     InvalidTypeError,
@@ -32,19 +33,9 @@ from .errors import (
     NotApplicableError,
     UnknownFormatError,
 )
-from .files import FileFormatError
-from .formats import (
-    BLOCK_FORMATS,
-    FORMATS,
-    MX_FORMATS,
-    BlockFormat,
-    Format,
-    FormatInfo,
-    NKDType,
-    as_dtype,
-    canonical_name,
-    format_info,
-)
+from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS, BlockFormat, Format, NKDType
+from .io import load_blocks, save_blocks
+from .io.files import FileFormatError
 from .neuron import NcMatmulMxOperand, from_nc_matmul_mx, to_nc_matmul_mx
 from .promotion import (
     NoPromotionPathError,
@@ -118,6 +109,7 @@ __all__ = [
     "is_floating",
     "is_x4_dtype",
     "launder_x4_dtype",
+    "load_blocks",
     "load_checkpoint",
     "lookup_cast",
     "merge_type",
@@ -132,6 +124,7 @@ __all__ = [
     "quantize_nvfp4",
     "register_cast",
     "rotate",
+    "save_blocks",
     "set_num_threads",
     "shared_per_tensor_scale",
     "supported_casts",

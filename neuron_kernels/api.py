@@ -25,8 +25,9 @@ from .blocks.array import BlockArray, deliver, result_buffer
 from .blocks.job import DEFAULT, BlockJob, block_job, input_array
 from .blocks.stats import QuantizationStats
 from .blocks.stats import quantization_error as _in_memory_error
+from .dtypes import DTypeLike, get_format
 from .errors import InvalidTypeError, InvalidValueError, NotApplicableError
-from .formats import BLOCK_FORMATS, DTypeLike, get_format
+from .formats import BLOCK_FORMATS
 from .lazy import is_lazy, is_lazy_blocks
 
 __all__ = [

@@ -15,8 +15,9 @@ import numpy as np
 
 from ._parallel import run_chunked
 from ._random import check_seed, draw_seed
+from .dtypes import DTypeLike, get_format
 from .errors import InvalidTypeError, InvalidValueError
-from .formats import FORMATS, DTypeLike, Format, get_format
+from .formats import FORMATS, Format
 from .promotion import get_x4_from_x1, is_x4_dtype, launder_x4_dtype, promote_type
 from .registry import ROUNDING_MODES, CastKernel, CastOptions, lookup_cast
 

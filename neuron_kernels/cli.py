@@ -136,7 +136,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
 
 
 def _check_png(path: str, force: bool) -> None:
-    from .files import check_output_path
+    from .io.files import check_output_path
 
     if not path.lower().endswith(".png"):
         raise _UsageError(f"--plot writes a PNG image; give a file name ending in .png, not {path!r}")
@@ -181,8 +181,8 @@ def _progress_bar(args: argparse.Namespace, total: int, desc: str, unit: str = "
 
 
 def _entries(args: argparse.Namespace) -> list[Any]:
-    from .files import open_arrays
-    from .stream import select_arrays
+    from .io.files import open_arrays
+    from .io.stream import select_arrays
 
     return select_arrays(open_arrays(args.input), args.name)
 
@@ -205,7 +205,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], left: int) -> s
 def _checkpoint_input(args: argparse.Namespace) -> bool:
     """Whether a command works on a checkpoint (a folder, a layout asked for, or an output that is
     no array file) rather than on array files."""
-    from .files import ARRAY_FILES
+    from .io.files import ARRAY_FILES
 
     output = getattr(args, "output", "") or ""
     return (
@@ -297,8 +297,8 @@ def _quantize_zarr(args: argparse.Namespace) -> int:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from .files import array_file_kind, atomic_output
-    from .stream import quantize_file
+    from .io.files import array_file_kind, atomic_output
+    from .io.stream import quantize_file
 
     if _zarr_job(args):
         return _quantize_zarr(args)
@@ -346,7 +346,7 @@ def _stats_columns(st: Any) -> str:
 
 def _quantize_checkpoint(args: argparse.Namespace) -> int:
     from .checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
-    from .files import atomic_output, check_output_path
+    from .io.files import atomic_output, check_output_path
 
     if args.name is not None:
         raise _UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
@@ -402,7 +402,7 @@ def _quantize_checkpoint(args: argparse.Namespace) -> int:
 
 def _dequantize_checkpoint(args: argparse.Namespace) -> int:
     from .checkpoints import dequantize_checkpoint
-    from .files import atomic_output
+    from .io.files import atomic_output
 
     if args.name is not None:
         raise _UsageError("--name picks an array of a file; a checkpoint is dequantised whole")
@@ -435,9 +435,9 @@ def _dequantize_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _cmd_dequantize(args: argparse.Namespace) -> int:
-    from .blocks.file import read_block_file
-    from .files import atomic_output
-    from .stream import dequantize_file
+    from .io.blockfile import read_block_file
+    from .io.files import atomic_output
+    from .io.stream import dequantize_file
 
     if _checkpoint_input(args):
         return _dequantize_checkpoint(args)
@@ -462,8 +462,8 @@ def _cmd_dequantize(args: argparse.Namespace) -> int:
 
 
 def _stored_note(dtype_name: str, output: str) -> str:
-    from .formats import get_format
-    from .stream import stored_dtype
+    from .dtypes import get_format
+    from .io.stream import stored_dtype
 
     dtype = get_format(dtype_name).result_dtype
     stored = stored_dtype(dtype, output)
@@ -471,8 +471,8 @@ def _stored_note(dtype_name: str, output: str) -> str:
 
 
 def _cmd_cast(args: argparse.Namespace) -> int:
-    from .files import atomic_output
-    from .stream import cast_file
+    from .io.files import atomic_output
+    from .io.stream import cast_file
 
     entries = _entries(args)
     with (
@@ -498,7 +498,7 @@ def _cmd_cast(args: argparse.Namespace) -> int:
 
 def _cmd_error(args: argparse.Namespace) -> int:
     from .formats import BLOCK_FORMATS
-    from .stream import error_table
+    from .io.stream import error_table
 
     if args.plot:
         _check_png(args.plot, args.force)
@@ -542,8 +542,8 @@ def _error_plot(args: argparse.Namespace, entry: Any, rows: list[Any]) -> None:
     import numpy as np
 
     from .api import fake_quantize
+    from .io.stream import POLICIES
     from .plots import error_histogram, relative_errors
-    from .stream import POLICIES
 
     best: dict[str, tuple[str, str]] = {}
     for label, fmt, mode, policy, _ in rows:  # rows are best first within an array
@@ -577,7 +577,8 @@ def _cmd_promote(args: argparse.Namespace) -> int:
 
 
 def _cmd_formats(args: argparse.Namespace) -> int:
-    from .formats import FORMATS, format_info
+    from .dtypes import format_info
+    from .formats import FORMATS
 
     head = (
         f"{'name':<20}{'bits':>5}{'E':>4}{'M':>4}{'bias':>6}{'max':>14}{'min normal':>14}"
@@ -674,8 +675,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     from .formats import BLOCK_FORMATS
+    from .io.stream import POLICIES
     from .modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, ROUNDING_MODES, SCALE_MODES, SCALE_SEARCHES
-    from .stream import POLICIES
 
     p = _Parser(prog="neuron-kernels", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)

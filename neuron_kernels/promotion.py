@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import DTypeLike, as_dtype
 from .errors import InvalidTypeError, NeuronKernelsError
-from .formats import FORMATS, DTypeLike, NKDType, as_dtype
+from .formats import FORMATS, NKDType
 
 __all__ = [
     "NoPromotionPathError",

@@ -33,8 +33,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from .dtypes import DTypeLike, canonical_name
 from .errors import InvalidTypeError, InvalidValueError, NeuronKernelsError
-from .formats import DTypeLike, canonical_name
 from .modes import ROUNDING_MODES
 
 __all__ = [

@@ -25,8 +25,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
+from .dtypes import get_format
 from .errors import InvalidValueError
-from .formats import BLOCK_FORMATS, get_format
+from .formats import BLOCK_FORMATS
 
 __all__ = ["WARMUP_SOURCES", "Task", "warmup", "warmup_tasks", "run_task", "describe"]
 

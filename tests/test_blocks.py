@@ -1237,8 +1237,8 @@ SAVE_CASES = [
 def test_save_load_round_trip(tmp_path, fmt, shape, options):
     x = block_binades(shape, 5, -10, 10)
     q = nk.quantize(x, fmt, **options)
-    q.save(tmp_path / "q")  # .npz is appended
-    back = nk.MXArray.load(tmp_path / "q.npz")
+    nk.save_blocks(tmp_path / "q", q)  # .npz is appended
+    back = nk.load_blocks(tmp_path / "q.npz")
     for field in ("fmt", "block_size", "axis", "shape", "packed", "block_rows", "rotation", "block_shape"):
         assert getattr(back, field) == getattr(q, field), field
     if q.per_tensor_scale is None:
@@ -1254,13 +1254,27 @@ def test_save_load_round_trip(tmp_path, fmt, shape, options):
     assert repr(back) == repr(q)
 
 
+def test_moved_file_methods_say_where_they_went(tmp_path):
+    q = nk.quantize(block_binades((2, 32), 1), "mxfp8_e4m3")
+    with pytest.raises(AttributeError, match=r"neuron_kernels\.save_blocks\(path, q\)"):
+        q.save(tmp_path / "q.npz")
+    with pytest.raises(AttributeError, match=r"neuron_kernels\.load_blocks\(path"):
+        nk.BlockArray.load(tmp_path / "q.npz")
+    assert not (tmp_path / "q.npz").exists()
+
+
+def test_save_blocks_refuses_what_is_not_a_block_array(tmp_path):
+    with pytest.raises(TypeError, match="save_blocks writes a BlockArray"):
+        nk.save_blocks(tmp_path / "q.npz", np.zeros(4))
+
+
 def test_nvfp4_per_tensor_scale_is_exact_float32_in_files(tmp_path):
     # A pts that is not a short decimal (the float32 nearest 1 / 3) survives the file bit for bit.
     x = block_binades((2, 32), 2)
     q = nk.quantize_nvfp4(x, per_tensor_scale=1 / 3)
     assert q.per_tensor_scale == float(np.float32(1 / 3))
-    q.save(tmp_path / "q.npz")
-    back = nk.MXArray.load(tmp_path / "q.npz")
+    nk.save_blocks(tmp_path / "q.npz", q)
+    back = nk.load_blocks(tmp_path / "q.npz")
     assert back.per_tensor_scale == q.per_tensor_scale
     assert_bits(back.dequantize(), reference(x, "nvfp4", per_tensor_scale=1 / 3).values)
 
@@ -1345,7 +1359,7 @@ def test_one_pass_error_sums_equal_statistics_of_the_codes(fmt, dtype):
     statistics, for every scale mode and policy of each format: specials, saturating and flushed
     elements, and a short last block."""
     from neuron_kernels.blocks.stats import ErrorStats
-    from neuron_kernels.stream import POLICIES
+    from neuron_kernels.io.stream import POLICIES
 
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((6, 77)) * np.exp2(rng.integers(-30, 30, (6, 1)))).astype(F32)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.files import SafetensorsWriter, TensorSpec
+from neuron_kernels.io.files import SafetensorsWriter, TensorSpec
 
 from .conftest import child_env
 from .test_cli_stream import REPORT_PEAK

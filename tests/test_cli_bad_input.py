@@ -12,7 +12,6 @@ import re
 import numpy as np
 
 import neuron_kernels as nk
-from neuron_kernels import MXArray
 
 from .conftest import (
     BASE,
@@ -40,8 +39,10 @@ def test_cli_quantize_big_endian_fortran_and_nonfinite(tmp_path):
         "quantize", "in.npz", "q.npz", "--format", "mxfp8_e5m2", "--block-size", "8", "--chunk-mb", "1", cwd=tmp_path
     )
     assert r.returncode == 0, r.stderr
-    assert_same_mx(MXArray.load(tmp_path / "q.npz", name="be"), nk.quantize_mx(native(be), "mxfp8_e5m2", block_size=8))
-    got = MXArray.load(tmp_path / "q.npz", name="special")
+    assert_same_mx(
+        nk.load_blocks(tmp_path / "q.npz", name="be"), nk.quantize_mx(native(be), "mxfp8_e5m2", block_size=8)
+    )
+    got = nk.load_blocks(tmp_path / "q.npz", name="special")
     codes, scales = quantize_mx_ref(special, "mxfp8_e5m2", 8, "floor")
     assert_same_bits(got.codes, codes)
     assert_same_bits(got.scales.view(np.uint8), scales)
@@ -63,7 +64,7 @@ def test_cli_quantize_huge_block_size(tmp_path):
     r = run_cli("quantize", "x.npy", "q.npz", "--format", "mxint8", "--block-size", str(10**20), cwd=tmp_path)
     assert "Traceback" not in r.stderr, r.stderr[-1500:]
     if r.returncode == 0:
-        got = MXArray.load(tmp_path / "q.npz")
+        got = nk.load_blocks(tmp_path / "q.npz")
         want = nk.quantize_mx(X_MX, "mxint8", block_size=40)
         assert_same_bits(got.codes, want.codes)
         assert_same_bits(got.scales.view(np.uint8), want.scales.view(np.uint8))

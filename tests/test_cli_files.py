@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import MXArray
 
 from .conftest import child_env
 
@@ -83,7 +82,7 @@ def test_quantize_npy_equals_quantize_mx(files):
         cwd=d,
     )
     want = nk.quantize_mx(x, "mxfp4_e2m1", axis=0, block_size=7, rounding="stochastic", seed=9)
-    got = MXArray.load(d / "q.npz")
+    got = nk.load_blocks(d / "q.npz")
     np.testing.assert_array_equal(got.codes, want.codes)
     np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
     assert (got.fmt, got.axis, got.block_size, got.shape) == ("mxfp4_e2m1", 0, 7, x.shape)
@@ -95,13 +94,13 @@ def test_quantize_containers_keep_names(files):
     d, x = files
     run("quantize", "m.npz", "qm.npz", "--format", "mxfp8_e4m3", "--scale-mode", "rceil", cwd=d)
     for name, arr in [("w", x), ("b", x[:7, :40].astype(np.float16))]:
-        got = MXArray.load(d / "qm.npz", name=name)
+        got = nk.load_blocks(d / "qm.npz", name=name)
         want = nk.quantize_mx(arr, "mxfp8_e4m3", scale_mode="rceil")
         np.testing.assert_array_equal(got.codes, want.codes)
     with pytest.raises(ValueError, match="holds 2 MX arrays; pick one with name="):
-        MXArray.load(d / "qm.npz")
+        nk.load_blocks(d / "qm.npz")
     run("quantize", "t.safetensors", "qt.npz", "--format", "mxint8", "--name", "w", cwd=d)
-    got = MXArray.load(d / "qt.npz", name="w")
+    got = nk.load_blocks(d / "qt.npz", name="w")
     np.testing.assert_array_equal(got.codes, nk.quantize_mx(x.astype(ml_dtypes.bfloat16), "mxint8").codes)
 
 
@@ -125,7 +124,7 @@ def test_quantize_nvfp4_in_pieces_equals_in_memory(tmp_path, options, kwargs):
     x[7, 3] = 300.0  # the tensor's amax sits in one piece only
     np.save(tmp_path / "x.npy", x)
     r = run("quantize", "x.npy", "q.npz", "--format", "nvfp4", "--chunk-mb", "1", *options, cwd=tmp_path)
-    got = MXArray.load(tmp_path / "q.npz")
+    got = nk.load_blocks(tmp_path / "q.npz")
     want = nk.quantize_nvfp4(x, **kwargs)
     assert (got.per_tensor_scale, got.block_shape, got.rotation) == (
         want.per_tensor_scale,
@@ -153,7 +152,7 @@ def test_dequantize(files, output, dtype):
 
         got = load_file(d / output)
     for name in ("w", "b"):
-        want = MXArray.load(d / "deq_in.npz", name=name).dequantize(dtype)
+        want = nk.load_blocks(d / "deq_in.npz", name=name).dequantize(dtype)
         assert got[name].dtype == want.dtype
         np.testing.assert_array_equal(got[name].view(np.uint8), want.view(np.uint8))
 
@@ -242,7 +241,7 @@ def test_existing_output_needs_force(files):
     fails("quantize", "x.npy", "taken.npz", "--format", "mxint8", cwd=d, message="exists; pass --force")
     assert (d / "taken.npz").read_bytes() == b"keep me"
     run("quantize", "x.npy", "taken.npz", "--format", "mxint8", "--force", cwd=d)
-    assert MXArray.load(d / "taken.npz").fmt == "mxint8"
+    assert nk.load_blocks(d / "taken.npz").fmt == "mxint8"
     fails("cast", "x.npy", "x.npy", "--to", "bfloat16", "--force", cwd=d, message="is also the input")
 
 
@@ -337,7 +336,7 @@ def test_one_long_row_is_cut_within_the_row(tmp_path):
         cwd=tmp_path,
     )
     want = nk.quantize_mx(x, "mxfp4_e2m1", block_size=33, rounding="stochastic", seed=2)
-    got = MXArray.load(tmp_path / "q.npz")
+    got = nk.load_blocks(tmp_path / "q.npz")
     np.testing.assert_array_equal(got.codes, want.codes)
     np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
     run("dequantize", "q.npz", "dq.npy", "--chunk-mb", "1", cwd=tmp_path)

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import MXArray
-from neuron_kernels.files import NpyWriter
+from neuron_kernels.io.files import NpyWriter
 
 ROWS, COLS = 1 << 15, 1 << 13  # 256 Mi float32 = 1 GiB
 #: The command, reporting its peak RSS on stderr as it exits.
@@ -73,7 +72,7 @@ def test_quantize_a_1gib_npy_in_bounded_memory(tmp_path):
 
     x = np.load(src, mmap_mode="r")
     want = nk.quantize_mx(x, "mxfp4_e2m1", rounding="stochastic", seed=7)
-    got = MXArray.load(tmp_path / "q.npz")
+    got = nk.load_blocks(tmp_path / "q.npz")
     np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
     np.testing.assert_array_equal(got.codes, want.codes)
     assert "big.npy" in out

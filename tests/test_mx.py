@@ -219,8 +219,8 @@ def test_mxarray_metadata_and_repr():
 def test_save_and_load(tmp_path):
     mx = nk.quantize_mx(X.reshape(10, 100), "mxfp4_e2m1", axis=0, block_size=3)
     path = tmp_path / "w.npz"
-    mx.save(path)
-    back = nk.MXArray.load(path)
+    nk.save_blocks(path, mx)
+    back = nk.load_blocks(path)
     assert (back.fmt, back.block_size, back.axis, back.shape, back.packed) == (mx.fmt, 3, 0, (10, 100), True)
     np.testing.assert_array_equal(back.codes, mx.codes)
     np.testing.assert_array_equal(back.dequantize(), mx.dequantize())
@@ -229,7 +229,7 @@ def test_save_and_load(tmp_path):
 def test_load_rejects_bad_files(tmp_path):
     mx = nk.quantize_mx(X, "mxfp8_e4m3")
     good = tmp_path / "good.npz"
-    mx.save(good)
+    nk.save_blocks(good, mx)
     data = good.read_bytes()
     (tmp_path / "trunc.npz").write_bytes(data[: len(data) // 2])
     (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
@@ -266,9 +266,9 @@ def test_load_rejects_bad_files(tmp_path):
         ("fmt", "unknown block format"),
     ]:
         with pytest.raises(ValueError, match=message):
-            nk.MXArray.load(tmp_path / f"{name}.npz")
+            nk.load_blocks(tmp_path / f"{name}.npz")
     with pytest.raises(FileNotFoundError):
-        nk.MXArray.load(tmp_path / "missing.npz")
+        nk.load_blocks(tmp_path / "missing.npz")
 
 
 @pytest.mark.parametrize(

@@ -428,8 +428,8 @@ def test_mx_empty(tmp_path, fmt, shape, axis):
         assert mx.dequantize(dtype, out=out) is out
     fq = nk.fake_quantize_mx(x, fmt, axis=axis, block_size=3, out=np.empty(shape, F32))
     assert fq.shape == shape and fq.dtype == F32
-    mx.save(tmp_path / "e.npz")
-    assert_same_mx(MXArray.load(tmp_path / "e.npz"), mx)
+    nk.save_blocks(tmp_path / "e.npz", mx)
+    assert_same_mx(nk.load_blocks(tmp_path / "e.npz"), mx)
 
 
 # ---- strides and byte order ---------------------------------------------------------------------
@@ -607,7 +607,7 @@ def test_load_bad_metadata(tmp_path, meta, members, pattern):
     """Each metadata field wrong in each way: a ValueError naming the file and the field."""
     path = write_mx(tmp_path / "bad.npz", meta=meta, **members)
     with pytest.raises(ValueError, match=pattern) as info:
-        MXArray.load(path)
+        nk.load_blocks(path)
     assert "bad.npz" in str(info.value)
 
 
@@ -620,7 +620,7 @@ def test_load_metadata_not_an_object(tmp_path, raw):
     """Metadata that is not a JSON object is 'corrupt MX metadata'."""
     path = write_mx(tmp_path / "bad.npz", raw_meta=raw)
     with pytest.raises(ValueError, match="corrupt MX metadata"):
-        MXArray.load(path)
+        nk.load_blocks(path)
 
 
 MEMBER_CASES = [
@@ -649,20 +649,20 @@ def test_load_bad_members(tmp_path, members, pattern):
     """codes/scales of the wrong dtype or shape: a ValueError saying what they must be."""
     path = write_mx(tmp_path / "bad.npz", **members)
     with pytest.raises(ValueError, match=pattern):
-        MXArray.load(path)
+        nk.load_blocks(path)
 
 
 def test_load_npz_without_mx_members(tmp_path):
     """A valid .npz that is not an MX file says which members it has and which it needs."""
     np.savez(tmp_path / "a.npz", codes=MX8_EXACT.codes, scales=MX8_EXACT.scales.view(np.uint8))
     with pytest.raises(ValueError, match=r"not an MX file \(it has \['codes', 'scales'\]; expected codes"):
-        MXArray.load(tmp_path / "a.npz")
+        nk.load_blocks(tmp_path / "a.npz")
     np.savez(tmp_path / "b.npz", w=EXACT)
     with pytest.raises(ValueError, match="not an MX file"):
-        MXArray.load(tmp_path / "b.npz")
+        nk.load_blocks(tmp_path / "b.npz")
     zipfile.ZipFile(tmp_path / "c.npz", "w").close()
     with pytest.raises(ValueError, match="holds no arrays"):
-        MXArray.load(tmp_path / "c.npz")
+        nk.load_blocks(tmp_path / "c.npz")
 
 
 @pytest.mark.parametrize("variant", ["fortran_codes", "compressed", "extra_member", "extra_meta_key", "scales_e8m0"])
@@ -681,7 +681,7 @@ def test_load_unusual_but_valid_files(tmp_path, variant):
         write_mx(path, meta={**META, "comment": "x"})
     else:
         write_mx(path, scales=MX8_EXACT.scales)
-    mx = MXArray.load(path)
+    mx = nk.load_blocks(path)
     assert_same_mx(mx, MX8_EXACT)
     np.testing.assert_array_equal(mx.dequantize(), EXACT)
 
@@ -689,7 +689,7 @@ def test_load_unusual_but_valid_files(tmp_path, variant):
 @pytest.fixture(scope="module")
 def good_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("mx") / "good.npz"
-    MX8_EXACT.save(path)
+    nk.save_blocks(path, MX8_EXACT)
     return path.read_bytes()
 
 
@@ -699,13 +699,13 @@ def test_load_truncated_zip(tmp_path, good_file, fraction):
     path = tmp_path / "cut.npz"
     path.write_bytes(good_file[: int(len(good_file) * fraction)])
     with pytest.raises(ValueError, match=r"cut\.npz: cannot read an MX file"):
-        MXArray.load(path)
+        nk.load_blocks(path)
 
 
 def test_load_good_file_byte_for_byte(tmp_path, good_file):
     """The untouched file loads (the truncation cases start from a good file)."""
     (tmp_path / "g.npz").write_bytes(good_file)
-    assert_same_mx(MXArray.load(tmp_path / "g.npz"), MX8_EXACT)
+    assert_same_mx(nk.load_blocks(tmp_path / "g.npz"), MX8_EXACT)
 
 
 @pytest.mark.parametrize("head", [b"", b"PK\x03\x04", b"\x93NUMPY"], ids=["random", "zip_magic", "npy_magic"])
@@ -714,7 +714,7 @@ def test_load_random_bytes(tmp_path, head):
     path = tmp_path / "junk.npz"
     path.write_bytes(head + np.random.default_rng(0).bytes(700))
     with pytest.raises(ValueError, match=r"junk\.npz: cannot read"):
-        MXArray.load(path)
+        nk.load_blocks(path)
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
@@ -732,7 +732,7 @@ def test_load_truncated_member(tmp_path, compression):
         z.writestr("codes.npy", _npy_bytes(MX8_EXACT.codes)[:-10])
         z.writestr("scales.npy", _npy_bytes(MX8_EXACT.scales.view(np.uint8)))
     with pytest.raises(ValueError, match=r"short_member\.npz\[codes\].*truncated|short_member\.npz.*codes"):
-        MXArray.load(path)
+        nk.load_blocks(path)
 
 
 @pytest.mark.parametrize("where", ["meta_header", "codes_header"])
@@ -744,22 +744,22 @@ def test_load_corrupt_member_header(tmp_path, good_file, where):
     path = tmp_path / "hdr.npz"
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"hdr\.npz"):
-        MXArray.load(path)
+        nk.load_blocks(path)
 
 
 def test_load_paths(tmp_path, good_file):
     """Missing files, folders, other suffixes and non-paths."""
     with pytest.raises(FileNotFoundError, match=r"missing\.npz: no such file"):
-        MXArray.load(tmp_path / "missing.npz")
+        nk.load_blocks(tmp_path / "missing.npz")
     (tmp_path / "folder.npz").mkdir()
     with pytest.raises(ValueError, match="not a regular file"):
-        MXArray.load(tmp_path / "folder.npz")
+        nk.load_blocks(tmp_path / "folder.npz")
     np.save(tmp_path / "x.npy", EXACT)
     with pytest.raises(ValueError, match=r"an MX file is a \.npz file"):
-        MXArray.load(tmp_path / "x.npy")
+        nk.load_blocks(tmp_path / "x.npy")
     for bad in (None, 3, 1.5):
         with pytest.raises(TypeError):
-            MXArray.load(bad)
+            nk.load_blocks(bad)
 
 
 def test_load_names(tmp_path):
@@ -777,19 +777,19 @@ def test_load_names(tmp_path):
             )
         },
     )
-    assert_same_mx(MXArray.load(two, name="b"), MX8_EXACT)
+    assert_same_mx(nk.load_blocks(two, name="b"), MX8_EXACT)
     with pytest.raises(ValueError, match=r"holds 2 MX arrays; pick one with name= \(a, b\)"):
-        MXArray.load(two)
+        nk.load_blocks(two)
     with pytest.raises(ValueError, match="has no MX array named 'c'; it has a, b"):
-        MXArray.load(two, name="c")
+        nk.load_blocks(two, name="c")
 
 
 def test_load_name_of_a_single_array_file(tmp_path):
     """name= on a file of one unnamed array says so, rather than listing 'None'."""
     one = tmp_path / "one.npz"
-    MX8_EXACT.save(one)
+    nk.save_blocks(one, MX8_EXACT)
     with pytest.raises(ValueError, match="has no MX array named 'w'") as info:
-        MXArray.load(one, name="w")
+        nk.load_blocks(one, name="w")
     assert "it has None" not in str(info.value), info.value
 
 

@@ -2,14 +2,13 @@
 
 One container for every block format: :class:`BlockArray` (``MXArray`` is the same class). It
 validates its fields on construction (the kernels trust them), dequantises itself, gives its codes
-as element dtypes or Neuron's packed containers, and saves to / loads from the package's file
-(:mod:`neuron_kernels.blocks.file`).
+as element dtypes or Neuron's packed containers. The package's file of block arrays is I/O
+(:mod:`neuron_kernels.io.blockfile`: ``save_blocks`` / ``load_blocks``).
 """
 
 from __future__ import annotations
 
 import numbers
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,8 +16,9 @@ import numpy as np
 
 from .._parallel import run_tasks
 from ..casting import cast, check_out, pack_x4
+from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
-from ..formats import BLOCK_FORMATS, BlockFormat, get_format
+from ..formats import BLOCK_FORMATS, BlockFormat
 from .inputs import INPUT_DTYPES
 from .layout import BlockLayout
 from .rotation import rotate_in_place, rotation_signs
@@ -220,49 +220,14 @@ class BlockArray:
         """The same blocks with other codes (of the same layout)."""
         return replace(self, codes=codes)
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write one ``.npz`` file (codes, scale bytes and the metadata; see
-        :mod:`neuron_kernels.blocks.file`), atomically. ``.npz`` is appended to a path without it."""
-        from ..files import atomic_output
-        from .file import BlockFileWriter
-
-        path = os.fspath(path)
-        if not path.endswith(".npz"):
-            path += ".npz"
-        with atomic_output(path, force=True) as tmp, BlockFileWriter(tmp) as writer:
-            writer.add(None, self)
+    def save(self, path: Any) -> None:
+        """Moved: the file is I/O, which lives above the numerics: ``neuron_kernels.save_blocks(path, q)``."""
+        raise AttributeError("BlockArray.save moved: use neuron_kernels.save_blocks(path, q)")
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], name: str | None = None) -> BlockArray:
-        """Read a block file (written by :meth:`save` or ``neuron-kernels quantize``); ``name`` picks
-        one array of a file that holds several. A corrupt or inconsistent file raises ``ValueError``."""
-        from .file import read_block_file
-
-        path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: no such file")
-        arrays = read_block_file(path)
-        names = ", ".join(sorted(map(str, arrays))) if None not in arrays else "one unnamed array (no name= needed)"
-        if name is None and len(arrays) > 1:
-            raise InvalidValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= ({names})")
-        key = next(iter(arrays)) if name is None else name
-        if key not in arrays:
-            raise InvalidValueError(f"{path} has no MX array named {name!r}; it has {names}")
-        s = arrays[key]
-        lay = s.layout
-        return cls.from_parts(
-            s.codes.read(),
-            s.scales.read(),
-            lay.fmt,
-            lay.block_size,
-            lay.axis,
-            lay.shape,
-            lay.packed,
-            path,
-            block_rows=lay.block_rows,
-            per_tensor_scale=s.per_tensor_scale,
-            rotation=s.rotation,
-        )
+    def load(cls, path: Any, name: str | None = None) -> BlockArray:
+        """Moved: ``neuron_kernels.load_blocks(path, name=None)``."""
+        raise AttributeError("BlockArray.load moved: use neuron_kernels.load_blocks(path, name=None)")
 
     @classmethod
     def from_parts(

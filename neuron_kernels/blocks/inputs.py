@@ -6,8 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import get_format
 from ..errors import InvalidTypeError
-from ..formats import Format, get_format
+from ..formats import Format
 
 __all__ = ["INPUT_DTYPES", "input_array", "input_format"]
 

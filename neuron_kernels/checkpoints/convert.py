@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from ..blocks.array import BlockArray
-from ..blocks.file import BlockFileWriter
 from ..blocks.job import BlockJob, block_job
 from ..blocks.stats import ErrorStats, QuantizationStats
-from ..files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
-from ..formats import get_format
-from ..stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
+from ..dtypes import get_format
+from ..io.blockfile import BlockFileWriter
+from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
+from ..io.stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
 from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint, open_checkpoint
 from .layouts import LAYOUTS, Output, StoredWeight, open_any, stored_weights
 from .selection import FLOATS, fused_groups

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..files import ArrayEntry, FileFormatError, read_safetensors_header
+from ..io.files import ArrayEntry, FileFormatError, read_safetensors_header
 
 __all__ = ["Checkpoint", "open_checkpoint", "INDEX_NAME", "CONFIG_NAME", "PTS_KEY"]
 
@@ -80,7 +80,7 @@ def _json_file(path: str) -> Any:
 
 
 def _shard_entries(path: str, shown: str) -> tuple[dict[str, ArrayEntry], dict[str, str]]:
-    from ..files import ARRAY_FILES
+    from ..io.files import ARRAY_FILES
 
     if not os.path.isfile(path):
         raise FileFormatError(f"{shown}: missing (named by the checkpoint, not found)")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import ArrayEntry
+from ..io.files import ArrayEntry
 
 __all__ = [
     "DEFAULT_EXCLUDES",

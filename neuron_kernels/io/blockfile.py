@@ -9,10 +9,9 @@ Layout (version 1). An array is three zip members, each an ordinary ``.npy`` arr
 - ``codes.npy``: uint8 element codes (see :class:`~neuron_kernels.blocks.array.BlockArray`);
 - ``scales.npy``: uint8 scale bytes (e8m0 for MX, float8_e4m3fn for NVFP4).
 
-A file written by :meth:`BlockArray.save <neuron_kernels.blocks.array.BlockArray.save>` holds
-one array under exactly these names. A file of several arrays (``neuron-kernels quantize`` of an ``.npz`` or
-``.safetensors`` input) prefixes each array's members with its name and a slash:
-``model.w/meta.npy``, ``model.w/codes.npy``, ...
+A file written by :func:`save_blocks` holds one array under exactly these names. A file of several
+arrays (``neuron-kernels quantize`` of an ``.npz`` or ``.safetensors`` input) prefixes each array's
+members with its name and a slash: ``model.w/meta.npy``, ``model.w/codes.npy``, ...
 
 Members are stored uncompressed, so that a reader can map any row range of the codes and scales
 without reading the rest (:func:`read_mx_file`), and a writer can append them row range by row
@@ -31,10 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from ..files import ArrayEntry, FileFormatError, NpzWriter, open_arrays
-from .layout import BlockLayout
+from ..blocks.array import BlockArray
+from ..blocks.layout import BlockLayout
+from ..errors import InvalidTypeError, InvalidValueError
+from .files import ArrayEntry, FileFormatError, NpzWriter, atomic_output, open_arrays
 
-__all__ = ["FILE_VERSION", "StoredBlocks", "read_block_file", "BlockFileWriter"]
+__all__ = ["FILE_VERSION", "StoredBlocks", "read_block_file", "BlockFileWriter", "save_blocks", "load_blocks"]
 
 FILE_VERSION = 1
 _MEMBERS = ("meta", "codes", "scales")
@@ -194,3 +195,46 @@ class BlockFileWriter:
 
     def __exit__(self, *_: Any) -> None:
         self._npz.__exit__()
+
+
+def save_blocks(path: str | os.PathLike[str], q: BlockArray) -> None:
+    """Write one block array to one ``.npz`` file (codes, scale bytes and the metadata), atomically.
+    ``.npz`` is appended to a path without it."""
+    if not isinstance(q, BlockArray):
+        raise InvalidTypeError(f"save_blocks writes a BlockArray (a block-format array), got {type(q).__name__}")
+    path = os.fspath(path)
+    if not path.endswith(".npz"):
+        path += ".npz"
+    with atomic_output(path, force=True) as tmp, BlockFileWriter(tmp) as writer:
+        writer.add(None, q)
+
+
+def load_blocks(path: str | os.PathLike[str], name: str | None = None) -> BlockArray:
+    """Read a block array from a block file (written by :func:`save_blocks` or ``neuron-kernels
+    quantize``); ``name`` picks one array of a file that holds several. A corrupt or inconsistent
+    file raises ``ValueError``."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    arrays = read_block_file(path)
+    names = ", ".join(sorted(map(str, arrays))) if None not in arrays else "one unnamed array (no name= needed)"
+    if name is None and len(arrays) > 1:
+        raise InvalidValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= ({names})")
+    key = next(iter(arrays)) if name is None else name
+    if key not in arrays:
+        raise InvalidValueError(f"{path} has no MX array named {name!r}; it has {names}")
+    s = arrays[key]
+    lay = s.layout
+    return BlockArray.from_parts(
+        s.codes.read(),
+        s.scales.read(),
+        lay.fmt,
+        lay.block_size,
+        lay.axis,
+        lay.shape,
+        lay.packed,
+        path,
+        block_rows=lay.block_rows,
+        per_tensor_scale=s.per_tensor_scale,
+        rotation=s.rotation,
+    )

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.lib.format as npformat
 
-from .errors import InvalidValueError, NeuronKernelsError
+from ..errors import InvalidValueError, NeuronKernelsError
 
 __all__ = [
     "FileFormatError",
@@ -246,7 +246,7 @@ def read_safetensors_header(path: str) -> tuple[int, dict[str, str], dict[str, t
     """(file offset of the data, ``__metadata__``, name -> (dtype, shape, file offset)) of a
     ``.safetensors`` file, every entry checked against the file: a known dtype, a shape of
     non-negative ints, a byte range of the right length that the file holds."""
-    from .formats import as_dtype
+    from ..dtypes import as_dtype
 
     size = os.path.getsize(path)
     with open(path, "rb") as fh:

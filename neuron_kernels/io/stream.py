@@ -18,15 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from .blocks.array import BlockArray
-from .blocks.file import BlockFileWriter, StoredBlocks, read_block_file
-from .blocks.inputs import input_array
-from .blocks.job import DEFAULT, BlockJob, block_job, tensor_amax
-from .blocks.layout import BlockLayout, Pieces
-from .blocks.stats import ErrorStats, QuantizationStats
-from .errors import InvalidValueError
+from ..blocks.array import BlockArray
+from ..blocks.inputs import input_array
+from ..blocks.job import DEFAULT, BlockJob, block_job, tensor_amax
+from ..blocks.layout import BlockLayout, Pieces
+from ..blocks.stats import ErrorStats, QuantizationStats
+from ..dtypes import get_format
+from ..errors import InvalidValueError
+from ..formats import BLOCK_FORMATS
+from .blockfile import BlockFileWriter, StoredBlocks, read_block_file
 from .files import ArrayEntry, FileFormatError, OutArray, array_file_kind, open_arrays
-from .formats import BLOCK_FORMATS, get_format
 
 __all__ = [
     "select_arrays",
@@ -172,7 +173,7 @@ def decoded_pieces(
 
     The values of a piece are valid until the next piece is asked for: they live in buffers
     reused from piece to piece (fresh pages would cost the operating system's zeroing each time)."""
-    from .casting import cast
+    from ..casting import cast
 
     pieces = Pieces(layout)
     buffers: dict[str, np.ndarray] = {}
@@ -275,7 +276,7 @@ def cast_file(
     """Cast every array of ``src`` (or ``name``) to ``target`` into ``dst`` (a temporary path, called
     ``shown`` in messages), equal to :func:`neuron_kernels.cast` of each whole array (stochastic
     bits included)."""
-    from .casting import CastPlan, cast_options
+    from ..casting import CastPlan, cast_options
 
     kind = array_file_kind(shown or dst, "output")
     entries = select_arrays(open_arrays(src), name)

@@ -27,8 +27,9 @@ from ..blocks.job import BlockJob, input_array
 from ..blocks.layout import BlockLayout, Pieces
 from ..blocks.rotation import check_length
 from ..blocks.stats import ErrorStats, QuantizationStats, by_rows, row_sums
+from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
-from ..formats import BLOCK_FORMATS, BlockFormat, Format, get_format
+from ..formats import BLOCK_FORMATS, BlockFormat, Format
 from . import require
 from .chunks import Chunks, block_chunks, chunk_shape, contiguous_runs, rechunk_for
 

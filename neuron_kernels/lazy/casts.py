@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
-from ..formats import Format, get_format
+from ..formats import Format
 from ..registry import CastOptions, lookup_cast
 from . import is_dask
 from .chunks import contiguous_runs, rechunk_for

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..blocks.stats import QuantizationStats
 from ..errors import ClusterError
-from ..files import FileFormatError, atomic_output
+from ..io.files import FileFormatError, atomic_output
 from . import require
 
 __all__ = ["ZARR_SUFFIX", "is_zarr", "open_zarr_arrays", "quantize_to_zarr", "open_quantized", "scheduler"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from ...files import FileFormatError
+from ...io.files import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
 from . import compressed_tensors, gptoss, npz
 from .records import CheckpointLayout, Output, StoredWeight

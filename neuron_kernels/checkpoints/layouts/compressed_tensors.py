@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ...blocks.layout import BlockLayout
-from ...files import ArrayEntry, FileFormatError, TensorSpec
 from ...formats import BLOCK_FORMATS, BlockFormat
+from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import PTS_KEY, Checkpoint
 from ..selection import fused_groups, kept_modules, tensor_decision
 from .records import (

@@ -11,8 +11,8 @@ import fnmatch
 from typing import Any
 
 from ...blocks.layout import BlockLayout
-from ...files import ArrayEntry, FileFormatError, TensorSpec
 from ...formats import BLOCK_FORMATS
+from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import Checkpoint
 from ..selection import GPTOSS_EXPERTS, GPTOSS_NOT_CONVERTED, expert_decision, is_expert
 from .records import (

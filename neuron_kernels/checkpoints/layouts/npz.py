@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...blocks.file import read_block_file
-from ...files import ArrayEntry, FileFormatError
 from ...formats import BLOCK_FORMATS
+from ...io.blockfile import read_block_file
+from ...io.files import ArrayEntry, FileFormatError
 from ..folder import Checkpoint
 from .records import CheckpointLayout, StoredWeight
 

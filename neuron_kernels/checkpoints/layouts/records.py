@@ -17,8 +17,8 @@ import numpy as np
 
 from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
-from ...files import ArrayEntry, FileFormatError, TensorSpec
 from ...formats import BlockFormat
+from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import Checkpoint
 from ..selection import tensor_decision
 
