@@ -95,6 +95,7 @@ def test_only_user_errors_are_one_line(tmp_path, monkeypatch, capsys):
     import pytest
 
     from neuron_kernels import cli
+    from neuron_kernels.cli.commands import COMMANDS
 
     np.save(tmp_path / "x.npy", np.ones(8, np.float32))
     monkeypatch.chdir(tmp_path)
@@ -105,7 +106,7 @@ def test_only_user_errors_are_one_line(tmp_path, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise ValueError("a bug inside the package")
 
-    monkeypatch.setattr(cli, "_cmd_cast", broken)
+    monkeypatch.setitem(COMMANDS, "cast", broken)
     with pytest.raises(ValueError, match="a bug inside the package"):
         cli.main(["cast", "x.npy", "y.npy", "--to", "bfloat16"])
     assert not (tmp_path / "y.npy").exists()
