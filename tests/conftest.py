@@ -3,9 +3,9 @@
 Besides ``rng``, ``threads`` and ``special_float32``: the helpers of the bad-input tests
 (``test_*_bad_input.py`` and the bad-input sections of ``test_promotion.py`` and ``test_registry.py``):
 bit-exact comparisons, the inputs and out= arrays several of them use, MX files with any member replaced,
-``run_cli`` for the command line, and ``isolated`` / ``isolated_runs`` / ``outcome_of``, which run a call that
-may crash or hang the interpreter in a subprocess of its own. Every subprocess started here imports this
-checkout (``child_env``), whatever its working directory.
+and ``isolated`` / ``isolated_runs`` / ``outcome_of``, which run a call that may crash or hang the interpreter
+in a subprocess of its own. Every subprocess started here imports this checkout (``child_env``), whatever its
+working directory. The command line runs in the test process: ``cli_runner.run``.
 """
 
 import functools
@@ -92,18 +92,6 @@ def runtime_missing(why: str) -> None:
     pytest.skip(why)
 
 
-def run_cli(*args, cwd):
-    """``python -m neuron_kernels ARGS`` in ``cwd``."""
-    return subprocess.run(
-        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
-        cwd=cwd,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 PRELUDE = """
 import json
 import ml_dtypes
@@ -136,7 +124,7 @@ def isolated(cases: dict[str, tuple[str, float]], name: str, body: str, timeout:
 
 
 def _run_isolated(body: str, timeout: float):
-    try:
+    try:  # a process of its own: the call may crash or hang the interpreter
         return subprocess.run(
             [sys.executable, "-c", PRELUDE + body],
             cwd=ROOT,

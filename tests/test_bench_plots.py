@@ -228,6 +228,7 @@ def test_plot_unavailable_without_matplotlib(tmp_path, monkeypatch, mx_rows):
 
 
 def test_plots_module_does_not_import_matplotlib():
+    # A process of its own: which modules an import loads shows in a new interpreter only.
     r = subprocess.run(
         [sys.executable, "-c", "import sys, neuron_kernels.plots; print('matplotlib' in sys.modules)"],
         capture_output=True,

@@ -19,28 +19,10 @@ import neuron_kernels as nk
 from neuron_kernels import BlockArray
 from neuron_kernels.checkpoints import DEFAULT_EXCLUDES, tensor_decision
 
-from .conftest import child_env
+from .cli_runner import run
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-ENV = child_env(PYTHONWARNINGS="error")
-
-
-def run(*args, cwd, check=True):
-    import subprocess
-    import sys
-
-    r = subprocess.run(
-        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-    )
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}: {r.stderr}")
-    return r
 
 
 # ---- a decoder written from the layouts' description --------------------------------------------

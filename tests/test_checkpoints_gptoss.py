@@ -20,7 +20,8 @@ import neuron_kernels as nk
 from neuron_kernels.checkpoints import GPTOSS_NOT_CONVERTED, expert_decision
 from neuron_kernels.io.files import FileFormatError
 
-from .test_checkpoints import BF16, bits, decode_gptoss, read_dir, run
+from .cli_runner import run
+from .test_checkpoints import BF16, bits, decode_gptoss, read_dir
 
 E, HIDDEN, INTER, HEADS, HEAD_DIM = 4, 64, 96, 2, 32
 GPTOSS = ("--layout", "mxfp4", "--format", "mxfp4_e2m1")

@@ -57,6 +57,7 @@ def test_a_sharded_checkpoint_in_bounded_memory(tmp_path):
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
 
     def child(*args):
+        # A process of its own: its peak memory (VmHWM) is what is measured.
         r = subprocess.run(
             [sys.executable, "-c", REPORT_PEAK, *args, "--chunk-mb", "64", "--max-shard-size", "1GB", "--quiet"],
             cwd=tmp_path,

@@ -28,7 +28,8 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.checkpoints import fused_groups
 
-from .conftest import child_env, runtime_missing
+from .cli_runner import run
+from .conftest import runtime_missing
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RUNTIME_MODULES = ("torch", "transformers", "compressed_tensors")
@@ -37,6 +38,7 @@ RUNTIME_MODULES = ("torch", "transformers", "compressed_tensors")
 def _runtime_python() -> tuple[str | None, str]:
     candidates = [os.environ.get("NEURON_KERNELS_RUNTIME_PYTHON"), sys.executable]
     for python in filter(None, candidates):
+        # The runtimes are probed and run in processes of their own, in the interpreter that has them.
         probe = subprocess.run(
             [python, "-c", "import " + ", ".join(RUNTIME_MODULES)], capture_output=True, text=True, timeout=300
         )
@@ -55,6 +57,7 @@ def runtime():
         runtime_missing(why)
 
     def run(script: str, *args) -> str:
+        # A process of its own: the runtime's interpreter, its own imports, not this checkout's path.
         r = subprocess.run(
             [python, "-c", script, *map(str, args)],
             capture_output=True,
@@ -66,19 +69,6 @@ def runtime():
         return r.stdout
 
     return run
-
-
-def cli(*args, cwd):
-    r = subprocess.run(
-        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr
-    return r.stdout
 
 
 MAKE_LLAMA = """
@@ -125,7 +115,7 @@ def ct_loaded(runtime, llama):
     transformers (all three in one process): format -> (loading info, the loaded weights)."""
     args = []
     for fmt in CT_FORMATS:
-        cli("quantize", "llama", fmt, "--format", fmt, cwd=llama)
+        run("quantize", "llama", fmt, "--format", fmt, cwd=llama)
         args += [llama / fmt, llama / f"{fmt}.npz", "compressed-tensors"]
     infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(CT_FORMATS) :]]
     return {fmt: (info, np.load(llama / f"{fmt}.npz")) for fmt, info in zip(CT_FORMATS, infos)}
@@ -169,7 +159,7 @@ def test_gpt_oss_through_the_command_loads_in_transformers(runtime, tmp_path):
     unexpected or mismatched key, its dequantised experts the package's bit for bit ->
     ``dequantize`` -> transformers loads the plain checkpoint, every tensor as in the original."""
     runtime(MAKE_GPT_OSS, tmp_path / "oss")
-    out = cli("quantize", "oss", "q", "--layout", "mxfp4", "--format", "mxfp4_e2m1", cwd=tmp_path)
+    out = run("quantize", "oss", "q", "--layout", "mxfp4", "--format", "mxfp4_e2m1", cwd=tmp_path).stdout
     plain = nk.load_checkpoint(tmp_path / "oss")
     experts = sorted(n for n in plain if n.endswith(("experts.gate_up_proj", "experts.down_proj")))
     assert len(experts) == 2 and all(n in out for n in experts)
@@ -198,7 +188,7 @@ def test_gpt_oss_through_the_command_loads_in_transformers(runtime, tmp_path):
             theirs[name], np.swapaxes(stored[name].dequantize("bfloat16"), 1, 2).astype(np.float32), err_msg=name
         )
 
-    cli("dequantize", "q", "plain", cwd=tmp_path)
+    run("dequantize", "q", "plain", cwd=tmp_path)
     back = nk.load_checkpoint(tmp_path / "plain")
     assert set(back) == set(plain)
     for name, value in plain.items():
@@ -212,11 +202,7 @@ def test_gpt_oss_through_the_command_loads_in_transformers(runtime, tmp_path):
 
 def test_a_dense_llama_is_refused_by_the_gpt_oss_layout(llama, tmp_path):
     (tmp_path / "llama").symlink_to(llama / "llama")
-    r = subprocess.run(
-        [sys.executable, "-m", "neuron_kernels", "quantize", "llama", "q", "--layout", "mxfp4", "--format",
-         "mxfp4_e2m1"],
-        cwd=tmp_path, capture_output=True, text=True, env=child_env(), timeout=600,
-    )  # fmt: skip
+    r = run("quantize", "llama", "q", "--layout", "mxfp4", "--format", "mxfp4_e2m1", cwd=tmp_path, check=False)
     assert r.returncode == 2 and r.stdout == "", r
     assert len(r.stderr.strip().splitlines()) == 1 and "--layout compressed-tensors" in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"] and not (llama / "q").exists()

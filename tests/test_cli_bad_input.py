@@ -1,10 +1,10 @@
 """The command line against bad input: big-endian and Fortran-ordered members, non-finite data, a block
 size beyond int64, a corrupt MX file, an unexpected dtype.
 
-Each run, in a subprocess, either writes what the in-memory functions compute or exits with status 2 and one
-line on stderr, without a traceback or an output file. The file subcommands' other cases are in
-``test_cli_files.py``; the bad-input tests of the functions behind them in ``test_cast_bad_input.py`` and
-``test_mx_bad_input.py``.
+Each run of the command (in this process: ``cli_runner``) either writes what the in-memory functions compute
+or exits with status 2 and one line on stderr, without a traceback or an output file. The file subcommands'
+other cases are in ``test_cli_files.py``; the bad-input tests of the functions behind them in
+``test_cast_bad_input.py`` and ``test_mx_bad_input.py``.
 """
 
 import re
@@ -13,6 +13,7 @@ import numpy as np
 
 import neuron_kernels as nk
 
+from .cli_runner import run
 from .conftest import (
     BASE,
     NONFINITE,
@@ -23,7 +24,6 @@ from .conftest import (
     meta_with,
     ml_cast,
     native,
-    run_cli,
     write_mx,
 )
 from .reference_mx import quantize_mx_ref
@@ -35,7 +35,7 @@ def test_cli_quantize_big_endian_fortran_and_nonfinite(tmp_path):
     be = np.asfortranarray(BASE[:, :40].astype(">f4"))
     special = NONFINITE["some_blocks"]
     np.savez(tmp_path / "in.npz", be=be, special=special)
-    r = run_cli(
+    r = run(
         "quantize", "in.npz", "q.npz", "--format", "mxfp8_e5m2", "--block-size", "8", "--chunk-mb", "1", cwd=tmp_path
     )
     assert r.returncode == 0, r.stderr
@@ -52,7 +52,7 @@ def test_cli_cast_big_endian_integers(tmp_path):
     """cast of a big-endian int16 .npy equals ml_dtypes on the native values."""
     x = np.arange(-300, 300, 7, dtype=">i2")
     np.save(tmp_path / "i.npy", x)
-    r = run_cli("cast", "i.npy", "o.npy", "--to", "bfloat16", cwd=tmp_path)
+    r = run("cast", "i.npy", "o.npy", "--to", "bfloat16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), bits(ml_cast(native(x), "bfloat16")))
 
@@ -61,7 +61,7 @@ def test_cli_quantize_huge_block_size(tmp_path):
     """--block-size beyond int64: one block per row, or status 2 and one line naming the block size; never a
     traceback."""
     np.save(tmp_path / "x.npy", X_MX)
-    r = run_cli("quantize", "x.npy", "q.npz", "--format", "mxint8", "--block-size", str(10**20), cwd=tmp_path)
+    r = run("quantize", "x.npy", "q.npz", "--format", "mxint8", "--block-size", str(10**20), cwd=tmp_path, check=False)
     assert "Traceback" not in r.stderr, r.stderr[-1500:]
     if r.returncode == 0:
         got = nk.load_blocks(tmp_path / "q.npz")
@@ -77,7 +77,7 @@ def test_cli_quantize_huge_block_size(tmp_path):
 def test_cli_dequantize_corrupt_metadata(tmp_path):
     """dequantize of an MX file with an unsupported version: status 2, one line, no output."""
     write_mx(tmp_path / "v2.npz", meta=meta_with(version=2))
-    r = run_cli("dequantize", "v2.npz", "o.npy", cwd=tmp_path)
+    r = run("dequantize", "v2.npz", "o.npy", cwd=tmp_path, check=False)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "MX file version 2 is not supported" in lines[0], r.stderr
@@ -86,7 +86,7 @@ def test_cli_dequantize_corrupt_metadata(tmp_path):
 
 def test_cli_promote_timedelta(tmp_path):
     """promote of timedelta64 and int8 is the 'unexpected dtype' error, as for complex64."""
-    r = run_cli("promote", "timedelta64", "int8", cwd=tmp_path)
+    r = run("promote", "timedelta64", "int8", cwd=tmp_path, check=False)
     assert r.returncode == 2 and "unexpected dtype" in r.stderr and r.stdout == "", (r.returncode, r.stdout, r.stderr)
 
 
@@ -96,6 +96,7 @@ def test_only_user_errors_are_one_line(tmp_path, monkeypatch, capsys):
     import pytest
 
     from neuron_kernels import cli
+    from neuron_kernels.cli.commands import COMMANDS
 
     np.save(tmp_path / "x.npy", np.ones(8, np.float32))
     monkeypatch.chdir(tmp_path)
@@ -106,7 +107,7 @@ def test_only_user_errors_are_one_line(tmp_path, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise ValueError("a bug inside the package")
 
-    monkeypatch.setattr(cli, "_cmd_cast", broken)
+    monkeypatch.setitem(COMMANDS, "cast", broken)
     with pytest.raises(ValueError, match="a bug inside the package"):
         cli.main(["cast", "x.npy", "y.npy", "--to", "bfloat16"])
     assert not (tmp_path / "y.npy").exists()

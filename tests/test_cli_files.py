@@ -1,4 +1,5 @@
-"""The file subcommands end to end, each in a subprocess: quantize, dequantize, cast, error.
+"""The file subcommands end to end, each run as the command (in this process, ``cli_runner``):
+quantize, dequantize, cast, error.
 
 Every result is compared with the in-memory functions; bad input must give exit status 2, one
 line on stderr, no traceback and no output file.
@@ -16,24 +17,12 @@ import pytest
 
 import neuron_kernels as nk
 
+from .cli_runner import run
 from .conftest import child_env
 
-#: Warnings are errors; the child imports this checkout whatever its working directory.
+#: Of the interrupted runs' processes: warnings are errors; the child imports this checkout whatever
+#: its working directory.
 ENV = child_env(PYTHONWARNINGS="error")
-
-
-def run(*args, cwd, check=True):
-    r = subprocess.run(
-        [sys.executable, "-m", "neuron_kernels", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-    )
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}: {r.stderr}")
-    return r
 
 
 def fails(*args, cwd, message):
@@ -282,6 +271,7 @@ def test_interrupted_run_leaves_no_output(tmp_path):
     """SIGINT and SIGTERM in the middle of a run: exit 130, no output, no partial file."""
     np.save(tmp_path / "big.npy", np.ones(24 << 20, np.float32))  # 96 MiB, read in 1 MiB pieces
     for sig in (signal.SIGINT, signal.SIGTERM):
+        # A process of its own: the signal goes to the command's process, which must exit with 130.
         p = subprocess.Popen(
             [
                 sys.executable,

@@ -42,6 +42,7 @@ def test_quantize_a_1gib_npy_in_bounded_memory(tmp_path):
             w.write(rows)
     assert src.stat().st_size >= 1 << 30
 
+    # A process of its own: its peak memory (VmHWM) is what is measured.
     child = subprocess.run(
         [
             sys.executable,

@@ -199,6 +199,7 @@ def test_first_calls_race_in_a_fresh_process(tmp_path):
     np.save(tmp_path / "x.npy", x)
     root = os.path.dirname(os.path.dirname(os.path.abspath(nk.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    # A process of its own: the first calls of a process (nothing loaded yet) are the point.
     subprocess.run(
         [sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "x.npy"), str(tmp_path / "out.npz")],
         check=True,

@@ -69,6 +69,7 @@ def test_import_does_not_import_dask():
     from .conftest import child_env
 
     code = "import sys, neuron_kernels; print(sorted(m for m in ('dask', 'distributed', 'zarr') if m in sys.modules))"
+    # A process of its own: which modules an import loads shows in a new interpreter only.
     out = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -456,6 +456,7 @@ def test_extra_memory_is_the_output():
     """docs/performance.md / the issue: no allocation beyond the result (numpy allocations are traced). In an
     interpreter of its own: tracemalloc counts every thread's allocations, and a test process may hold a dask
     client whose event loop allocates in the background."""
+    # A process of its own: tracemalloc must see this call's allocations only (see the docstring).
     proc = subprocess.run(
         [sys.executable, "-c", _MEMORY_PEAKS], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300
     )

@@ -1,4 +1,4 @@
-"""quantize_mx, dequantize_mx, fake_quantize_mx, MXArray and MXArray.load against bad input: wrong types,
+"""quantize_mx, dequantize_mx, fake_quantize_mx, MXArray and load_blocks against bad input: wrong types,
 bad values and options, bad out= arrays, inconsistent MXArrays, 0-d and empty arrays, odd layouts, Python
 values, non-finite data and corrupt, truncated or inconsistent files.
 
@@ -546,7 +546,7 @@ def test_mx_nonfinite_other_input_dtypes(dtype):
     )
 
 
-# ---- MXArray.load: corrupt, truncated and inconsistent files ---------------------------------------
+# ---- load_blocks: corrupt, truncated and inconsistent files ---------------------------------------
 
 
 META_CASES = [

@@ -13,11 +13,15 @@ import pytest
 
 from neuron_kernels import BLOCK_FORMATS
 
+from .cli_runner import run
+from .conftest import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
+    # A fresh interpreter: what an import loads or compiles, NUMBA_CACHE_DIR and forks are the point.
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -25,12 +29,6 @@ def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subp
         timeout=timeout,
         cwd=ROOT,
         env=full_env,
-    )
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "neuron_kernels", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
 
 
@@ -156,6 +154,7 @@ def test_works_without_a_writable_cache(tmp_path):
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     code = textwrap.dedent(_CAST_AND_QUANTIZE) + f"assert nk.__file__.startswith({str(pkg)!r}), nk.__file__\n"
+    # A process of its own: it imports the copy of the package, with the environment read at import.
     r = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -202,6 +201,7 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     """)
 
     def fake_quantize() -> tuple[list[float], str]:
+        # A process of its own: a new process reads the edited sources and the on-disk cache.
         r = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
         )
@@ -254,7 +254,7 @@ def test_cli_bench_json_and_plot(tmp_path):
     """One small bench run (each costs its kernels' loading) writes both the JSON rows and the chart."""
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    r = run_cli("bench", "--size", "64Ki", "--repeat", "1", "--json", str(out), "--plot", str(png))
+    r = run("bench", "--size", "64Ki", "--repeat", "1", "--json", str(out), "--plot", str(png), cwd=ROOT, check=False)
     assert r.returncode == 0, r.stderr
     assert "float32 -> bfloat16" in r.stdout and "vs copy" in r.stdout and "mxfp4_e2m1" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -271,15 +271,15 @@ def test_cli_bench_json_and_plot(tmp_path):
 
 
 def test_cli_promote_and_formats():
-    r = run_cli("promote", "uint8", "int8")
+    r = run("promote", "uint8", "int8", cwd=ROOT, check=False)
     assert (r.returncode, r.stdout.strip()) == (0, "int16")
-    r = run_cli("promote", "uint64", "int8", "--explain")
+    r = run("promote", "uint64", "int8", "--explain", cwd=ROOT, check=False)
     assert r.returncode == 0 and "float32" in r.stdout and "int-mixed-float32" in r.stdout
-    r = run_cli("promote", "float4_e2m1fn", "float4_e2m1fn")
+    r = run("promote", "float4_e2m1fn", "float4_e2m1fn", cwd=ROOT, check=False)
     assert r.returncode == 2 and "No available implicit dtype promotion path" in r.stderr and r.stdout == ""
-    r = run_cli("promote", "--table")
+    r = run("promote", "--table", cwd=ROOT, check=False)
     assert r.returncode == 0 and "e8m0" in r.stdout
-    r = run_cli("formats")
+    r = run("formats", cwd=ROOT, check=False)
     assert r.returncode == 0 and "float8_e4m3fn" in r.stdout and "448" in r.stdout
 
 
@@ -294,7 +294,34 @@ def test_cli_promote_and_formats():
     ],
 )
 def test_cli_bad_input(args, message):
-    r = run_cli(*args)
+    r = run(*args, cwd=ROOT, check=False)
     assert r.returncode == 2
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+#: The console script (``[project.scripts]`` of pyproject.toml): ``module:function``.
+with open(os.path.join(ROOT, "pyproject.toml")) as _fh:
+    CONSOLE_SCRIPT = re.search(r'^neuron-kernels = "([\w.]+):(\w+)"$', _fh.read(), re.M).groups()
+
+
+@pytest.mark.parametrize("launcher", ["console script", "python -m"])
+@pytest.mark.parametrize(
+    "args, status, out, err",
+    [(("promote", "uint8", "int8"), 0, "int16\n", ""), (("promote", "int8"), 2, "", "needs two dtypes")],
+    ids=["ok", "error"],
+)
+def test_exit_status_of_the_command_process(launcher, args, status, out, err):
+    """The installed command and ``python -m neuron_kernels`` exit with what ``main`` returns."""
+    module, function = CONSOLE_SCRIPT
+    start = (
+        ["-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+        if launcher == "console script"
+        else ["-m", "neuron_kernels"]
+    )
+    # A process of its own: the exit status of the command's process is the point.
+    r = subprocess.run(
+        [sys.executable, *start, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=child_env()
+    )
+    assert r.returncode == status, r.stderr
+    assert r.stdout == out and err in r.stderr and "Traceback" not in r.stderr

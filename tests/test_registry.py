@@ -175,6 +175,7 @@ def test_user_kernel_first_in_a_new_process():
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(nk.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    # A process of its own: the kernel is registered before the process has cast anything.
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) == len(nk.supported_casts())

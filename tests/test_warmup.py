@@ -60,6 +60,7 @@ def test_in_process_warmup_makes_the_calls_a_real_use_makes():
 
 def _run(code_or_args, cache, cli=False):
     argv = [sys.executable, "-m", "neuron_kernels", *code_or_args] if cli else [sys.executable, "-c", code_or_args]
+    # A process of its own: numba reads NUMBA_CACHE_DIR at import, and a new process compiles or loads afresh.
     r = subprocess.run(argv, env=child_env(NUMBA_CACHE_DIR=str(cache)), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return r

@@ -1,0 +1,64 @@
+"""The ``neuron-kernels`` command (also ``python -m neuron_kernels``).
+
+Subcommands:
+
+- ``bench``: throughput of every compiled cast and MX format on built-in data;
+- ``quantize``, ``dequantize``, ``cast``: files (``.npy``, ``.npz``, ``.safetensors``) of any size,
+  processed in bounded memory, written atomically; ``quantize`` and ``dequantize`` also take model
+  checkpoint folders (to and from the layouts runtimes load, :mod:`neuron_kernels.checkpoints`);
+  ``quantize`` also reads a Zarr store into a Zarr store, chunk by chunk on Dask (``--workers N``:
+  a local cluster, ``--scheduler ADDRESS``: an existing one; :mod:`neuron_kernels.lazy.stores`);
+- ``error``: which block format, scale mode and scale policy suits an array (SQNR table, histogram);
+- ``promote``: the promotion lattice (one pair, ``--explain``, or ``--table``);
+- ``formats``: the format table.
+
+Bad input prints one line on stderr and exits with status 2; an interrupted run exits with 130.
+Neither leaves an output behind.
+
+The modules, each importing only those listed after it: :mod:`.commands` (one function per
+subcommand, by kind of input), :mod:`.progress` (what a terminal shows meanwhile), :mod:`.parser`
+(the options), :mod:`.report` (the tables printed), :mod:`.quantities` (sizes with units).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import NeuronKernelsError
+from .commands import COMMANDS
+from .parser import build_parser
+from .progress import compile_notice
+
+__all__ = ["main"]
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
+        signal.signal(signal.SIGTERM, _terminate)  # clean up partial outputs as on Ctrl-C
+    try:
+        with compile_notice(args):
+            return int(COMMANDS[args.command](args))
+    except (NeuronKernelsError, OSError) as exc:  # the caller's mistakes (UsageError too); else a bug
+        message = (
+            str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"
+        )
+        print(f"neuron-kernels {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"neuron-kernels {args.command}: interrupted; no output written", file=sys.stderr)
+        return 130
+    finally:
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(signal.SIGTERM, previous)

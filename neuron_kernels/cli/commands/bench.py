@@ -1,0 +1,73 @@
+"""``bench`` (throughput of every compiled cast and block format) and ``warmup`` (compiling the
+common kernels ahead of their first use)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..progress import progress_bar, warm
+from .charts import check_png
+
+__all__ = ["cmd_bench", "cmd_warmup"]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ...bench import BLOCK_CASES, bench_casts, bench_mx, default_cases, format_mx_table, format_table
+
+    if args.plot:
+        check_png(args.plot, force=True)
+    sources = ("float32", "bfloat16")
+    warm(
+        args,
+        [("quantize", s, f) for _, f, _ in BLOCK_CASES for s in sources]
+        + [("cast", s, t) for s, t, r in default_cases() if r == "nearest_even"],
+        "bench",
+    )
+    total = len(default_cases()) + len(BLOCK_CASES)
+    with progress_bar(args, total, "bench", unit="pair") as step:
+        rows = bench_casts(args.size, repeat=args.repeat, progress=step)
+        mx_rows = bench_mx(args.size, repeat=args.repeat, progress=step)
+    print(
+        f"{args.size:,} float32 elements, median of {args.repeat} runs, "
+        f"{os.environ.get('NEURON_KERNELS_NUM_THREADS') or 'all available'} threads"
+    )
+    print(format_table(rows))
+    print()
+    print(format_mx_table(mx_rows))
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"casts": [r.as_dict() for r in rows], "mx": [r.as_dict() for r in mx_rows]}, fh, indent=2)
+        os.replace(tmp, args.json)
+    if args.plot:
+        from ...plots import bench_chart
+
+        bench_chart(rows, mx_rows, args.plot)
+        print(f"chart written to {args.plot}")
+    return 0
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from ...warmup import WARMUP_SOURCES, warmup, warmup_tasks
+
+    formats = args.formats.split(",") if args.formats else None
+    sources = args.sources.split(",") if args.sources else list(WARMUP_SOURCES)
+    tasks = warmup_tasks(formats, sources)
+    shown = not args.quiet and sys.stderr.isatty()
+
+    def progress(done: int, total: int, task: Any) -> None:
+        if shown:
+            print(f"\rwarmup: {done}/{total} tasks", end="", file=sys.stderr, flush=True)
+
+    compiled, seconds = warmup(tasks, args.jobs, progress)
+    if shown:
+        print(file=sys.stderr)
+    print(
+        f"{len(tasks)} task(s) for {', '.join(sources)}: {compiled} kernel(s) compiled in {seconds:.1f} s "
+        f"({'already cached' if not compiled else 'now cached on disk'})"
+    )
+    return 0

@@ -1,0 +1,100 @@
+"""``quantize`` and ``dequantize`` of model checkpoint folders, to and from the layouts runtimes
+load (:mod:`neuron_kernels.checkpoints`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..parser import UsageError, block_options_of
+from ..progress import progress_bar
+from ..report import name_columns, stats_header, stats_row
+
+__all__ = ["cmd_dequantize", "cmd_quantize"]
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from ...checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
+    from ...io.files import atomic_output, check_output_path
+
+    if args.name is not None:
+        raise UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
+    layout = LAYOUTS[args.layout or "compressed-tensors"]
+    layout.check_format(args.format)
+    if layout.suffix and not args.output.lower().endswith(layout.suffix):
+        raise UsageError(
+            f"the {layout.name} layout writes one {layout.suffix} file; OUTPUT must end in {layout.suffix}, "
+            f"not {args.output!r}"
+        )
+    options = block_options_of(args)
+    check_output_path(args.output, args.force, (args.input,), directory=not layout.single_file)
+    ckpt = open_checkpoint(args.input)
+    with (
+        progress_bar(args, ckpt.nbytes, f"quantize {args.format}") as progress,
+        atomic_output(args.output, args.force, (args.input,), directory=not layout.single_file) as tmp,
+    ):
+        reports = quantize_checkpoint(
+            args.input,
+            tmp,
+            layout.name,
+            args.format,
+            ignore=tuple(args.ignore or ()),
+            only=tuple(args.only or ()),
+            fuse=not args.no_fuse,
+            max_shard_bytes=args.max_shard_size,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+            **options,
+        )
+    done = [r for r in reports if r.action == "quantised"]
+    kept = [r for r in reports if r.action != "quantised"]
+    print(f"{args.output}: {layout.name} layout, {args.format}: {len(done)} tensor(s) quantised, {len(kept)} kept")
+    width = max([32] + [len(r.name) + 2 for r in reports])
+    if done:
+        print(stats_header("quantised", width, dtype=True))
+        for r in done:
+            print(stats_row(r.name, r.shape, r.stats, width, r.dtype))
+    if kept:
+        print(name_columns("kept", "shape", width, "dtype") + "  why")
+        for r in kept:
+            print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")
+    fused = list(dict.fromkeys(r.fused_with for r in reports if r.fused_with))
+    for group in fused:
+        print(f"one per-tensor scale (fused in the runtime): {', '.join(group)}")
+    for name, why in ckpt.skipped:
+        print(f"not copied: {name}: {why}")
+    return 0
+
+
+def cmd_dequantize(args: argparse.Namespace) -> int:
+    from ...checkpoints import dequantize_checkpoint
+    from ...io.files import atomic_output
+
+    if args.name is not None:
+        raise UsageError("--name picks an array of a file; a checkpoint is dequantised whole")
+    dtype = args.dtype or "bfloat16"
+    source = args.input
+    total = (
+        sum(e.stat().st_size for e in os.scandir(source) if e.name.endswith(".safetensors"))
+        if os.path.isdir(source)
+        else os.path.getsize(source)
+        if os.path.isfile(source)
+        else 0
+    )
+    with (
+        progress_bar(args, total, "dequantize") as progress,
+        atomic_output(args.output, args.force, (args.input,), directory=True) as tmp,
+    ):
+        reports = dequantize_checkpoint(
+            args.input,
+            tmp,
+            dtype=dtype,
+            max_shard_bytes=args.max_shard_size,
+            chunk_bytes=args.chunk_mb << 20,
+            progress=progress,
+        )
+    done = [r for r in reports if r.action == "dequantised"]
+    print(f"{args.output}: {len(done)} weight(s) dequantised to {dtype}, {len(reports) - len(done)} tensor(s) copied")
+    for r in done:
+        print(f"  {r.name} ({r.dtype}, {r.shape}) -> {', '.join(r.outputs)}")
+    return 0

@@ -1,0 +1,51 @@
+"""The kinds of input of ``quantize`` and ``dequantize`` (an array file, a checkpoint folder, a
+Zarr store), told apart by one table, and the command of each kind."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+
+__all__ = ["INPUT_KINDS", "by_input_kind"]
+
+
+def _zarr_job(args: argparse.Namespace) -> bool:
+    """Whether a command reads or writes a Zarr store, or runs on a Dask cluster."""
+    from ...lazy.stores import is_zarr
+
+    output = getattr(args, "output", "") or ""
+    return is_zarr(args.input) or is_zarr(output) or args.workers is not None or args.scheduler is not None
+
+
+def _checkpoint_input(args: argparse.Namespace) -> bool:
+    """Whether a command works on a checkpoint (a folder, a layout asked for, or an output that is
+    no array file) rather than on array files."""
+    from ...io.files import ARRAY_FILES
+
+    output = getattr(args, "output", "") or ""
+    return (
+        os.path.isdir(args.input)
+        or getattr(args, "layout", None) is not None
+        or (bool(output) and os.path.splitext(output)[1].lower() not in ARRAY_FILES)
+    )
+
+
+def _array_file(args: argparse.Namespace) -> bool:
+    """Any input the kinds before it are not: the array file commands report what is wrong with it."""
+    return True
+
+
+#: The kinds of input, in the order they are told apart: an input is of the first kind whose
+#: test holds (among the kinds its command takes).
+INPUT_KINDS: tuple[tuple[str, Callable[[argparse.Namespace], bool]], ...] = (
+    ("zarr", _zarr_job),
+    ("checkpoint", _checkpoint_input),
+    ("file", _array_file),
+)
+
+
+def by_input_kind(commands: Mapping[str, Callable[[argparse.Namespace], int]], args: argparse.Namespace) -> int:
+    """Run the command of ``commands`` (kind of input -> command) for the kind of ``args.input``."""
+    kind = next(kind for kind, test in INPUT_KINDS if kind in commands and test(args))
+    return commands[kind](args)

@@ -1,0 +1,235 @@
+"""The command line's parser: the subcommands and their options, the option types, the error of an
+option combination that does not make sense, and the options of a quantisation read back from
+the parsed arguments."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import NeuronKernelsError
+from .quantities import parse_bytes, parse_size
+
+__all__ = ["UsageError", "block_options_of", "build_parser"]
+
+
+class UsageError(NeuronKernelsError):
+    """A combination of command-line options that does not make sense."""
+
+
+def block_options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :func:`neuron_kernels.quantize` given on the command line."""
+    from ..blocks.job import DEFAULT
+
+    per_tensor: Any = DEFAULT
+    if args.per_tensor_scale is not None:
+        per_tensor = {"amax": "amax", "none": None}.get(args.per_tensor_scale.lower(), args.per_tensor_scale)
+        if isinstance(per_tensor, str) and per_tensor != "amax":
+            try:
+                per_tensor = float(per_tensor)
+            except ValueError:
+                raise UsageError(
+                    f"--per-tensor-scale must be amax, none or a positive number, not {args.per_tensor_scale!r}"
+                ) from None
+    return {
+        "block_size": DEFAULT if args.block_size is None else args.block_size,
+        "block_shape": args.block_shape,
+        "axis": args.axis,
+        "scale_mode": DEFAULT if args.scale_mode is None else args.scale_mode,
+        "rounding": args.rounding,
+        "seed": args.seed,
+        "pack": not args.no_pack,
+        "per_tensor_scale": per_tensor,
+        "four_over_six": args.four_over_six,
+        "scale_search": args.scale_search,
+        "rht": args.rht,
+    }
+
+
+def _file_command(sub: Any, name: str, help_: str, source: str, output: str | None) -> argparse.ArgumentParser:
+    """A subcommand on files: INPUT [OUTPUT] and the options every file command has."""
+    p = sub.add_parser(name, help=help_)
+    p.add_argument("input", help=source)
+    if output:
+        p.add_argument("output", help=output)
+    p.add_argument("--name", help="only the array of this name (.npz/.safetensors/MX files of several)")
+    p.add_argument(
+        "--chunk-mb",
+        type=_positive_int,
+        default=256,
+        metavar="MB",
+        help="memory for one piece of the input (default 256)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _shard_option(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument(
+        "--max-shard-size",
+        type=parse_bytes,
+        default=default,
+        metavar="SIZE",
+        help="largest .safetensors shard of a checkpoint output (default 5GB; 500MB, 2GiB, ...)",
+    )
+
+
+def _block_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--block-size", type=_positive_int, default=None, help="elements per block (default: the format's, 32 or 16)"
+    )
+    p.add_argument("--axis", type=int, default=-1, help="the block axis (default -1, the last)")
+
+
+def _block_shape(text: str) -> tuple[int, ...]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        dims = tuple(int(v) for v in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 2 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"invalid block shape {text!r}: give ROWSxCOLS such as 16x16 or 8x4")
+    return dims
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a positive integer")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (``--help`` still shows the usage)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """The ``neuron-kernels`` parser; the subcommand's name is the ``command`` of the arguments."""
+    from ..formats import BLOCK_FORMATS
+    from ..io.stream import POLICIES
+    from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, ROUNDING_MODES, SCALE_MODES, SCALE_SEARCHES
+
+    p = _Parser(prog="neuron-kernels", description=description)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    b = sub.add_parser("bench", help="throughput of every compiled cast and MX format on a built-in array")
+    b.add_argument("--size", type=parse_size, default=64 << 20, help="elements (default 64Mi)")
+    b.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per measurement (default 5)")
+    b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    b.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs neuron_kernels[plot])")
+    b.add_argument("--quiet", action="store_true", help="no progress messages")
+
+    from ..checkpoints import DEFAULT_MAX_SHARD_BYTES, LAYOUTS
+
+    arrays = ".npy, .npz or .safetensors file"
+    q = _file_command(
+        sub,
+        "quantize",
+        "quantise the arrays of a file (to the package's .npz file) or a checkpoint (to a layout runtimes load)",
+        arrays + ", a checkpoint folder of .safetensors shards, or a Zarr store (.zarr)",
+        "the MX file to write (.npz), the checkpoint folder to write, or the Zarr store (.zarr)",
+    )
+    q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
+    q.add_argument(
+        "--layout",
+        choices=list(LAYOUTS),
+        help="checkpoint layout: "
+        + "; ".join(f"{k}: {v.help}" for k, v in LAYOUTS.items())
+        + " (default for a checkpoint folder: compressed-tensors)",
+    )
+    q.add_argument(
+        "--ignore", action="append", metavar="PATTERN", help="also keep tensors matching this pattern (repeatable)"
+    )
+    q.add_argument(
+        "--only", action="append", metavar="PATTERN", help="quantise only tensors matching this pattern (repeatable)"
+    )
+    q.add_argument(
+        "--no-fuse",
+        action="store_true",
+        help="a per-tensor scale of its own for each shard of a layer runtimes fuse (q/k/v, gate/up, ...); "
+        "by default they share one, as the runtimes keep one for the fused layer",
+    )
+    _block_options(q)
+    q.add_argument("--block-shape", type=_block_shape, metavar="RxC", help="2-D tiles over the last two axes")
+    q.add_argument("--scale-mode", default=None, choices=list(SCALE_MODES), help="default: the format's")
+    q.add_argument("--rounding", default="nearest_even", choices=list(BLOCK_ROUNDING_MODES))
+    q.add_argument("--seed", type=int, help="seed of stochastic rounding")
+    q.add_argument("--no-pack", action="store_true", help="store 4-bit codes one per byte")
+    q.add_argument("--per-tensor-scale", metavar="amax|none|X", help="NVFP4's per-tensor scale (default amax)")
+    q.add_argument(
+        "--four-over-six", choices=list(FOUR_OVER_SIX), help="NVFP4: keep the better of the /6 and /4 scales"
+    )
+    q.add_argument("--scale-search", choices=list(SCALE_SEARCHES), help="try the neighbouring scales of each block")
+    q.add_argument("--rht", action="store_true", help="NVFP4: random Hadamard rotation of 16-element groups")
+    q.add_argument(
+        "--workers",
+        type=_positive_int,
+        metavar="N",
+        help="run a Zarr job on a local Dask cluster of N worker processes (needs neuron_kernels[dask])",
+    )
+    q.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run a Zarr job on the Dask cluster at ADDRESS (tcp://host:8786; needs neuron_kernels[dask])",
+    )
+    _shard_option(q, DEFAULT_MAX_SHARD_BYTES)
+
+    d = _file_command(
+        sub,
+        "dequantize",
+        "an MX file back to float arrays, or a quantised checkpoint back to a plain one",
+        "an MX .npz file, or a quantised checkpoint folder (any --layout of quantize)",
+        ".npy (one array), .npz or .safetensors; or a checkpoint folder",
+    )
+    d.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float64", "float16", "bfloat16"],
+        help="default: float32 for files, bfloat16 for checkpoints",
+    )
+    _shard_option(d, DEFAULT_MAX_SHARD_BYTES)
+
+    c = _file_command(
+        sub,
+        "cast",
+        "cast the arrays of a file to another dtype",
+        arrays,
+        ".npy (one array), .npz or .safetensors",
+    )
+    c.add_argument("--to", required=True, metavar="DTYPE", help="target dtype (see `neuron-kernels formats`)")
+    c.add_argument("--rounding", default="nearest_even", choices=list(ROUNDING_MODES))
+    c.add_argument("--saturate", action="store_true", help="clamp overflow to the largest finite value")
+    c.add_argument("--seed", type=int, help="seed of stochastic rounding")
+
+    e = _file_command(
+        sub,
+        "error",
+        "every block format x scale mode x policy on the arrays of a file, best first",
+        arrays,
+        None,
+    )
+    e.add_argument("--formats", help=f"comma-separated subset of {','.join(BLOCK_FORMATS)}")
+    e.add_argument("--scale-modes", help=f"comma-separated subset of {','.join(SCALE_MODES)}")
+    e.add_argument("--policies", help=f"comma-separated subset of {','.join(POLICIES)}")
+    _block_options(e)
+    e.add_argument("--plot", metavar="FILE.png", help="histogram of relative errors (needs neuron_kernels[plot])")
+
+    w = sub.add_parser("warmup", help="compile the common kernels ahead of their first use, on every core")
+    w.add_argument("--formats", help="comma-separated block formats and cast targets (default: all)")
+    w.add_argument("--sources", help="comma-separated source dtypes (default: float32,bfloat16)")
+    w.add_argument("--jobs", type=_positive_int, help="compiling processes (default: one per core)")
+    w.add_argument("--quiet", action="store_true", help="no progress messages")
+
+    pr = sub.add_parser("promote", help="promote_type of two dtypes, or the whole grid")
+    pr.add_argument("a", nargs="?")
+    pr.add_argument("b", nargs="?")
+    pr.add_argument("--explain", action="store_true", help="say which rule decided")
+    pr.add_argument("--table", action="store_true", help="print the whole promotion grid")
+    sub.add_parser("formats", help="the format table, finfo-style")
+    return p
