@@ -16,6 +16,7 @@ and allocate; the kernels compute. Given a Dask array, they return lazy results
 from __future__ import annotations
 
 import functools
+import typing
 from typing import Any
 
 import numpy as np
@@ -76,23 +77,27 @@ def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
     return arr, src, job.resolved(arr, src)
 
 
-def _quantized(x: Any, fmt: Any, **options: Any) -> Any:
-    """The quantisation of ``x``: a BlockArray, or a LazyBlockArray of a Dask array."""
+def _quantized(x: Any, fmt: Any, **options: Any) -> BlockArray:
+    """The quantisation of ``x``: a BlockArray, or a LazyBlockArray of a Dask array (which has the
+    same interface)."""
     if is_lazy(x):
         from .lazy.blocks import as_dask, quantize_lazy
 
-        return quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
+        return typing.cast(
+            BlockArray, quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
+        )
     arr, src, job = _job(x, fmt, **options)
     return job.quantize(arr, src)
 
 
-def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) -> Any:
+def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) -> np.ndarray:
     if is_lazy(x):
         from .lazy.blocks import as_dask, fake_quantize_lazy
 
         if out is not None:
             raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
-        return fake_quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
+        lazy: np.ndarray = fake_quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
+        return lazy
     arr, src, job = _job(x, fmt, **options)
     return _fake(arr, src, job, out)
 
@@ -406,7 +411,8 @@ def block_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
         raise InvalidValueError(f"block_matmul: inner dimensions differ ({a.shape} @ {b.shape})")
     if a.rotation != b.rotation:
         raise InvalidValueError("block_matmul: both operands must be rotated with the same signs (rht=), or neither")
-    return np.matmul(a.dequantize(np.float32), b.dequantize(np.float32))
+    product: np.ndarray = np.matmul(a.dequantize(np.float32), b.dequantize(np.float32))
+    return product
 
 
 def mx_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:

@@ -8,6 +8,7 @@ as element dtypes or Neuron's packed containers. The package's file of block arr
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, replace
 from typing import Any
@@ -261,7 +262,7 @@ class BlockArray:
                 f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
                 f"{element.bits}-bit code of {fmt}"
             )
-        scale_dtype = BLOCK_FORMATS[fmt].scale_format.dtype
+        scale_dtype = BLOCK_FORMATS[fmt].scale_format.result_dtype
         return cls(
             np.ascontiguousarray(codes),
             np.ascontiguousarray(scales).view(np.uint8).view(scale_dtype),
@@ -284,7 +285,7 @@ def _extra_problem(fmt: BlockFormat, per_tensor_scale: Any, rotation: Any) -> st
         if (
             isinstance(per_tensor_scale, bool)
             or not isinstance(per_tensor_scale, numbers.Real)
-            or not (np.isfinite(per_tensor_scale) and per_tensor_scale > 0)
+            or not (math.isfinite(float(per_tensor_scale)) and float(per_tensor_scale) > 0)
         ):
             return f"per_tensor_scale must be a positive finite float, got {per_tensor_scale!r}"
     if rotation is not None:

@@ -7,7 +7,9 @@ arrays (:func:`input_array`) with the kernels of :mod:`neuron_kernels.kernels.bl
 
 from __future__ import annotations
 
+import math
 import numbers
+import typing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -74,7 +76,7 @@ def _axis(axis: Any, ndim: int) -> int:
         raise InvalidTypeError(f"axis must be an int, got {axis!r}")
     if ndim == 0:
         raise InvalidValueError("cannot quantise a 0-d array: blocks run along an axis")
-    if not -ndim <= axis < ndim:
+    if not -ndim <= int(axis) < ndim:
         raise InvalidValueError(f"axis {axis} is out of range for an array of {ndim} dimensions")
     return int(axis) % ndim
 
@@ -122,7 +124,7 @@ def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
         raise InvalidTypeError(f"per_tensor_scale must be 'amax', None or a positive float, got {value!r}")
     with np.errstate(over="ignore", under="ignore"):
         f32 = np.float32(value)  # the kernels compute in float32: the value must stay positive and finite there
-    if not (np.isfinite(value) and value > 0 and np.isfinite(f32) and f32 > 0):
+    if not (math.isfinite(float(value)) and float(value) > 0 and np.isfinite(f32) and f32 > 0):
         raise InvalidValueError(
             f"per_tensor_scale must be a positive finite float, non-zero and finite in float32 too; got {value!r}"
         )
@@ -204,7 +206,8 @@ class BlockJob:
     def _pts(self) -> np.float32:
         if isinstance(self.per_tensor_scale, str):
             raise RuntimeError("the per-tensor scale of this job has not been computed yet")
-        return np.float32(self.per_tensor_scale or 0.0)
+        pts: float = self.per_tensor_scale or 0.0
+        return typing.cast(np.float32, np.float32(pts))  # numpy's stubs type the constructor as Any
 
     def _policy(self) -> int:
         from ..kernels import blocks as K
@@ -257,7 +260,7 @@ class BlockJob:
         pts = self.per_tensor_scale if not isinstance(self.per_tensor_scale, str) else None
         return BlockArray(
             codes,
-            scales.view(self.fmt.scale_format.dtype),
+            scales.view(self.fmt.scale_format.result_dtype),
             self.fmt.name,
             min(self.block_size, arr.shape[self.axis]) if arr.size else self.block_size,
             self.axis,
@@ -339,7 +342,8 @@ def block_job(
     pts = _per_tensor(per_tensor_scale, bf)
     if isinstance(scale_bound, bool) or not isinstance(scale_bound, numbers.Real):
         raise InvalidTypeError(f"scale_bound must be a float in (0, 448], got {scale_bound!r}")
-    if not (np.isfinite(scale_bound) and 0 < scale_bound <= _E4M3_MAX and np.float32(scale_bound) > 0):
+    bound = float(scale_bound)
+    if not (math.isfinite(bound) and 0 < bound <= _E4M3_MAX and np.float32(bound) > 0):
         raise InvalidValueError(
             f"scale_bound must be a float in (0, 448] (448, or 256 with four_over_six), got {scale_bound}"
         )

@@ -149,7 +149,7 @@ class ErrorStats:
             np.float32, out=self._buffer("lim", x.size, np.float32).reshape(x.shape)
         )
         lim = np.abs(lim, out=lim).reshape(-1)
-        xs = rotate_array(x, input_array(x)[1].name, q.axis, q.rotation).reshape(-1) if rotated else xv
+        xs = rotate_array(x, input_array(x)[1].name, q.axis, q.rotation or ()).reshape(-1) if rotated else xv
         self._fold(*error_sums(xv, dq, xs, lim))
 
     def result(self) -> QuantizationStats:
