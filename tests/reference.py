@@ -1,4 +1,5 @@
-"""Slow, obviously-correct references that the fast kernels are compared with.
+"""Small, obviously-correct helpers the references and tests share (the references themselves are
+``reference_casts.py``, ``reference_blocks.py``, ``reference_mx.py`` and ``reference_neuron.py``).
 
 Nothing here shares code with the package: values are computed in float64 with frexp/ldexp
 and ``numpy.rint`` (round half to even), the way one would do it by hand.
@@ -47,3 +48,35 @@ def pack_lanes(codes: np.ndarray, lane_bits: int, container: type) -> np.ndarray
                 word |= (int(flat_in[r, 4 * j + lane]) & ((1 << lane_bits) - 1)) << (lane * lane_bits)
             flat_out[r, j] = word
     return out
+
+
+# ---- the random bits of stochastic rounding, written from their documentation -----------------------
+
+
+def mix32(x: np.ndarray) -> np.ndarray:
+    """The 32-bit hash of the package's documentation, in uint64 arithmetic reduced mod 2^32."""
+    m = np.uint64(0xFFFFFFFF)
+    x = np.asarray(x, dtype=np.uint64) & m
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & m
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & m
+    return x ^ (x >> np.uint64(16))
+
+
+def splitmix64(seed: int) -> int:
+    """SplitMix64's output function (Steele, Lea and Flood 2014), in Python integers."""
+    mask = (1 << 64) - 1
+    z = (seed + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def random_bits(seed: int, n: int, start: int = 0) -> np.ndarray:
+    """The uint32 draws of elements ``start .. start + n - 1`` for ``seed``."""
+    key = splitmix64(seed)
+    key_lo, key_hi = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    idx = np.arange(n, dtype=np.uint64) + np.uint64(start)
+    h = mix32((idx & np.uint64(0xFFFFFFFF)) ^ key_lo)
+    return mix32(((h + (idx >> np.uint64(32))) & np.uint64(0xFFFFFFFF)) ^ key_hi).astype(np.uint32)

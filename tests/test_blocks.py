@@ -26,6 +26,7 @@ from neuron_kernels.blocks.job import block_job
 from neuron_kernels.blocks.layout import Pieces
 from neuron_kernels.errors import NotApplicableError, UnknownFormatError
 
+from .reference import random_bits
 from .reference_blocks import (
     RHT_DEFAULT_SIGNS,
     block_errors_ref,
@@ -38,7 +39,6 @@ from .reference_blocks import (
 )
 from .reference_casts import decode_ref
 from .reference_mx import pack_fp4_ref
-from .test_cast_modes import random_bits
 
 F32 = np.float32
 BF16 = np.dtype(ml_dtypes.bfloat16)

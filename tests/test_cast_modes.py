@@ -19,6 +19,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.formats import FORMATS
 
+from .reference import random_bits
 from .reference_casts import (
     FORMATS_REF,
     ROUNDING_MODES,
@@ -51,35 +52,6 @@ INF32 = np.float32(np.inf)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-def mix32(x: np.ndarray) -> np.ndarray:
-    """The 32-bit hash of the package's documentation, in uint64 arithmetic reduced mod 2^32."""
-    m = np.uint64(0xFFFFFFFF)
-    x = np.asarray(x, dtype=np.uint64) & m
-    x = x ^ (x >> np.uint64(16))
-    x = (x * np.uint64(0x7FEB352D)) & m
-    x = x ^ (x >> np.uint64(15))
-    x = (x * np.uint64(0x846CA68B)) & m
-    return x ^ (x >> np.uint64(16))
-
-
-def splitmix64(seed: int) -> int:
-    """SplitMix64's output function (Steele, Lea and Flood 2014), in Python integers."""
-    mask = (1 << 64) - 1
-    z = (seed + 0x9E3779B97F4A7C15) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return z ^ (z >> 31)
-
-
-def random_bits(seed: int, n: int, start: int = 0) -> np.ndarray:
-    """The uint32 draws of elements ``start .. start + n - 1`` for ``seed``."""
-    key = splitmix64(seed)
-    key_lo, key_hi = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
-    idx = np.arange(n, dtype=np.uint64) + np.uint64(start)
-    h = mix32((idx & np.uint64(0xFFFFFFFF)) ^ key_lo)
-    return mix32(((h + (idx >> np.uint64(32))) & np.uint64(0xFFFFFFFF)) ^ key_hi).astype(np.uint32)
 
 
 def codes_of(a: np.ndarray) -> np.ndarray:

@@ -13,9 +13,9 @@ import pytest
 
 import neuron_kernels as nk
 
+from .reference import random_bits
 from .reference_casts import encode_ref
 from .reference_mx import quantize_mx_ref
-from .test_cast_modes import random_bits
 
 N = (1 << 31) + 1000
 TAIL = 4096  # checked elements at the end, from index 2^31 - 3096 on

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import neuron_kernels as nk
 from neuron_kernels.formats import FORMATS
 
+from .reference import random_bits
 from .reference_casts import FORMATS_REF, decode_ref
 from .reference_mx import (
     MX_FORMATS_REF,
@@ -32,7 +33,6 @@ from .reference_mx import (
     pack_fp4_ref,
     quantize_mx_ref,
 )
-from .test_cast_modes import random_bits
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {
