@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 import neuron_kernels as nk
 
-from .reference_blocks import rht_inverse_ref, rht_ref
-from .test_blocks import (
+from .block_checks import (
     CUSTOM_SIGNS,
     INPUT_DTYPES,
     KERNEL_LAYOUTS,
@@ -35,6 +34,7 @@ from .test_blocks import (
     scale_sweep_blocks,
     tile_data,
 )
+from .reference_blocks import rht_inverse_ref, rht_ref
 
 pytestmark = pytest.mark.slow
 
