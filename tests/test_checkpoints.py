@@ -1,9 +1,9 @@
 """Checkpoints: a sharded checkpoint quantised into each layout, read back, decoded and dequantised.
 
-The decoder here is written from the layouts' description alone (E2M1 table, nibble order, e8m0
-and float8_e4m3fn scales, compressed-tensors' ``w = fp4 * scale / global_scale``), not from the
-package's code; every quantised weight must carry the codes and scales of the in-memory
-``nk.quantize`` bit for bit, and every other tensor its own bytes and dtype.
+The decoder (``tests/checkpoint_helpers.py``) is written from the layouts' description alone (E2M1
+table, nibble order, e8m0 and float8_e4m3fn scales, compressed-tensors' ``w = fp4 * scale /
+global_scale``), not from the package's code; every quantised weight must carry the codes and
+scales of the in-memory ``nk.quantize`` bit for bit, and every other tensor its own bytes and dtype.
 """
 
 import json
@@ -12,98 +12,14 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import neuron_kernels as nk
 from neuron_kernels import BlockArray
 from neuron_kernels.checkpoints import DEFAULT_EXCLUDES, tensor_decision
 
+from .checkpoint_helpers import BF16, bits, decode_ct, decode_gptoss, read_dir
 from .cli_runner import run
-
-BF16 = np.dtype(ml_dtypes.bfloat16)
-E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-
-
-# ---- a decoder written from the layouts' description --------------------------------------------
-
-
-def unpack_fp4(packed: np.ndarray) -> np.ndarray:
-    """Byte k holds element 2k in the low nibble and 2k+1 in the high nibble."""
-    lo, hi = packed & 0x0F, packed >> 4
-    return np.stack([E2M1[lo], E2M1[hi]], axis=-1).reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
-
-
-def e8m0(b: np.ndarray) -> np.ndarray:
-    return np.exp2(b.astype(np.float64) - 127)
-
-
-def per_block(scales: np.ndarray, block: int) -> np.ndarray:
-    return np.repeat(scales, block, axis=-1)
-
-
-def decode_ct(tensors: dict, base: str, fmt: str) -> np.ndarray:
-    if fmt == "nvfp4":
-        p, s, g = (
-            tensors[f"{base}.weight_packed"],
-            tensors[f"{base}.weight_scale"],
-            tensors[f"{base}.weight_global_scale"],
-        )
-        scale = s.astype(np.float32) / g[0]  # float32 arithmetic, as the runtimes
-        return unpack_fp4(p) * per_block(scale, 16)
-    if fmt == "mxfp4_e2m1":
-        p, s = tensors[f"{base}.weight_packed"], tensors[f"{base}.weight_scale"]
-        return (unpack_fp4(p) * per_block(e8m0(s), 32)).astype(np.float32)
-    w, s = tensors[f"{base}.weight"], tensors[f"{base}.weight_scale"]
-    return (w.astype(np.float64) * per_block(e8m0(s), 32)).astype(np.float32)
-
-
-def decode_gptoss(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """[..., out, G, 16] bytes and [..., out, G] e8m0 -> [..., out, G * 32]."""
-    values = unpack_fp4(blocks) * e8m0(scales)[..., None]
-    return values.reshape(blocks.shape[:-2] + (blocks.shape[-2] * 32,)).astype(np.float32)
-
-
-#: safetensors dtype names (the safetensors package's numpy loader has no FP8 dtypes).
-ST_DTYPES = {"BF16": BF16, "F16": np.float16, "F32": np.float32, "F8_E4M3": ml_dtypes.float8_e4m3fn,
-             "U8": np.uint8, "I32": np.int32, "I64": np.int64}  # fmt: skip
-
-
-def read_safetensors(path) -> tuple[dict, dict]:
-    """(tensors, __metadata__) of a .safetensors file: an 8-byte little-endian header length, a
-    JSON header of dtype / shape / data_offsets, then the data."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8 : 8 + n])
-    meta = header.pop("__metadata__", {})
-    data = raw[8 + n :]
-    out = {}
-    for k, v in header.items():
-        b, e = v["data_offsets"]
-        out[k] = np.frombuffer(data[b:e], ST_DTYPES[v["dtype"]]).reshape(v["shape"])
-    assert sum(v.nbytes for v in out.values()) == len(data)
-    return out, meta
-
-
-def read_dir(path) -> dict:
-    """Every tensor of a checkpoint folder and the shard it is in (also opened by the safetensors package)."""
-    out, where = {}, {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            tensors, meta = read_safetensors(os.path.join(path, name))
-            assert meta.get("format") == "pt"
-            with safe_open(os.path.join(path, name), framework="numpy") as f:
-                assert sorted(f.keys()) == sorted(tensors)
-            out.update(tensors)
-            where.update(dict.fromkeys(tensors, name))
-    return out, where
-
-
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
-
 
 # ---- a synthetic checkpoint ---------------------------------------------------------------------------
 

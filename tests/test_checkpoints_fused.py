@@ -25,8 +25,8 @@ from safetensors.numpy import save_file
 import neuron_kernels as nk
 from neuron_kernels.checkpoints import FUSED_SHARDS, fused_groups
 
+from .checkpoint_helpers import BF16, bits, per_block, read_dir, unpack_fp4
 from .cli_runner import run
-from .test_checkpoints import BF16, bits, per_block, read_dir, unpack_fp4
 
 L0, L1, L2 = "model.layers.0.", "model.layers.1.", "model.layers.2."
 

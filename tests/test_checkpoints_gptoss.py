@@ -4,10 +4,10 @@ and shaped as transformers saves ``GptOssForCausalLM``, quantised through the co
 Only the experts' stacked ``gate_up_proj`` / ``down_proj`` ([E, in, out]) become
 ``NAME_blocks`` [E, out, in/32, 16] and ``NAME_scales`` [E, out, in/32]; everything else keeps its
 bytes. The expected values come from the layout's description (``decode_gptoss`` of
-test_checkpoints, written from the E2M1 table and the nibble order), not from the package. What
-the layout cannot express so that transformers loads it is refused before anything is written;
-a checkpoint that is not what its config promises is refused when read. transformers itself
-loads the command's output in ``tests/test_checkpoints_runtimes.py``.
+``tests/checkpoint_helpers.py``, written from the E2M1 table and the nibble order), not from the
+package. What the layout cannot express so that transformers loads it is refused before anything
+is written; a checkpoint that is not what its config promises is refused when read. transformers
+itself loads the command's output in ``tests/test_checkpoints_runtimes.py``.
 """
 
 import json
@@ -20,8 +20,8 @@ import neuron_kernels as nk
 from neuron_kernels.checkpoints import GPTOSS_NOT_CONVERTED, expert_decision
 from neuron_kernels.io.files import FileFormatError
 
+from .checkpoint_helpers import BF16, bits, decode_gptoss, read_dir
 from .cli_runner import run
-from .test_checkpoints import BF16, bits, decode_gptoss, read_dir
 
 E, HIDDEN, INTER, HEADS, HEAD_DIM = 4, 64, 96, 2, 32
 GPTOSS = ("--layout", "mxfp4", "--format", "mxfp4_e2m1")
