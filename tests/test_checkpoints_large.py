@@ -1,6 +1,6 @@
 """A sharded bfloat16 checkpoint of a few GB quantised and dequantised in bounded memory (slow).
 
-The child's peak memory is its own ``VmHWM`` (see test_cli_stream.py for why not ``ru_maxrss``); the
+The child's peak memory is its own ``VmHWM`` (see tests/memory.py for why not ``ru_maxrss``); the
 results must equal the in-memory functions tensor by tensor.
 """
 
@@ -17,7 +17,7 @@ import neuron_kernels as nk
 from neuron_kernels.io.files import SafetensorsWriter, TensorSpec
 
 from .conftest import child_env
-from .test_cli_stream import REPORT_PEAK
+from .memory import REPORT_PEAK
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 #: 3 shards of 2 tensors of 8192 x 8192 (128 MiB each) and one of 16384 x 8192: 1 GiB, twice the

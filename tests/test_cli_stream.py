@@ -2,9 +2,8 @@
 ``--chunk-mb 64`` must keep the child's peak RSS bounded and write what ``quantize_mx`` computes
 in memory (marked slow; CI runs it).
 
-The peak is the child's own ``VmHWM`` (the high-water mark of its address space, read as it
-exits). ``ru_maxrss`` from ``wait4`` would not do: a child started with vfork records the
-parent's high-water mark at exec, and the parent here is a pytest process that may be large.
+The peak is the child's own ``VmHWM``, as ``tests/memory.py`` reports it (which says why not
+``ru_maxrss``).
 """
 
 import re
@@ -17,17 +16,9 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.io.files import NpyWriter
 
+from .memory import REPORT_PEAK
+
 ROWS, COLS = 1 << 15, 1 << 13  # 256 Mi float32 = 1 GiB
-#: The command, reporting its peak RSS on stderr as it exits.
-REPORT_PEAK = """
-import atexit, runpy, sys
-def report():
-    with open("/proc/self/status") as fh:
-        sys.stderr.write("".join(line for line in fh if line.startswith("VmHWM")))
-atexit.register(report)
-sys.argv = ["neuron-kernels", *sys.argv[1:]]
-runpy.run_module("neuron_kernels", run_name="__main__")
-"""
 PEAK_LIMIT_MIB = 512  # the input alone is 1024 MiB, input + codes 1280 MiB; seen: 290 MiB
 
 
