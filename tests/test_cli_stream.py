@@ -16,6 +16,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.io.files import NpyWriter
 
+from .conftest import child_env
 from .memory import REPORT_PEAK
 
 ROWS, COLS = 1 << 15, 1 << 13  # 256 Mi float32 = 1 GiB
@@ -53,6 +54,7 @@ def test_quantize_a_1gib_npy_in_bounded_memory(tmp_path):
             "--quiet",
         ],
         cwd=tmp_path,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=900,
