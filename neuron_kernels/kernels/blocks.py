@@ -51,7 +51,6 @@ __all__ = [
     "dequantize_kernel",
     "finite_amax_kernel",
     "error_sums",
-    "unpack_fp4_axis",
 ]
 
 #: Scale-mode ids, bound by name: an id is the mode's index in ``modes.SCALE_MODES``.
@@ -1251,12 +1250,3 @@ def error_sums(xv, dq, xs, lim):  # pragma: no cover - compiled
             flushed += d == 0
         saturated += abs(np.float64(xs[i])) > np.float64(lim[i])
     return count, signal, noise, max_abs, max_rel, saturated, flushed
-
-
-def unpack_fp4_axis(codes: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
-    """FP4 codes stored two per byte along ``axis`` -> one code per byte, ``shape``."""
-    moved = np.moveaxis(codes, axis, -1)
-    out = np.empty(moved.shape[:-1] + (2 * moved.shape[-1],), np.uint8)
-    out[..., 0::2] = moved & 0xF
-    out[..., 1::2] = moved >> 4
-    return np.ascontiguousarray(np.moveaxis(out[..., : shape[axis]], -1, axis))
