@@ -1,0 +1,242 @@
+"""Row kernels: blocks of ``size`` consecutive elements along the last axis of (A, L) arrays
+(the fast path). A task is one (row, block) pair."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..._jit import jit, u32_amax_abs, u32_and, u32_or, u32_shl, u32_shr
+from .. import codec as C
+from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
+from .elements import _code, _dequantized, _load, _scaled, _stream, _value
+from .scales import _candidate, _multiplier, _policy_scale, _row_errors, _scale_byte
+from .spec import FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source, _flags
+
+
+@jit(inline="always")
+def _decoded_amax(m, src):  # pragma: no cover - compiled
+    """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
+    of 16-bit sources are decoded once, after the reduction), the source known at run time. A
+    kernel's own reduction (:func:`_row_amax`) decodes with :func:`_load`."""
+    return m if src.kind == SOURCE_F32 else C.load(m, src.kind, src.codec)
+
+
+@jit(inline="always")
+def _row_amax(xr, l0, l1, kind, codec, v16, v32, v64):  # pragma: no cover - compiled
+    """The largest |x| pattern of ``xr[l0:l1]``; one vector reduction for a float32 block of 16,
+    32 or 64 (``v16, v32, v64``: these lengths, compile-time constants, for float32 rows; else 0)."""
+    n = l1 - l0
+    if v32 != 0 and n == v32:
+        return _load(u32_amax_abs(xr, l0, v32), kind, codec)
+    if v16 != 0 and n == v16:
+        return _load(u32_amax_abs(xr, l0, v16), kind, codec)
+    if v64 != 0 and n == v64:
+        return _load(u32_amax_abs(xr, l0, v64), kind, codec)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(_load(xr[i], kind, codec), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
+
+
+@jit(inline="always")
+def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
+    """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate
+    (``cands``, ``errs``: scratch of 5 entries)."""
+    byte = _scale_byte(amax, mode, pts, sc, sc.e8m0)
+    if not _policy_scale(byte, amax, policy, pts, sc):
+        return byte
+    # the plain scale first; invalid candidates are evaluated with it (never strictly better)
+    count = 5 if (policy == SEARCH_MSE) & (not sc.e8m0) else 2
+    cands[0] = byte
+    for k in range(count - 1):
+        valid, cand = _candidate(k, byte, policy, amax, pts, sc)
+        cands[k + 1] = cand if valid else byte
+    _row_errors(xr, l0, l1, base, cands, count, pts, policy != FOUR_SIX_MAE, key, src, el, sc, errs)
+    best, chosen = errs[0], byte
+    for k in range(1, count):
+        if errs[k] < best:
+            best, chosen = errs[k], np.uint32(cands[k])
+    return chosen
+
+
+@jit(inline="always")
+def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
+    """:func:`_row_amax` with the source known at run time only (one vector reduction for the
+    blocks of 16, 32 or 64 of the sources that have them)."""
+    n = l1 - l0
+    if src.vector:
+        if n == 32:
+            return _decoded_amax(u32_amax_abs(xr, l0, 32), src)
+        if n == 16:
+            return _decoded_amax(u32_amax_abs(xr, l0, 16), src)
+        if n == 64:
+            return _decoded_amax(u32_amax_abs(xr, l0, 64), src)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(C.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
+
+
+@jit
+def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc):  # pragma: no cover
+    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``. A loop of its own,
+    before the elements', and a function of its own: the per-block decisions (the format's
+    constants, scale mode and policy, all run-time values here) cost the element loop nothing,
+    and one compiled copy serves every format and kernel with scale policies of a source's row
+    type (compiling the policies' evaluation into each kernel cost most of their compile time)."""
+    length = xr.shape[0]
+    cands = np.empty(5, np.uint32)
+    errs = np.empty(5, np.float64)
+    for j in range(j0, j1):
+        l0 = np.uint64(j * size)
+        l1 = np.uint64(min(j * size + size, length))
+        amax = _block_amax(xr, l0, l1, src)
+        out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs)
+
+
+@jit(inline="always")
+def _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, vlen):  # pragma: no cover - compiled
+    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` by the plain rule (kernels without
+    scale policies), inlined into the kernel with the format's constants and ``vlen`` (see
+    :func:`_vector_length`) compiled in: the shared :func:`_row_scales`, with run-time constants,
+    cost the quantisers up to a fifth of their speed."""
+    length = xr.shape[0]
+    for j in range(j0, j1):
+        l0 = np.uint64(j * size)
+        l1 = np.uint64(min(j * size + size, length))
+        out[j] = _scale_byte(_row_amax(xr, l0, l1, kind, codec, 0, vlen, 0), mode, pts, sc, e8m0)
+
+
+def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    stochastic = el.mode == C.STOCHASTIC
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
+    nan_code = el.nan_code
+
+    @jit
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        length = x.shape[1]
+        nb = scales.shape[1]
+        rnd = np.uint32(0)
+        rnd_hi = np.uint32(0)
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
+            base = idx0 + r * length
+            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
+            if policies:
+                _row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
+            else:
+                _row_plain_scales(xr, j0, j1, size, sr, mode, pts, kind, source.codec, sc, e8m0, vlen)
+            for j in range(j0, j1):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                byte = np.uint32(sr[j])
+                mul, _ = _multiplier(byte, pts, sc, e8m0)
+                nan_block = byte == np.uint32(sc.nan_byte)
+                if not pack:
+                    for i in range(l0, l1):
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+                        code = _code(_scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                        cr[i] = nan_code if nan_block else code
+                elif (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                        lo_i = k + k
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(lo_i))
+                            rnd_hi = C.random_bits(key_lo, key_hi, base + np.int64(lo_i) + 1)
+                        lo = _code(_scaled(_load(xr[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                        hi_u = _load(xr[lo_i + np.uint64(1)], kind, source.codec)
+                        hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
+                        pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
+                        cr[k] = nan_code if nan_block else pair
+                else:
+                    for i in range(l0, l1):
+                        if stochastic:
+                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+                        code = _code(_scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                        code = u32_and(nan_code if nan_block else code, 0xF)
+                        pos = i >> np.uint64(1)
+                        if i & 1:
+                            cr[pos] = u32_or(cr[pos], u32_shl(code, 4))
+                        else:
+                            cr[pos] = code
+            t = (r + 1) * nb
+
+    return kernel
+
+
+def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    stochastic = el.mode == C.STOCHASTIC
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
+
+    @jit
+    def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        length = x.shape[1]
+        nb = (length + size - 1) // size
+        bytes_ = np.empty(nb, np.uint32)
+        rnd = np.uint32(0)
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, orow = x[r], out[r]
+            base = idx0 + r * length
+            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
+            if policies:
+                _row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
+            else:
+                _row_plain_scales(xr, j0, j1, size, bytes_, mode, pts, kind, source.codec, sc, e8m0, vlen)
+            for j in range(j0, j1):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
+                for i in range(l0, l1):
+                    if stochastic:
+                        rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+                    orow[i] = _dequantized(
+                        _scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, scale, el, rmode, fixed
+                    )
+            t = (r + 1) * nb
+
+    return kernel
+
+
+def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
+    e8m0 = sc.e8m0
+
+    @jit
+    def kernel(codes, scales, out, size, pts, t0, t1):  # pragma: no cover - compiled
+        length = out.shape[1]
+        nb = scales.shape[1]
+        t = t0
+        while t < t1:
+            r = t // nb
+            cr, sr, orow = codes[r], scales[r], out[r]
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
+                if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                        pair = np.uint32(cr[k])
+                        orow[k + k] = _value(u32_and(pair, 0xF), scale, el)
+                        orow[k + k + np.uint64(1)] = _value(u32_shr(pair, 4), scale, el)
+                elif packed:
+                    for pos in range(l0, l1):
+                        code = u32_and(u32_shr(cr[pos >> np.uint64(1)], 4 * (pos & 1)), 0xF)
+                        orow[pos] = _value(code, scale, el)
+                else:
+                    for pos in range(l0, l1):
+                        orow[pos] = _value(np.uint32(cr[pos]), scale, el)
+            t = (r + 1) * nb
+
+    return kernel
