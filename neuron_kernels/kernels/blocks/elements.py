@@ -1,6 +1,8 @@
 """The elements of a block: the scaled value (:func:`_scaled`), its code under the rounding mode
 (:func:`_code`; :func:`_nearest_even` in float arithmetic), the value a code or a scaled element
-comes back as (:func:`_value`, :func:`_dequantized`), and the source loader (:func:`_load`)."""
+comes back as (:func:`_value`, :func:`_dequantized`), the source loader (:func:`_load`), and 4-bit
+codes two per byte (:func:`_nibble_pair`, :func:`_nibble`, :func:`_put_nibble`: element 2i in the
+low nibble), the one place the kernels pack and unpack them."""
 
 from __future__ import annotations
 
@@ -111,3 +113,26 @@ def _load(x, kind, codec):  # pragma: no cover - compiled
 @jit(inline="always")
 def _fixed(el):  # pragma: no cover - compiled
     return el.codec.specials == C.FIXED
+
+
+@jit(inline="always")
+def _nibble_pair(lo, hi):  # pragma: no cover - compiled
+    """The byte of two 4-bit codes: ``lo`` in the low nibble, ``hi`` in the high one."""
+    return u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
+
+
+@jit(inline="always")
+def _nibble(byte, high):  # pragma: no cover - compiled
+    """The 4-bit code in the low (``high`` 0) or the high (``high`` 1) nibble of ``byte``."""
+    return u32_and(u32_shr(byte, 4 * high), 0xF)
+
+
+@jit(inline="always")
+def _put_nibble(codes, k, code, high):  # pragma: no cover - compiled
+    """Store the 4-bit code ``code`` into ``codes[k]`` (``k`` an index or a tuple of them): in the
+    low nibble, clearing the high one (``high`` 0), or in the high nibble, keeping the low one
+    (``high`` 1): the element of the low nibble is written first."""
+    if high:
+        codes[k] = u32_or(codes[k], u32_shl(u32_and(code, 0xF), 4))
+    else:
+        codes[k] = u32_and(code, 0xF)

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ..._jit import f32_from_bits, jit, u32_and, u32_shr
+from ..._jit import f32_from_bits, jit
 from ...formats import BlockFormat
-from .elements import _dequantized, _load, _scaled, _value
+from .elements import _dequantized, _load, _nibble, _scaled, _value
 from .rows import _row_scales
 from .scales import _multiplier
 from .spec import _element_of, _flags, _scale_of, source_of
@@ -48,7 +48,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
                 _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
-                    code = u32_and(u32_shr(cr[i >> 1], 4 * (i & 1)), 0xF) if packed else np.uint32(cr[i])
+                    code = _nibble(cr[i >> 1], i & 1) if packed else np.uint32(cr[i])
                     d = np.float64(_value(code, scale, el))
                     xi = np.float64(f32_from_bits(_load(xr[i], kind, src.codec)))
                     if not np.isfinite(xi) or np.isnan(d):

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ..._jit import f32_bits, f32_from_bits, jit, u32_and, u32_or, u32_shl
+from ..._jit import f32_bits, f32_from_bits, jit, u32_and
 from .. import codec as C
 from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
-from .elements import _code, _dequantized, _load, _scaled, _stream
+from .elements import _code, _dequantized, _load, _nibble_pair, _scaled, _stream
 from .rows import _row_amax, _row_scale
 from .scales import _multiplier
 from .spec import Element, Scale, Source, _flags, _vector_lengths, source_of
@@ -131,8 +131,7 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
                             rnd_hi = C.random_bits(key_lo, key_hi, base + 2 * k + 1)
                         lo = _code(_scaled(buf[2 * k], mul, e8m0), rnd, el, rmode, fixed)
                         hi = _code(_scaled(buf[2 * k + 1], mul, e8m0), rnd_hi, el, rmode, fixed)
-                        pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
-                        cr[l0 // 2 + k] = nan_code if nan_block else pair
+                        cr[l0 // 2 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
                 else:
                     for i in range(n):
                         if stochastic:

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from ..._jit import jit, u32_amax_abs, u32_and, u32_or, u32_shl, u32_shr
+from ..._jit import jit, u32_amax_abs, u32_and
 from .. import codec as C
 from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
-from .elements import _code, _dequantized, _load, _scaled, _stream, _value
+from .elements import _code, _dequantized, _load, _nibble, _nibble_pair, _put_nibble, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _row_errors, _scale_byte
 from .spec import FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source, _flags
 
@@ -155,19 +155,13 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int)
                         lo = _code(_scaled(_load(xr[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                         hi_u = _load(xr[lo_i + np.uint64(1)], kind, source.codec)
                         hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
-                        pair = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
-                        cr[k] = nan_code if nan_block else pair
+                        cr[k] = nan_code if nan_block else _nibble_pair(lo, hi)
                 else:
                     for i in range(l0, l1):
                         if stochastic:
                             rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
                         code = _code(_scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
-                        code = u32_and(nan_code if nan_block else code, 0xF)
-                        pos = i >> np.uint64(1)
-                        if i & 1:
-                            cr[pos] = u32_or(cr[pos], u32_shl(code, 4))
-                        else:
-                            cr[pos] = code
+                        _put_nibble(cr, i >> np.uint64(1), nan_code if nan_block else code, i & np.uint64(1))
             t = (r + 1) * nb
 
     return kernel
@@ -228,12 +222,11 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
                 if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                     for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
                         pair = np.uint32(cr[k])
-                        orow[k + k] = _value(u32_and(pair, 0xF), scale, el)
-                        orow[k + k + np.uint64(1)] = _value(u32_shr(pair, 4), scale, el)
+                        orow[k + k] = _value(_nibble(pair, 0), scale, el)
+                        orow[k + k + np.uint64(1)] = _value(_nibble(pair, 1), scale, el)
                 elif packed:
                     for pos in range(l0, l1):
-                        code = u32_and(u32_shr(cr[pos >> np.uint64(1)], 4 * (pos & 1)), 0xF)
-                        orow[pos] = _value(code, scale, el)
+                        orow[pos] = _value(_nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
                 else:
                     for pos in range(l0, l1):
                         orow[pos] = _value(np.uint32(cr[pos]), scale, el)

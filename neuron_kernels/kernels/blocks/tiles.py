@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ..._jit import jit, u32_and, u32_or, u32_shl, u32_shr
+from ..._jit import jit, u32_and
 from .. import codec as C
-from .elements import _code, _dequantized, _load, _scaled, _stream, _value
+from .elements import _code, _dequantized, _load, _nibble, _put_nibble, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
 from .spec import FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
 
@@ -110,14 +110,9 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
                     if pack == PACK_NONE:
                         codes[a, rr, cc] = code
                     elif pack == PACK_COLS:
-                        if cc & 1:
-                            codes[a, rr, cc >> 1] = u32_or(codes[a, rr, cc >> 1], u32_shl(u32_and(code, 0xF), 4))
-                        else:
-                            codes[a, rr, cc >> 1] = u32_and(code, 0xF)
-                    elif rr & 1:
-                        codes[a, rr >> 1, cc] = u32_or(codes[a, rr >> 1, cc], u32_shl(u32_and(code, 0xF), 4))
+                        _put_nibble(codes, (a, rr, cc >> 1), code, cc & 1)
                     else:
-                        codes[a, rr >> 1, cc] = u32_and(code, 0xF)
+                        _put_nibble(codes, (a, rr >> 1, cc), code, rr & 1)
 
     return kernel
 
@@ -184,9 +179,9 @@ def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
                     if pack == PACK_NONE:
                         code = np.uint32(codes[a, rr, cc])
                     elif pack == PACK_COLS:
-                        code = u32_and(u32_shr(codes[a, rr, cc >> 1], 4 * (cc & 1)), 0xF)
+                        code = _nibble(codes[a, rr, cc >> 1], cc & 1)
                     else:
-                        code = u32_and(u32_shr(codes[a, rr >> 1, cc], 4 * (rr & 1)), 0xF)
+                        code = _nibble(codes[a, rr >> 1, cc], rr & 1)
                     out[a, rr, cc] = _value(code, col_scale[cc], el)
 
     return kernel
