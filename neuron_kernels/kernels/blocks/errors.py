@@ -12,7 +12,7 @@ import numpy as np
 from ..._jit import f32_from_bits, jit
 from ...formats import BlockFormat
 from .elements import _dequantized, _load, _nibble, _scaled, _value
-from .rows import _row_scales
+from .rows import _policy_scratch, _row_scales
 from .scales import _multiplier
 from .spec import _element_of, _flags, _scale_of, source_of
 
@@ -90,9 +90,10 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         length = x.shape[1]
         nb = (length + size - 1) // size
         bytes_ = np.empty(nb, np.uint32)
+        cands, errs = _policy_scratch()
         for r in range(t0, t1):
             xr = x[r]
-            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc)
+            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)
             count = 0
             signal = 0.0
             noise = 0.0

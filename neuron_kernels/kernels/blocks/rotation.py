@@ -1,5 +1,6 @@
 """The random Hadamard rotation of 16-element groups (:func:`_rotate_group`), its kernels, and the
-row kernels of the rotated input."""
+row kernels of the rotated input, which rotate each block into a scratch row and run the row
+kernels' own per-block code on it."""
 
 from __future__ import annotations
 
@@ -9,12 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..._jit import f32_bits, f32_from_bits, jit, u32_and
-from .. import codec as C
-from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
-from .elements import _code, _dequantized, _load, _nibble_pair, _scaled, _stream
-from .rows import _row_amax, _row_scale
-from .scales import _multiplier
-from .spec import Element, Scale, Source, _flags, _vector_lengths, source_of
+from .elements import _load, _stream
+from .rows import _block_fake_quantizer, _block_quantizer, _policy_scratch, _row_scaler
+from .spec import Element, Scale, Source, _vector_lengths, source_of
 
 
 @jit(inline="always")
@@ -88,13 +86,14 @@ def rotated_amax_kernel(source: str) -> Any:
 
 
 def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
-    """:func:`_row_quantize` of the rotated input (blocks and rows of a multiple of 16): each block
-    is rotated into a scratch row first."""
+    """:func:`~.rows._row_quantize` of the rotated input (blocks and rows of a multiple of 16): each
+    block is rotated into a scratch row first, which the row kernel's own scale loop and element
+    loop (:func:`~.rows._row_scaler`, :func:`~.rows._block_quantizer`) then take as a row of
+    one block of float32 patterns (its amax one vector reduction for 16, 32 or 64 elements)."""
     f32 = source_of("float32")
-    stochastic = el.mode == C.STOCHASTIC
-    V16, V32, V64 = _vector_lengths(f32)  # noqa: N806 - compile-time constants
-    nan_code = el.nan_code
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    kind = source.kind
+    scales_of = _row_scaler(f32, el, sc, _vector_lengths(f32))
+    block = _block_quantizer(f32, el, sc, pack)
 
     @jit
     def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
@@ -103,10 +102,8 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
         nb = scales.shape[1]
         buf = np.empty(size, np.uint32)
         t64 = np.empty(16, np.float64)
-        cands = np.empty(5, np.uint32)
-        errs = np.empty(5, np.float64)
-        rnd = np.uint32(0)
-        rnd_hi = np.uint32(0)
+        byte = np.empty(1, np.uint32)
+        cands, errs = _policy_scratch()
         t = t0
         while t < t1:
             r = t // nb
@@ -117,38 +114,21 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
                 base = idx0 + r * length + l0
                 for g in range(0, n, 16):
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
-                amax = _row_amax(buf, np.uint64(0), np.uint64(n), SOURCE_F32, f32.codec, V16, V32, V64)
-                byte = _row_scale(
-                    buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc, cands, errs
-                )
-                sr[j] = byte
-                mul, _ = _multiplier(byte, pts, sc, e8m0)
-                nan_block = amax >= np.uint32(0x7F800000)
-                if pack:
-                    for k in range(n // 2):
-                        if stochastic:
-                            rnd = C.random_bits(key_lo, key_hi, base + 2 * k)
-                            rnd_hi = C.random_bits(key_lo, key_hi, base + 2 * k + 1)
-                        lo = _code(_scaled(buf[2 * k], mul, e8m0), rnd, el, rmode, fixed)
-                        hi = _code(_scaled(buf[2 * k + 1], mul, e8m0), rnd_hi, el, rmode, fixed)
-                        cr[l0 // 2 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
-                else:
-                    for i in range(n):
-                        if stochastic:
-                            rnd = C.random_bits(key_lo, key_hi, base + i)
-                        code = _code(_scaled(buf[i], mul, e8m0), rnd, el, rmode, fixed)
-                        cr[l0 + i] = nan_code if nan_block else code
+                scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, cands, errs)
+                sr[j] = byte[0]
+                block(buf, np.uint64(0), np.uint64(n), cr, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
             t = (r + 1) * nb
 
     return kernel
 
 
 def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
-    """:func:`_row_fake_quantize` of the rotated input (values stay rotated)."""
+    """:func:`~.rows._row_fake_quantize` of the rotated input (values stay rotated), as
+    :func:`_row_quantize_rotated` runs the row kernel's code on each rotated block."""
     f32 = source_of("float32")
-    stochastic = el.mode == C.STOCHASTIC
-    V16, V32, V64 = _vector_lengths(f32)  # noqa: N806 - compile-time constants
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    kind = source.kind
+    scales_of = _row_scaler(f32, el, sc, _vector_lengths(f32))
+    block = _block_fake_quantizer(f32, el, sc)
 
     @jit
     def kernel(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
@@ -157,9 +137,8 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
         nb = (length + size - 1) // size
         buf = np.empty(size, np.uint32)
         t64 = np.empty(16, np.float64)
-        cands = np.empty(5, np.uint32)
-        errs = np.empty(5, np.float64)
-        rnd = np.uint32(0)
+        byte = np.empty(1, np.uint32)
+        cands, errs = _policy_scratch()
         t = t0
         while t < t1:
             r = t // nb
@@ -170,15 +149,8 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
                 base = idx0 + r * length + l0
                 for g in range(0, n, 16):
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
-                amax = _row_amax(buf, np.uint64(0), np.uint64(n), SOURCE_F32, f32.codec, V16, V32, V64)
-                byte = _row_scale(
-                    buf, np.uint64(0), np.uint64(n), base, amax, mode, policy, pts, key, f32, el, sc, cands, errs
-                )
-                mul, scale = _multiplier(byte, pts, sc, e8m0)
-                for i in range(n):
-                    if stochastic:
-                        rnd = C.random_bits(key_lo, key_hi, base + i)
-                    orow[l0 + i] = _dequantized(_scaled(buf[i], mul, e8m0), rnd, scale, el, rmode, fixed)
+                scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, cands, errs)
+                block(buf, np.uint64(0), np.uint64(n), orow, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
             t = (r + 1) * nb
 
     return kernel

@@ -82,15 +82,14 @@ def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
 
 
 @jit
-def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc):  # pragma: no cover
-    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``. A loop of its own,
-    before the elements', and a function of its own: the per-block decisions (the format's
-    constants, scale mode and policy, all run-time values here) cost the element loop nothing,
-    and one compiled copy serves every format and kernel with scale policies of a source's row
-    type (compiling the policies' evaluation into each kernel cost most of their compile time)."""
+def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
+    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]`` (``cands``,
+    ``errs``: scratch of 5 entries, see :func:`_row_scale`). A loop of its own, before the
+    elements', and a function of its own: the per-block decisions (the format's constants, scale
+    mode and policy, all run-time values here) cost the element loop nothing, and one compiled
+    copy serves every format and kernel with scale policies of a source's row type (compiling the
+    policies' evaluation into each kernel cost most of their compile time)."""
     length = xr.shape[0]
-    cands = np.empty(5, np.uint32)
-    errs = np.empty(5, np.float64)
     for j in range(j0, j1):
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
@@ -99,78 +98,140 @@ def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc
 
 
 @jit(inline="always")
-def _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, vlen):  # pragma: no cover - compiled
+def _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, v16, v32, v64):  # pragma: no cover
     """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` by the plain rule (kernels without
-    scale policies), inlined into the kernel with the format's constants and ``vlen`` (see
-    :func:`_vector_length`) compiled in: the shared :func:`_row_scales`, with run-time constants,
-    cost the quantisers up to a fifth of their speed."""
+    scale policies), inlined into the kernel with the format's constants and the vector lengths
+    (see :func:`_row_amax`, :func:`~.spec._vector_length`) compiled in: the shared
+    :func:`_row_scales`, with run-time constants, cost the quantisers up to a fifth of their speed."""
     length = xr.shape[0]
     for j in range(j0, j1):
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
-        out[j] = _scale_byte(_row_amax(xr, l0, l1, kind, codec, 0, vlen, 0), mode, pts, sc, e8m0)
+        out[j] = _scale_byte(_row_amax(xr, l0, l1, kind, codec, v16, v32, v64), mode, pts, sc, e8m0)
+
+
+@jit(inline="always")
+def _policy_scratch():  # pragma: no cover - compiled
+    """The scratch of :func:`_row_scales` (candidate bytes and their errors), made once per kernel call."""
+    return np.empty(5, np.uint32), np.empty(5, np.float64)
+
+
+def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int]) -> Any:
+    """The scale loop of a row kernel, ``scales(xr, j0, j1, size, base, out, mode, policy, pts,
+    key, cands, errs)``: the scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``,
+    by the shared :func:`_row_scales` in kernels with scale policies, else by
+    :func:`_row_plain_scales` with the vector lengths ``vlens`` (16, 32, 64 or 0 each) compiled in."""
+    kind, _, _, e8m0 = _flags(source, el, sc)
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
+    v16, v32, v64 = vlens
+
+    @jit(inline="always")
+    def scales(xr, j0, j1, size, base, out, mode, policy, pts, key, cands, errs):  # pragma: no cover - compiled
+        if policies:
+            _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, source, el, sc, cands, errs)
+        else:
+            _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, e8m0, v16, v32, v64)
+
+    return scales
+
+
+def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
+    """The element loop of a quantising row kernel, ``block(xs, l0, l1, cr, c0, i0, byte, pts,
+    key_lo, key_hi)``: the codes of the elements ``xs[l0:l1]`` under the scale ``byte`` into
+    ``cr`` from position ``c0`` (``pack``: two per byte, position ``p`` in the low (even ``p``) or
+    high nibble of ``cr[p / 2]``), element ``l0 + k`` rounded with the stochastic bits of index
+    ``i0 + k``; every code is the NaN code in a block whose scale is the NaN byte. The plain row
+    kernel runs it on the blocks of a row in place, the rotated one on each block rotated into
+    a scratch row."""
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    stochastic = el.mode == C.STOCHASTIC
+    nan_code = el.nan_code
+
+    @jit(inline="always")
+    def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
+        mul, _ = _multiplier(byte, pts, sc, e8m0)
+        nan_block = byte == np.uint32(sc.nan_byte)
+        n = l1 - l0
+        rnd = np.uint32(0)
+        rnd_hi = np.uint32(0)
+        if not pack:
+            for k in range(n):
+                if stochastic:
+                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                cr[c0 + k] = nan_code if nan_block else code
+        elif (c0 & 1) == 0 and (n & 1) == 0:
+            h0 = c0 >> np.uint64(1)
+            for k in range(n >> np.uint64(1)):
+                lo_i = l0 + k + k
+                if stochastic:
+                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k))
+                    rnd_hi = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
+                lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                hi_u = _load(xs[lo_i + np.uint64(1)], kind, source.codec)
+                hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
+                cr[h0 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
+        else:
+            for k in range(n):
+                if stochastic:
+                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                pos = c0 + k
+                _put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
+
+    return block
+
+
+def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
+    """The element loop of a fake-quantising row kernel, ``block(xs, l0, l1, out, o0, i0, byte,
+    pts, key_lo, key_hi)``: the dequantised values of the elements ``xs[l0:l1]`` under the scale
+    ``byte`` into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic
+    bits of index ``i0 + k`` (see :func:`_block_quantizer`)."""
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    stochastic = el.mode == C.STOCHASTIC
+
+    @jit(inline="always")
+    def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
+        mul, scale = _multiplier(byte, pts, sc, e8m0)
+        rnd = np.uint32(0)
+        for k in range(l1 - l0):
+            if stochastic:
+                rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+            v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0)
+            out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, fixed)
+
+    return block
 
 
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-    stochastic = el.mode == C.STOCHASTIC
-    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
-    nan_code = el.nan_code
+    scales_of = _row_scaler(source, el, sc, (0, vlen, 0))
+    block = _block_quantizer(source, el, sc, pack)
 
     @jit
     def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
         nb = scales.shape[1]
-        rnd = np.uint32(0)
-        rnd_hi = np.uint32(0)
+        cands, errs = _policy_scratch()
         t = t0
         while t < t1:
             r = t // nb
             xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            if policies:
-                _row_scales(xr, j0, j1, size, base, sr, mode, policy, pts, key, source, el, sc)
-            else:
-                _row_plain_scales(xr, j0, j1, size, sr, mode, pts, kind, source.codec, sc, e8m0, vlen)
+            scales_of(xr, j0, j1, size, base, sr, mode, policy, pts, key, cands, errs)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                byte = np.uint32(sr[j])
-                mul, _ = _multiplier(byte, pts, sc, e8m0)
-                nan_block = byte == np.uint32(sc.nan_byte)
-                if not pack:
-                    for i in range(l0, l1):
-                        if stochastic:
-                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-                        code = _code(_scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
-                        cr[i] = nan_code if nan_block else code
-                elif (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
-                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
-                        lo_i = k + k
-                        if stochastic:
-                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(lo_i))
-                            rnd_hi = C.random_bits(key_lo, key_hi, base + np.int64(lo_i) + 1)
-                        lo = _code(_scaled(_load(xr[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
-                        hi_u = _load(xr[lo_i + np.uint64(1)], kind, source.codec)
-                        hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
-                        cr[k] = nan_code if nan_block else _nibble_pair(lo, hi)
-                else:
-                    for i in range(l0, l1):
-                        if stochastic:
-                            rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-                        code = _code(_scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
-                        _put_nibble(cr, i >> np.uint64(1), nan_code if nan_block else code, i & np.uint64(1))
+                block(xr, l0, l1, cr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
             t = (r + 1) * nb
 
     return kernel
 
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-    stochastic = el.mode == C.STOCHASTIC
-    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
+    scales_of = _row_scaler(source, el, sc, (0, vlen, 0))
+    block = _block_fake_quantizer(source, el, sc)
 
     @jit
     def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
@@ -178,27 +239,18 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any
         length = x.shape[1]
         nb = (length + size - 1) // size
         bytes_ = np.empty(nb, np.uint32)
-        rnd = np.uint32(0)
+        cands, errs = _policy_scratch()
         t = t0
         while t < t1:
             r = t // nb
             xr, orow = x[r], out[r]
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            if policies:
-                _row_scales(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, source, el, sc)
-            else:
-                _row_plain_scales(xr, j0, j1, size, bytes_, mode, pts, kind, source.codec, sc, e8m0, vlen)
+            scales_of(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, cands, errs)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
-                for i in range(l0, l1):
-                    if stochastic:
-                        rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
-                    orow[i] = _dequantized(
-                        _scaled(_load(xr[i], kind, source.codec), mul, e8m0), rnd, scale, el, rmode, fixed
-                    )
+                block(xr, l0, l1, orow, l0, base + np.int64(l0), bytes_[j], pts, key_lo, key_hi)
             t = (r + 1) * nb
 
     return kernel
