@@ -20,6 +20,44 @@ from .spec import _element_of, _flags, _scale_of, source_of
 N_SUMS = 7  # count, sum x^2, sum err^2, max |err|, max |err| / |x|, saturated, flushed
 
 
+@jit(inline="always")
+def _no_errors():  # pragma: no cover - compiled
+    """The sums of no element (see :func:`_add_error`)."""
+    return np.int64(0), 0.0, 0.0, 0.0, 0.0, np.int64(0), np.int64(0)
+
+
+@jit(inline="always")
+def _add_error(sums, x, d, q, lim):  # pragma: no cover - compiled
+    """The sums (count, sum x^2, sum err^2, max |err|, max |err| / |x| over x != 0, saturated
+    count, flushed count) with one more element: ``x`` (float64), its dequantised value ``d``
+    (float64), the value as quantised ``q`` (x, or x rotated; float64) and the largest value its
+    block can hold ``lim`` (max element times the block's scale): err = |x - d|, saturated when
+    |q| > lim, flushed when d == 0 for x != 0. An element with a non-finite x or a NaN dequantised
+    value (blocks holding a NaN or an infinity) is left out. The one accumulation of the error
+    statistics: the row kernels and :func:`error_sums` fold every element through it."""
+    count, signal, noise, max_abs, max_rel, saturated, flushed = sums
+    if not np.isfinite(x) or np.isnan(d):
+        return sums
+    err = abs(x - d)
+    if x != 0:
+        max_rel = max(max_rel, err / abs(x))
+        flushed += d == 0
+    return count + 1, signal + x * x, noise + err * err, max(max_abs, err), max_rel, saturated + (abs(q) > lim), flushed
+
+
+@jit(inline="always")
+def _store_errors(out, r, sums):  # pragma: no cover - compiled
+    """The sums into ``out[r, :N_SUMS]``, in their order."""
+    count, signal, noise, max_abs, max_rel, saturated, flushed = sums
+    out[r, 0] = count
+    out[r, 1] = signal
+    out[r, 2] = noise
+    out[r, 3] = max_abs
+    out[r, 4] = max_rel
+    out[r, 5] = saturated
+    out[r, 6] = flushed
+
+
 @cache
 def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     """Kernel ``(x, codes, scales, size, pts, out, t0, t1)``: the error statistics of the rows
@@ -37,13 +75,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
         length = x.shape[1]
         for r in range(t0, t1):
             xr, cr, sr = x[r], codes[r], scales[r]
-            count = 0
-            signal = 0.0
-            noise = 0.0
-            max_abs = 0.0
-            max_rel = 0.0
-            saturated = 0
-            flushed = 0
+            sums = _no_errors()
             for j in range(sr.size):
                 _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
@@ -51,24 +83,8 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
                     code = _nibble(cr[i >> 1], i & 1) if packed else np.uint32(cr[i])
                     d = np.float64(_value(code, scale, el))
                     xi = np.float64(f32_from_bits(_load(xr[i], kind, src.codec)))
-                    if not np.isfinite(xi) or np.isnan(d):
-                        continue
-                    err = abs(xi - d)
-                    count += 1
-                    signal += xi * xi
-                    noise += err * err
-                    max_abs = max(max_abs, err)
-                    if xi != 0:
-                        max_rel = max(max_rel, err / abs(xi))
-                        flushed += d == 0
-                    saturated += abs(xi) > lim
-            out[r, 0] = count
-            out[r, 1] = signal
-            out[r, 2] = noise
-            out[r, 3] = max_abs
-            out[r, 4] = max_rel
-            out[r, 5] = saturated
-            out[r, 6] = flushed
+                    sums = _add_error(sums, xi, d, xi, lim)
+            _store_errors(out, r, sums)
 
     return kernel
 
@@ -94,13 +110,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         for r in range(t0, t1):
             xr = x[r]
             _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)
-            count = 0
-            signal = 0.0
-            noise = 0.0
-            max_abs = 0.0
-            max_rel = 0.0
-            saturated = 0
-            flushed = 0
+            sums = _no_errors()
             for j in range(nb):
                 mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
@@ -108,24 +118,8 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
                     u = _load(xr[i], kind, src.codec)
                     d = np.float64(_dequantized(_scaled(u, mul, e8m0), np.uint32(0), scale, el, rmode, fixed))
                     xi = np.float64(f32_from_bits(u))
-                    if not np.isfinite(xi) or np.isnan(d):
-                        continue
-                    err = abs(xi - d)
-                    count += 1
-                    signal += xi * xi
-                    noise += err * err
-                    max_abs = max(max_abs, err)
-                    if xi != 0:
-                        max_rel = max(max_rel, err / abs(xi))
-                        flushed += d == 0
-                    saturated += abs(xi) > lim
-            out[r, 0] = count
-            out[r, 1] = signal
-            out[r, 2] = noise
-            out[r, 3] = max_abs
-            out[r, 4] = max_rel
-            out[r, 5] = saturated
-            out[r, 6] = flushed
+                    sums = _add_error(sums, xi, d, xi, lim)
+            _store_errors(out, r, sums)
 
     return kernel
 
@@ -137,25 +131,7 @@ def error_sums(xv, dq, xs, lim):  # pragma: no cover - compiled
     hold (max element times the block's scale). Elements with a non-finite x or a NaN dequantised
     value (blocks holding a NaN or an infinity) are left out. Returns (count, sum x^2, sum err^2,
     max |err|, max |err|/|x| over x != 0, saturated count, flushed count)."""
-    count = 0
-    signal = 0.0
-    noise = 0.0
-    max_abs = 0.0
-    max_rel = 0.0
-    saturated = 0
-    flushed = 0
+    sums = _no_errors()
     for i in range(xv.size):
-        x = xv[i]
-        d = np.float64(dq[i])
-        if not np.isfinite(x) or np.isnan(d):
-            continue
-        err = abs(x - d)
-        count += 1
-        signal += x * x
-        noise += err * err
-        max_abs = max(max_abs, err)
-        if x != 0:
-            max_rel = max(max_rel, err / abs(x))
-            flushed += d == 0
-        saturated += abs(np.float64(xs[i])) > np.float64(lim[i])
-    return count, signal, noise, max_abs, max_rel, saturated, flushed
+        sums = _add_error(sums, xv[i], np.float64(dq[i]), np.float64(xs[i]), np.float64(lim[i]))
+    return sums
