@@ -85,18 +85,20 @@ def rotated_amax_kernel(source: str) -> Any:
     return kernel
 
 
-def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
-    """:func:`~.rows._row_quantize` of the rotated input (blocks and rows of a multiple of 16): each
-    block is rotated into a scratch row first, which the row kernel's own scale loop and element
-    loop (:func:`~.rows._row_scaler`, :func:`~.rows._block_quantizer`) then take as a row of
-    one block of float32 patterns (its amax one vector reduction for 16, 32 or 64 elements)."""
+def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: bool) -> Any:
+    """The task loop of a row kernel of the rotated input (blocks and rows of a multiple of 16),
+    ``run(x, dst, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)``: each block is
+    rotated into a scratch row first, which the row kernels' own scale loop (:func:`~.rows._row_scaler`)
+    and ``block`` (:func:`~.rows._block_quantizer`, :func:`~.rows._block_fake_quantizer`) then
+    take as a row of one block of float32 patterns (its amax one vector reduction for 16, 32 or
+    64 elements); scale bytes into ``scales[r]`` (``per_row``) or the scratch row ``scales[0]``
+    (as :func:`~.rows._row_tasks`)."""
     f32 = source_of("float32")
     kind = source.kind
     scales_of = _row_scaler(f32, el, sc, _vector_lengths(f32))
-    block = _block_quantizer(f32, el, sc, pack)
 
-    @jit
-    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
+    @jit(inline="always")
+    def run(x, dst, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
         nb = scales.shape[1]
@@ -107,7 +109,11 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
         t = t0
         while t < t1:
             r = t // nb
-            xr, cr, sr = x[r], codes[r], scales[r]
+            xr, dr = x[r], dst[r]
+            if per_row:
+                sr = scales[r]
+            else:
+                sr = scales[0]
             for j in range(t - r * nb, min(t1 - r * nb, nb)):
                 l0 = j * size
                 n = min(size, length - l0)
@@ -116,41 +122,30 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
                 scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, cands, errs)
                 sr[j] = byte[0]
-                block(buf, np.uint64(0), np.uint64(n), cr, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
+                block(buf, np.uint64(0), np.uint64(n), dr, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
             t = (r + 1) * nb
+
+    return run
+
+
+def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
+    """:func:`~.rows._row_quantize` of the rotated input (see :func:`_rotated_tasks`)."""
+    run = _rotated_tasks(source, el, sc, _block_quantizer(source_of("float32"), el, sc, pack), True)
+
+    @jit
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
+        run(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)
 
     return kernel
 
 
 def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
-    """:func:`~.rows._row_fake_quantize` of the rotated input (values stay rotated), as
-    :func:`_row_quantize_rotated` runs the row kernel's code on each rotated block."""
-    f32 = source_of("float32")
-    kind = source.kind
-    scales_of = _row_scaler(f32, el, sc, _vector_lengths(f32))
-    block = _block_fake_quantizer(f32, el, sc)
+    """:func:`~.rows._row_fake_quantize` of the rotated input (values stay rotated)."""
+    run = _rotated_tasks(source, el, sc, _block_fake_quantizer(source_of("float32"), el, sc), False)
 
     @jit
     def kernel(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
-        key_lo, key_hi = _stream(key)
-        length = x.shape[1]
-        nb = (length + size - 1) // size
-        buf = np.empty(size, np.uint32)
-        t64 = np.empty(16, np.float64)
-        byte = np.empty(1, np.uint32)
-        cands, errs = _policy_scratch()
-        t = t0
-        while t < t1:
-            r = t // nb
-            xr, orow = x[r], out[r]
-            for j in range(t - r * nb, min(t1 - r * nb, nb)):
-                l0 = j * size
-                n = min(size, length - l0)
-                base = idx0 + r * length + l0
-                for g in range(0, n, 16):
-                    _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
-                scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, cands, errs)
-                block(buf, np.uint64(0), np.uint64(n), orow, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
-            t = (r + 1) * nb
+        bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
+        run(x, out, bytes_, size, mode, policy, pts, key, idx0, signs, t0, t1)
 
     return kernel

@@ -203,12 +203,16 @@ def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
     return block
 
 
-def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
-    scales_of = _row_scaler(source, el, sc, (0, vlen, 0))
-    block = _block_quantizer(source, el, sc, pack)
+def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int], block: Any, per_row: bool) -> Any:
+    """The task loop of a row kernel, ``run(x, dst, scales, size, mode, policy, pts, key, idx0, t0,
+    t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, the scale bytes of a row's blocks
+    (:func:`_row_scaler`) into ``scales[r]`` (``per_row``; else into the scratch row
+    ``scales[0]``), then ``block`` (:func:`_block_quantizer`, :func:`_block_fake_quantizer`) on
+    each block of the row, into ``dst[r]``."""
+    scales_of = _row_scaler(source, el, sc, vlens)
 
-    @jit
-    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+    @jit(inline="always")
+    def run(x, dst, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
         nb = scales.shape[1]
@@ -216,42 +220,40 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int)
         t = t0
         while t < t1:
             r = t // nb
-            xr, cr, sr = x[r], codes[r], scales[r]  # one view per row, unsigned indices below
+            xr, dr = x[r], dst[r]  # one view per row, unsigned indices below
+            if per_row:
+                sr = scales[r]
+            else:
+                sr = scales[0]
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
             scales_of(xr, j0, j1, size, base, sr, mode, policy, pts, key, cands, errs)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                block(xr, l0, l1, cr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
+                block(xr, l0, l1, dr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
             t = (r + 1) * nb
+
+    return run
+
+
+def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
+    run = _row_tasks(source, el, sc, (0, vlen, 0), _block_quantizer(source, el, sc, pack), True)
+
+    @jit
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        run(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)
 
     return kernel
 
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
-    scales_of = _row_scaler(source, el, sc, (0, vlen, 0))
-    block = _block_fake_quantizer(source, el, sc)
+    run = _row_tasks(source, el, sc, (0, vlen, 0), _block_fake_quantizer(source, el, sc), False)
 
     @jit
     def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
-        key_lo, key_hi = _stream(key)
-        length = x.shape[1]
-        nb = (length + size - 1) // size
-        bytes_ = np.empty(nb, np.uint32)
-        cands, errs = _policy_scratch()
-        t = t0
-        while t < t1:
-            r = t // nb
-            xr, orow = x[r], out[r]
-            base = idx0 + r * length
-            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            scales_of(xr, j0, j1, size, base, bytes_, mode, policy, pts, key, cands, errs)
-            for j in range(j0, j1):
-                l0 = np.uint64(j * size)
-                l1 = np.uint64(min(j * size + size, length))
-                block(xr, l0, l1, orow, l0, base + np.int64(l0), bytes_[j], pts, key_lo, key_hi)
-            t = (r + 1) * nb
+        bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
+        run(x, out, bytes_, size, mode, policy, pts, key, idx0, t0, t1)
 
     return kernel
 

@@ -67,67 +67,23 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
         bytes_[j] = byte
 
 
-def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+def _tile_tasks(source: Source, el: Element, sc: Scale, element: Any, keep: bool) -> Any:
+    """The task loop of a tile kernel, ``run(x, dst, scales, nrt, nct, rows, cols, mode, policy,
+    pts, key, idx0, t0, t1)`` (``nrt`` x ``nct`` tiles of ``rows`` x ``cols`` over (R, C)): for
+    each row ``i`` of tiles ``x[a, r0:r1, :]`` of the tasks ``[t0, t1)``, the scale bytes of its
+    tiles (:func:`_tile_scales`, or :func:`_tile_plain_scales` in kernels without scale policies),
+    into ``scales[a, i]`` if ``keep`` (else ``scales`` is not used), then ``element(x, dst, a,
+    rr, cc, mul, scale, rnd)`` on each of its elements, with its tile's multiplier and scale of
+    dequantised values (:func:`~.scales._multiplier`; the scale is NaN in a block holding a NaN
+    or an infinity) and its stochastic bits."""
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
-    nan_code = el.nan_code
+    e8m0 = sc.e8m0
 
-    @jit
-    def kernel(x, codes, scales, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+    @jit(inline="always")
+    def run(x, dst, scales, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover
         key_lo, key_hi = _stream(key)
         height, width = x.shape[1], x.shape[2]
-        nrt, nct = scales.shape[1], scales.shape[2]
-        amax = np.empty(nct, np.uint32)
-        bytes_ = np.empty(nct, np.uint32)
-        col_mul = np.empty(width, np.float32)
-        col_nan = np.empty(width, np.bool_)
-        rnd = np.uint32(0)
-        for t in range(t0, t1):
-            a = t // nrt
-            i = t - a * nrt
-            r0 = i * rows
-            r1 = min(r0 + rows, height)
-            if policies:
-                _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
-            else:
-                _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
-            for j in range(nct):
-                scales[a, i, j] = bytes_[j]
-                mul, _ = _multiplier(bytes_[j], pts, sc, e8m0)
-                nan_block = amax[j] >= np.uint32(0x7F800000)
-                for cc in range(j * cols, min(j * cols + cols, width)):
-                    col_mul[cc] = mul
-                    col_nan[cc] = nan_block
-            for rr in range(r0, r1):
-                for cc in range(width):
-                    if stochastic:
-                        rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
-                    code = _code(
-                        _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0), rnd, el, rmode, fixed
-                    )
-                    code = nan_code if col_nan[cc] else code
-                    if pack == PACK_NONE:
-                        codes[a, rr, cc] = code
-                    elif pack == PACK_COLS:
-                        _put_nibble(codes, (a, rr, cc >> 1), code, cc & 1)
-                    else:
-                        _put_nibble(codes, (a, rr >> 1, cc), code, rr & 1)
-
-    return kernel
-
-
-def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-    stochastic = el.mode == C.STOCHASTIC
-    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
-
-    @jit
-    def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
-        key_lo, key_hi = _stream(key)
-        height, width = x.shape[1], x.shape[2]
-        nrt = (height + rows - 1) // rows
-        nct = (width + cols - 1) // cols
         amax = np.empty(nct, np.uint32)
         bytes_ = np.empty(nct, np.uint32)
         col_mul = np.empty(width, np.float32)
@@ -143,6 +99,8 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
             else:
                 _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
+                if keep:
+                    scales[a, i, j] = bytes_[j]
                 mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
                 for cc in range(j * cols, min(j * cols + cols, width)):
                     col_mul[cc] = mul
@@ -151,8 +109,50 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
                 for cc in range(width):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
-                    v = _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0)
-                    out[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
+                    element(x, dst, a, rr, cc, col_mul[cc], col_scale[cc], rnd)
+
+    return run
+
+
+def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    nan_code = el.nan_code
+
+    @jit(inline="always")
+    def element(x, codes, a, rr, cc, mul, scale, rnd):  # pragma: no cover - compiled
+        code = _code(_scaled(_load(x[a, rr, cc], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+        code = nan_code if scale != scale else code  # a NaN scale: a block holding a NaN or an infinity
+        if pack == PACK_NONE:
+            codes[a, rr, cc] = code
+        elif pack == PACK_COLS:
+            _put_nibble(codes, (a, rr, cc >> 1), code, cc & 1)
+        else:
+            _put_nibble(codes, (a, rr >> 1, cc), code, rr & 1)
+
+    run = _tile_tasks(source, el, sc, element, True)
+
+    @jit
+    def kernel(x, codes, scales, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        run(x, codes, scales, scales.shape[1], scales.shape[2], rows, cols, mode, policy, pts, key, idx0, t0, t1)
+
+    return kernel
+
+
+def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+
+    @jit(inline="always")
+    def element(x, out, a, rr, cc, mul, scale, rnd):  # pragma: no cover - compiled
+        v = _scaled(_load(x[a, rr, cc], kind, source.codec), mul, e8m0)
+        out[a, rr, cc] = _dequantized(v, rnd, scale, el, rmode, fixed)
+
+    run = _tile_tasks(source, el, sc, element, False)
+
+    @jit
+    def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        nrt = (x.shape[1] + rows - 1) // rows
+        nct = (x.shape[2] + cols - 1) // cols
+        run(x, out, None, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1)
 
     return kernel
 
