@@ -20,8 +20,8 @@ from .reference_casts import (
     FORMATS_REF,
     ROUNDING_MODES,
     decode_ref,
-    encode_ref,
     encode_float64_ref,
+    encode_ref,
     float64_to_target_ref,
     magnitudes_ref,
 )
