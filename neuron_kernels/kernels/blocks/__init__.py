@@ -15,12 +15,12 @@ rounding mode and the layout are compiled in.
 
 Flags. A helper that branches on the format (e8m0 or e4m3fn scales, the rounding mode,
 fixed-point elements, the source kind) takes the decision as an argument of its own
-(:func:`_flags`). A kernel passes constants of its closure, so numba drops the branches not
+(:func:`~.spec._flags`). A kernel passes constants of its closure, so numba drops the branches not
 taken before typing them and compiles only the kernel's own path (it cannot see through a field
 of a tuple constant); the shared scale loops pass the run-time fields and serve every format.
 
 Elements. MX (e8m0 scales): an element is ``x * (1 / X)``, a product by a power of two, exact
-where it matters (see :func:`_nearest_even`). NVFP4 (e4m3fn scales ``s``): ``x * (1 / s)``
+where it matters (see :func:`~.elements._nearest_even`). NVFP4 (e4m3fn scales ``s``): ``x * (1 / s)``
 single-level, ``x * ((1 / pts) / s)`` two-level, each operation rounded to float32, as torchao's
 ``nvfp4_quantize`` computes it (torchao 0.18 and later; earlier releases divided). The result is
 encoded with saturation, under ``nearest_even`` by float arithmetic of its own, in the other
@@ -33,10 +33,13 @@ Modules, one per job:
   :class:`~.spec.Scale`), the ids of scale modes and policies, the flags;
 - :mod:`.elements`: the element's rounding and encoding, the source loader, nibble packing;
 - :mod:`.scales`: the scale rules and the scale policies (four-over-six, MSE search);
-- :mod:`.rows`: the row kernels (blocks along the last axis);
-- :mod:`.tiles`: the tile kernels (1-D blocks along another axis, 2-D blocks);
-- :mod:`.rotation`: the random Hadamard rotation and the row kernels of the rotated input;
-- :mod:`.errors`: the error statistics;
+- :mod:`.rows`: the row kernels (blocks along the last axis): their task loop, scale loop and
+  per-block element loops;
+- :mod:`.tiles`: the tile kernels (1-D blocks along another axis, 2-D blocks), one task loop for
+  both;
+- :mod:`.rotation`: the random Hadamard rotation, and the row kernels of the rotated input, which
+  run the row kernels' scale loop and element loops on each block rotated into a scratch row;
+- :mod:`.errors`: the error statistics, every element folded by one helper;
 - :mod:`.factories`: the public kernels, one compiled closure per specialisation.
 """
 

@@ -25,7 +25,7 @@ def quantize_kernel(
     arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales, rows,
     cols, mode, policy, pts, key, idx0, t0, t1)`` on (A, R, C) arrays (``pack``: ``PACK_*``).
 
-    ``mode``, ``policy``: :func:`scale_mode_id`, :func:`policy_id`; ``pts``: the per-tensor scale
+    ``mode``, ``policy``: :func:`~.spec.scale_mode_id`, :func:`~.spec.policy_id`; ``pts``: the per-tensor scale
     (float32; 0 for none); ``idx0``: the C-order index of x's first element in the whole array
     (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
     whole. ``rotate``: row kernels of the rotated input, taking the 16 signs (float64) after

@@ -1,5 +1,10 @@
 """Row kernels: blocks of ``size`` consecutive elements along the last axis of (A, L) arrays
-(the fast path). A task is one (row, block) pair."""
+(the fast path). A task is one (row, block) pair.
+
+A row kernel is made of three closures, each made once per specialisation and inlined: the task
+loop (:func:`_row_tasks`), which runs the scale loop of a row's blocks (:func:`_row_scaler`) and
+then the element loop of each block (:func:`_block_quantizer`, :func:`_block_fake_quantizer`).
+The rotated kernels (:mod:`.rotation`) run the same scale and element loops on rotated blocks."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from .spec import FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source, _flags
 def _decoded_amax(m, src):  # pragma: no cover - compiled
     """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
     of 16-bit sources are decoded once, after the reduction), the source known at run time. A
-    kernel's own reduction (:func:`_row_amax`) decodes with :func:`_load`."""
+    kernel's own reduction (:func:`_row_amax`) decodes with :func:`~.elements._load`."""
     return m if src.kind == SOURCE_F32 else C.load(m, src.kind, src.codec)
 
 
