@@ -65,6 +65,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .blocks import nibbles
 from .blocks.array import BlockArray
 from .casting import pack_x4, unpack_x4
 from .errors import InvalidTypeError, InvalidValueError
@@ -293,7 +294,7 @@ def from_nc_matmul_mx(
     packed = bool(pack) and bfmt.packable
     shape = codes.shape
     if packed:
-        codes = _pack_nibbles(codes, k)
+        codes = nibbles.pack(codes, k)
     return BlockArray.from_parts(
         np.ascontiguousarray(codes),
         np.ascontiguousarray(block_scales),
@@ -306,14 +307,6 @@ def from_nc_matmul_mx(
         block_rows=block_rows,
         rotation=rotation,
     )
-
-
-def _pack_nibbles(codes: np.ndarray, axis: int) -> np.ndarray:
-    """4-bit codes two per byte along ``axis`` (even length): element 2i in the low nibble."""
-    lo = np.take(codes, np.arange(0, codes.shape[axis], 2), axis=axis)
-    hi = np.take(codes, np.arange(1, codes.shape[axis], 2), axis=axis)
-    packed: np.ndarray = (lo | (hi << 4)).astype(np.uint8)
-    return packed
 
 
 def _check_format(fmt: Any) -> BlockFormat:

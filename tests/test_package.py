@@ -180,8 +180,8 @@ def load(x, source, c):  # pragma: no cover - compiled
 
 
 def test_cache_follows_edits_of_inlined_helpers(tmp_path):
-    """A block kernel (defined in kernels/blocks.py) of float16 input inlines codec's ``load``:
-    after an edit of codec.py that leaves blocks.py as it was, the cached kernel must not run the
+    """A block kernel (defined in kernels/blocks/rows.py) of float16 input inlines codec's ``load``:
+    after an edit of codec.py that leaves rows.py as it was, the cached kernel must not run the
     old ``load``; after edits of docstrings and comments only, it still comes from the cache."""
     pkg = tmp_path / "site"
     shutil.copytree(
@@ -212,8 +212,8 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     assert min(before) > 0
     again, log = fake_quantize()  # nothing edited: the kernel comes from the cache
     assert again == before
-    assert re.search(r"data loaded from .*blocks\._row_fake_quantize", log), log
-    kernel_file = pkg / "neuron_kernels" / "kernels" / "blocks.py"
+    assert re.search(r"data loaded from .*rows\._row_fake_quantize", log), log
+    kernel_file = pkg / "neuron_kernels" / "kernels" / "blocks" / "rows.py"
     kernel_stat = kernel_file.stat()
     codec = pkg / "neuron_kernels" / "kernels" / "codec.py"
     # docstrings, comments and blank lines are not code: the cached kernels stay valid
@@ -223,7 +223,7 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     codec.write_text("# a comment\n" + codec.read_text().replace("Code of the float32", "The code of the float32", 1))
     unchanged, log = fake_quantize()
     assert unchanged == before
-    assert re.search(r"data loaded from .*blocks\._row_fake_quantize", log), log
+    assert re.search(r"data loaded from .*rows\._row_fake_quantize", log), log
     codec.write_text(codec.read_text() + _DOUBLING_LOAD)
     assert kernel_file.stat().st_mtime_ns == kernel_stat.st_mtime_ns
     after, log = fake_quantize()

@@ -1,6 +1,7 @@
 """Block-scaled formats (MX, NVFP4): one family over the format table's block rows.
 
 - :mod:`.layout`: where codes and scales live, and how arrays are cut into pieces;
+- :mod:`.nibbles`: 4-bit codes two per byte, in numpy;
 - :mod:`.array`: the container (:class:`BlockArray`, also called ``MXArray``) and dequantisation;
 - :mod:`.file`: the package's file of block arrays;
 - :mod:`.job`: validated options applied to arrays or pieces;

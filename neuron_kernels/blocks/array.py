@@ -20,6 +20,7 @@ from ..casting import cast, check_out, pack_x4
 from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, BlockFormat
+from . import nibbles
 from .inputs import INPUT_DTYPES
 from .layout import BlockLayout
 from .rotation import rotate_in_place, rotation_signs
@@ -197,9 +198,7 @@ class BlockArray:
         """The codes one per byte (unpacking 4-bit codes if stored packed)."""
         if not self.packed:
             return self.codes
-        from ..kernels.blocks import unpack_fp4_axis
-
-        return unpack_fp4_axis(self.codes, self.shape, self.axis)
+        return nibbles.unpack(self.codes, self.shape[self.axis], self.axis)
 
     def element_codes(self) -> np.ndarray:
         """The codes as an array of the element's dtype (int8 for mxint8), unpacked."""

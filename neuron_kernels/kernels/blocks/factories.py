@@ -1,0 +1,83 @@
+"""The block kernels, by specialisation: one compiled closure per source, format, rounding mode and
+layout, made once per process (the compiled code is cached on disk)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from ..._jit import jit, u32_and
+from ...formats import BlockFormat
+from .elements import _load
+from .rotation import _row_fake_quantize_rotated, _row_quantize_rotated
+from .rows import _row_dequantize, _row_fake_quantize, _row_quantize
+from .spec import _element_of, _scale_of, _vector_length, source_of
+from .tiles import _tile_dequantize, _tile_fake_quantize, _tile_quantize
+
+
+@cache
+def quantize_kernel(
+    source: str, fmt: BlockFormat, rounding: str, pack: int, row: bool, rotate: bool = False, policies: bool = False
+) -> Any:
+    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)`` on (A, L)
+    arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales, rows,
+    cols, mode, policy, pts, key, idx0, t0, t1)`` on (A, R, C) arrays (``pack``: ``PACK_*``).
+
+    ``mode``, ``policy``: :func:`~.spec.scale_mode_id`, :func:`~.spec.policy_id`; ``pts``: the per-tensor scale
+    (float32; 0 for none); ``idx0``: the C-order index of x's first element in the whole array
+    (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
+    whole. ``rotate``: row kernels of the rotated input, taking the 16 signs (float64) after
+    ``idx0``. ``policies``: kernels that evaluate the scale policies (else ``policy`` is ignored)."""
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
+    if rotate:
+        return _row_quantize_rotated(source_of(source), el, sc, bool(pack))
+    if row:
+        return _row_quantize(source_of(source), el, sc, bool(pack), _vector_length(source, fmt))
+    return _tile_quantize(source_of(source), el, sc, pack)
+
+
+@cache
+def fake_quantize_kernel(
+    source: str, fmt: BlockFormat, rounding: str, row: bool, rotate: bool = False, policies: bool = False
+) -> Any:
+    """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
+    codes and scales)."""
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
+    if rotate:
+        return _row_fake_quantize_rotated(source_of(source), el, sc)
+    if row:
+        return _row_fake_quantize(source_of(source), el, sc, _vector_length(source, fmt))
+    return _tile_fake_quantize(source_of(source), el, sc)
+
+
+@cache
+def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
+    """Row kernel ``(codes, scales, out, size, pts, t0, t1)`` or tile kernel ``(codes, scales,
+    out, rows, cols, pts, t0, t1)``: the values into float32 ``out``."""
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
+    if row:
+        return _row_dequantize(el, sc, bool(pack))
+    return _tile_dequantize(el, sc, pack)
+
+
+@cache
+def finite_amax_kernel(source: str) -> Any:
+    """Kernel ``(x, out, chunk, t0, t1)``: ``out[t]`` = the largest finite |x| pattern of
+    ``x[t * chunk : (t + 1) * chunk]`` (x 1-D), 0 where there is none."""
+    src = source_of(source)
+    kind = src.kind
+
+    @jit
+    def kernel(x, out, chunk, t0, t1):  # pragma: no cover - compiled
+        for t in range(t0, t1):
+            seg = x[t * chunk : min(t * chunk + chunk, x.size)]  # a slice: LLVM vectorises its loop
+            m = np.uint32(0)
+            for i in range(seg.size):
+                v = u32_and(_load(seg[i], kind, src.codec), 0x7FFFFFFF)
+                v = v if v < np.uint32(0x7F800000) else u32_and(v, 0)
+                m = max(m, v)
+            out[t] = m
+
+    return kernel

@@ -1,0 +1,294 @@
+"""Row kernels: blocks of ``size`` consecutive elements along the last axis of (A, L) arrays
+(the fast path). A task is one (row, block) pair.
+
+A row kernel is made of three closures, each made once per specialisation and inlined: the task
+loop (:func:`_row_tasks`), which runs the scale loop of a row's blocks (:func:`_row_scaler`) and
+then the element loop of each block (:func:`_block_quantizer`, :func:`_block_fake_quantizer`).
+The rotated kernels (:mod:`.rotation`) run the same scale and element loops on rotated blocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..._jit import jit, u32_amax_abs, u32_and
+from .. import codec as C
+from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
+from .elements import _code, _dequantized, _load, _nibble, _nibble_pair, _put_nibble, _scaled, _stream, _value
+from .scales import _candidate, _multiplier, _policy_scale, _row_errors, _scale_byte
+from .spec import FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source, _flags
+
+
+@jit(inline="always")
+def _decoded_amax(m, src):  # pragma: no cover - compiled
+    """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
+    of 16-bit sources are decoded once, after the reduction), the source known at run time. A
+    kernel's own reduction (:func:`_row_amax`) decodes with :func:`~.elements._load`."""
+    return m if src.kind == SOURCE_F32 else C.load(m, src.kind, src.codec)
+
+
+@jit(inline="always")
+def _row_amax(xr, l0, l1, kind, codec, v16, v32, v64):  # pragma: no cover - compiled
+    """The largest |x| pattern of ``xr[l0:l1]``; one vector reduction for a float32 block of 16,
+    32 or 64 (``v16, v32, v64``: these lengths, compile-time constants, for float32 rows; else 0)."""
+    n = l1 - l0
+    if v32 != 0 and n == v32:
+        return _load(u32_amax_abs(xr, l0, v32), kind, codec)
+    if v16 != 0 and n == v16:
+        return _load(u32_amax_abs(xr, l0, v16), kind, codec)
+    if v64 != 0 and n == v64:
+        return _load(u32_amax_abs(xr, l0, v64), kind, codec)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(_load(xr[i], kind, codec), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
+
+
+@jit(inline="always")
+def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
+    """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate
+    (``cands``, ``errs``: scratch of 5 entries)."""
+    byte = _scale_byte(amax, mode, pts, sc, sc.e8m0)
+    if not _policy_scale(byte, amax, policy, pts, sc):
+        return byte
+    # the plain scale first; invalid candidates are evaluated with it (never strictly better)
+    count = 5 if (policy == SEARCH_MSE) & (not sc.e8m0) else 2
+    cands[0] = byte
+    for k in range(count - 1):
+        valid, cand = _candidate(k, byte, policy, amax, pts, sc)
+        cands[k + 1] = cand if valid else byte
+    _row_errors(xr, l0, l1, base, cands, count, pts, policy != FOUR_SIX_MAE, key, src, el, sc, errs)
+    best, chosen = errs[0], byte
+    for k in range(1, count):
+        if errs[k] < best:
+            best, chosen = errs[k], np.uint32(cands[k])
+    return chosen
+
+
+@jit(inline="always")
+def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
+    """:func:`_row_amax` with the source known at run time only (one vector reduction for the
+    blocks of 16, 32 or 64 of the sources that have them)."""
+    n = l1 - l0
+    if src.vector:
+        if n == 32:
+            return _decoded_amax(u32_amax_abs(xr, l0, 32), src)
+        if n == 16:
+            return _decoded_amax(u32_amax_abs(xr, l0, 16), src)
+        if n == 64:
+            return _decoded_amax(u32_amax_abs(xr, l0, 64), src)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(C.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
+
+
+@jit
+def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
+    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]`` (``cands``,
+    ``errs``: scratch of 5 entries, see :func:`_row_scale`). A loop of its own, before the
+    elements', and a function of its own: the per-block decisions (the format's constants, scale
+    mode and policy, all run-time values here) cost the element loop nothing, and one compiled
+    copy serves every format and kernel with scale policies of a source's row type (compiling the
+    policies' evaluation into each kernel cost most of their compile time)."""
+    length = xr.shape[0]
+    for j in range(j0, j1):
+        l0 = np.uint64(j * size)
+        l1 = np.uint64(min(j * size + size, length))
+        amax = _block_amax(xr, l0, l1, src)
+        out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs)
+
+
+@jit(inline="always")
+def _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, v16, v32, v64):  # pragma: no cover
+    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` by the plain rule (kernels without
+    scale policies), inlined into the kernel with the format's constants and the vector lengths
+    (see :func:`_row_amax`, :func:`~.spec._vector_length`) compiled in: the shared
+    :func:`_row_scales`, with run-time constants, cost the quantisers up to a fifth of their speed."""
+    length = xr.shape[0]
+    for j in range(j0, j1):
+        l0 = np.uint64(j * size)
+        l1 = np.uint64(min(j * size + size, length))
+        out[j] = _scale_byte(_row_amax(xr, l0, l1, kind, codec, v16, v32, v64), mode, pts, sc, e8m0)
+
+
+@jit(inline="always")
+def _policy_scratch():  # pragma: no cover - compiled
+    """The scratch of :func:`_row_scales` (candidate bytes and their errors), made once per kernel call."""
+    return np.empty(5, np.uint32), np.empty(5, np.float64)
+
+
+def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int]) -> Any:
+    """The scale loop of a row kernel, ``scales(xr, j0, j1, size, base, out, mode, policy, pts,
+    key, cands, errs)``: the scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``,
+    by the shared :func:`_row_scales` in kernels with scale policies, else by
+    :func:`_row_plain_scales` with the vector lengths ``vlens`` (16, 32, 64 or 0 each) compiled in."""
+    kind, _, _, e8m0 = _flags(source, el, sc)
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
+    v16, v32, v64 = vlens
+
+    @jit(inline="always")
+    def scales(xr, j0, j1, size, base, out, mode, policy, pts, key, cands, errs):  # pragma: no cover - compiled
+        if policies:
+            _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, source, el, sc, cands, errs)
+        else:
+            _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, e8m0, v16, v32, v64)
+
+    return scales
+
+
+def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
+    """The element loop of a quantising row kernel, ``block(xs, l0, l1, cr, c0, i0, byte, pts,
+    key_lo, key_hi)``: the codes of the elements ``xs[l0:l1]`` under the scale ``byte`` into
+    ``cr`` from position ``c0`` (``pack``: two per byte, position ``p`` in the low (even ``p``) or
+    high nibble of ``cr[p / 2]``), element ``l0 + k`` rounded with the stochastic bits of index
+    ``i0 + k``; every code is the NaN code in a block whose scale is the NaN byte. The plain row
+    kernel runs it on the blocks of a row in place, the rotated one on each block rotated into
+    a scratch row."""
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    stochastic = el.mode == C.STOCHASTIC
+    nan_code = el.nan_code
+
+    @jit(inline="always")
+    def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
+        mul, _ = _multiplier(byte, pts, sc, e8m0)
+        nan_block = byte == np.uint32(sc.nan_byte)
+        n = l1 - l0
+        rnd = np.uint32(0)
+        rnd_hi = np.uint32(0)
+        if not pack:
+            for k in range(n):
+                if stochastic:
+                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                cr[c0 + k] = nan_code if nan_block else code
+        elif (c0 & 1) == 0 and (n & 1) == 0:
+            h0 = c0 >> np.uint64(1)
+            for k in range(n >> np.uint64(1)):
+                lo_i = l0 + k + k
+                if stochastic:
+                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k))
+                    rnd_hi = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
+                lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                hi_u = _load(xs[lo_i + np.uint64(1)], kind, source.codec)
+                hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
+                cr[h0 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
+        else:
+            for k in range(n):
+                if stochastic:
+                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                pos = c0 + k
+                _put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
+
+    return block
+
+
+def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
+    """The element loop of a fake-quantising row kernel, ``block(xs, l0, l1, out, o0, i0, byte,
+    pts, key_lo, key_hi)``: the dequantised values of the elements ``xs[l0:l1]`` under the scale
+    ``byte`` into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic
+    bits of index ``i0 + k`` (see :func:`_block_quantizer`)."""
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    stochastic = el.mode == C.STOCHASTIC
+
+    @jit(inline="always")
+    def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
+        mul, scale = _multiplier(byte, pts, sc, e8m0)
+        rnd = np.uint32(0)
+        for k in range(l1 - l0):
+            if stochastic:
+                rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+            v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0)
+            out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, fixed)
+
+    return block
+
+
+def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int], block: Any, per_row: bool) -> Any:
+    """The task loop of a row kernel, ``run(x, dst, scales, size, mode, policy, pts, key, idx0, t0,
+    t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, the scale bytes of a row's blocks
+    (:func:`_row_scaler`) into ``scales[r]`` (``per_row``; else into the scratch row
+    ``scales[0]``), then ``block`` (:func:`_block_quantizer`, :func:`_block_fake_quantizer`) on
+    each block of the row, into ``dst[r]``."""
+    scales_of = _row_scaler(source, el, sc, vlens)
+
+    @jit(inline="always")
+    def run(x, dst, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        key_lo, key_hi = _stream(key)
+        length = x.shape[1]
+        nb = scales.shape[1]
+        cands, errs = _policy_scratch()
+        t = t0
+        while t < t1:
+            r = t // nb
+            xr, dr = x[r], dst[r]  # one view per row, unsigned indices below
+            if per_row:
+                sr = scales[r]
+            else:
+                sr = scales[0]
+            base = idx0 + r * length
+            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
+            scales_of(xr, j0, j1, size, base, sr, mode, policy, pts, key, cands, errs)
+            for j in range(j0, j1):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                block(xr, l0, l1, dr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
+            t = (r + 1) * nb
+
+    return run
+
+
+def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
+    run = _row_tasks(source, el, sc, (0, vlen, 0), _block_quantizer(source, el, sc, pack), True)
+
+    @jit
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        run(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)
+
+    return kernel
+
+
+def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
+    run = _row_tasks(source, el, sc, (0, vlen, 0), _block_fake_quantizer(source, el, sc), False)
+
+    @jit
+    def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
+        run(x, out, bytes_, size, mode, policy, pts, key, idx0, t0, t1)
+
+    return kernel
+
+
+def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
+    e8m0 = sc.e8m0
+
+    @jit
+    def kernel(codes, scales, out, size, pts, t0, t1):  # pragma: no cover - compiled
+        length = out.shape[1]
+        nb = scales.shape[1]
+        t = t0
+        while t < t1:
+            r = t // nb
+            cr, sr, orow = codes[r], scales[r], out[r]
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
+                if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                        pair = np.uint32(cr[k])
+                        orow[k + k] = _value(_nibble(pair, 0), scale, el)
+                        orow[k + k + np.uint64(1)] = _value(_nibble(pair, 1), scale, el)
+                elif packed:
+                    for pos in range(l0, l1):
+                        orow[pos] = _value(_nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
+                else:
+                    for pos in range(l0, l1):
+                        orow[pos] = _value(np.uint32(cr[pos]), scale, el)
+            t = (r + 1) * nb
+
+    return kernel

@@ -1,0 +1,187 @@
+"""Tile kernels: tiles of ``rows x cols`` over (R, C) of (A, R, C) arrays. A 1-D block along an
+axis that is not the last is a tile ``(size, 1)`` of the array seen as (outer, L, inner); a 2-D
+block is a tile over the last two axes. A task is one row of tiles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..._jit import jit, u32_and
+from .. import codec as C
+from .elements import _code, _dequantized, _load, _nibble, _put_nibble, _scaled, _stream, _value
+from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
+from .spec import FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
+
+
+@jit
+def _tile_amax(x, a, r0, r1, cols, amax, src):  # pragma: no cover - compiled
+    """The largest |x| pattern of each tile of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols``
+    wide) into ``amax``."""
+    width = x.shape[2]
+    amax[:] = 0
+    if cols == 1:
+        for rr in range(r0, r1):
+            for cc in range(width):
+                v = u32_and(C.load(x[a, rr, cc], src.kind, src.codec), 0x7FFFFFFF)
+                amax[cc] = v if v > amax[cc] else amax[cc]
+    else:
+        for rr in range(r0, r1):
+            for j in range(amax.size):
+                m = amax[j]
+                for cc in range(j * cols, min(j * cols + cols, width)):
+                    v = u32_and(C.load(x[a, rr, cc], src.kind, src.codec), 0x7FFFFFFF)
+                    m = v if v > m else m
+                amax[j] = m
+
+
+@jit
+def _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
+    """:func:`_tile_scales` of the kernels without scale policies (``policy`` ignored)."""
+    _tile_amax(x, a, r0, r1, cols, amax, src)
+    for j in range(amax.size):
+        bytes_[j] = _scale_byte(amax[j], mode, pts, sc, sc.e8m0)
+
+
+@jit
+def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
+    """Scale bytes of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols`` wide) into ``bytes_``;
+    ``amax`` is scratch of one entry per tile."""
+    width = x.shape[2]
+    _tile_amax(x, a, r0, r1, cols, amax, src)
+    for j in range(amax.size):
+        m = amax[j]
+        byte = _scale_byte(m, mode, pts, sc, sc.e8m0)
+        if _policy_scale(byte, m, policy, pts, sc):
+            c0, c1 = j * cols, min(j * cols + cols, width)
+            squared = policy != FOUR_SIX_MAE
+            best = _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc)
+            plain = byte
+            for k in range(4):
+                valid, cand = _candidate(k, plain, policy, m, pts, sc)
+                if valid:
+                    err = _tile_error(x, a, r0, r1, c0, c1, cand, pts, squared, key, idx0, src, el, sc)
+                    if err < best:
+                        best, byte = err, cand
+        bytes_[j] = byte
+
+
+def _tile_tasks(source: Source, el: Element, sc: Scale, element: Any, keep: bool) -> Any:
+    """The task loop of a tile kernel, ``run(x, dst, scales, nrt, nct, rows, cols, mode, policy,
+    pts, key, idx0, t0, t1)`` (``nrt`` x ``nct`` tiles of ``rows`` x ``cols`` over (R, C)): for
+    each row ``i`` of tiles ``x[a, r0:r1, :]`` of the tasks ``[t0, t1)``, the scale bytes of its
+    tiles (:func:`_tile_scales`, or :func:`_tile_plain_scales` in kernels without scale policies),
+    into ``scales[a, i]`` if ``keep`` (else ``scales`` is not used), then ``element(x, dst, a,
+    rr, cc, mul, scale, rnd)`` on each of its elements, with its tile's multiplier and scale of
+    dequantised values (:func:`~.scales._multiplier`; the scale is NaN in a block holding a NaN
+    or an infinity) and its stochastic bits."""
+    stochastic = el.mode == C.STOCHASTIC
+    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
+    e8m0 = sc.e8m0
+
+    @jit(inline="always")
+    def run(x, dst, scales, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover
+        key_lo, key_hi = _stream(key)
+        height, width = x.shape[1], x.shape[2]
+        amax = np.empty(nct, np.uint32)
+        bytes_ = np.empty(nct, np.uint32)
+        col_mul = np.empty(width, np.float32)
+        col_scale = np.empty(width, np.float32)
+        rnd = np.uint32(0)
+        for t in range(t0, t1):
+            a = t // nrt
+            i = t - a * nrt
+            r0 = i * rows
+            r1 = min(r0 + rows, height)
+            if policies:
+                _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            else:
+                _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+            for j in range(nct):
+                if keep:
+                    scales[a, i, j] = bytes_[j]
+                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
+                for cc in range(j * cols, min(j * cols + cols, width)):
+                    col_mul[cc] = mul
+                    col_scale[cc] = scale
+            for rr in range(r0, r1):
+                for cc in range(width):
+                    if stochastic:
+                        rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
+                    element(x, dst, a, rr, cc, col_mul[cc], col_scale[cc], rnd)
+
+    return run
+
+
+def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    nan_code = el.nan_code
+
+    @jit(inline="always")
+    def element(x, codes, a, rr, cc, mul, scale, rnd):  # pragma: no cover - compiled
+        code = _code(_scaled(_load(x[a, rr, cc], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+        code = nan_code if scale != scale else code  # a NaN scale: a block holding a NaN or an infinity
+        if pack == PACK_NONE:
+            codes[a, rr, cc] = code
+        elif pack == PACK_COLS:
+            _put_nibble(codes, (a, rr, cc >> 1), code, cc & 1)
+        else:
+            _put_nibble(codes, (a, rr >> 1, cc), code, rr & 1)
+
+    run = _tile_tasks(source, el, sc, element, True)
+
+    @jit
+    def kernel(x, codes, scales, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        run(x, codes, scales, scales.shape[1], scales.shape[2], rows, cols, mode, policy, pts, key, idx0, t0, t1)
+
+    return kernel
+
+
+def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+
+    @jit(inline="always")
+    def element(x, out, a, rr, cc, mul, scale, rnd):  # pragma: no cover - compiled
+        v = _scaled(_load(x[a, rr, cc], kind, source.codec), mul, e8m0)
+        out[a, rr, cc] = _dequantized(v, rnd, scale, el, rmode, fixed)
+
+    run = _tile_tasks(source, el, sc, element, False)
+
+    @jit
+    def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        nrt = (x.shape[1] + rows - 1) // rows
+        nct = (x.shape[2] + cols - 1) // cols
+        run(x, out, None, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1)
+
+    return kernel
+
+
+def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
+    e8m0 = sc.e8m0
+
+    @jit
+    def kernel(codes, scales, out, rows, cols, pts, t0, t1):  # pragma: no cover - compiled
+        height, width = out.shape[1], out.shape[2]
+        nrt, nct = scales.shape[1], scales.shape[2]
+        col_scale = np.empty(width, np.float32)
+        for t in range(t0, t1):
+            a = t // nrt
+            i = t - a * nrt
+            r0 = i * rows
+            r1 = min(r0 + rows, height)
+            for j in range(nct):
+                _, scale = _multiplier(np.uint32(scales[a, i, j]), pts, sc, e8m0)
+                for cc in range(j * cols, min(j * cols + cols, width)):
+                    col_scale[cc] = scale
+            for rr in range(r0, r1):
+                for cc in range(width):
+                    if pack == PACK_NONE:
+                        code = np.uint32(codes[a, rr, cc])
+                    elif pack == PACK_COLS:
+                        code = _nibble(codes[a, rr, cc >> 1], cc & 1)
+                    else:
+                        code = _nibble(codes[a, rr >> 1, cc], rr & 1)
+                    out[a, rr, cc] = _value(code, col_scale[cc], el)
+
+    return kernel
