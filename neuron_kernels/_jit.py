@@ -309,11 +309,28 @@ def on_compile(callback: Callable[[str, str, float], None]) -> Any:
         _WATCH.subscribers.remove(callback)
 
 
+def _name_by_closure(f: Callable[..., Any]) -> None:
+    """Give a compiled closure a qualified name of its own per closure value (a digest of them).
+
+    A compiled function calls another, not inlined, by its symbol, which numba makes of the callee's
+    qualified name, its argument types and a number counted per process. Two closures of one factory
+    (one name) with the same argument types compiled in two processes can get the same symbol: a
+    kernel that one process saved to the disk cache and the other loads would then be linked to the
+    other closure's code. Closures named by their values cannot be confused."""
+    try:
+        digest = hashlib.sha256(dumps(tuple(_closure_key(f)))).hexdigest()[:16]
+    except Exception:  # noqa: BLE001 - a value that cannot be pickled: the cache key cannot hold it either
+        return
+    f.__qualname__ = f"{f.__qualname__}_{digest}"
+
+
 def jit(fn: Callable[..., Any] | None = None, **overrides: Any) -> Any:
     """``numba.njit`` with the package's options; compiles lazily on the first call."""
     options = {**JIT_OPTIONS, **overrides}
 
     def make(f: Callable[..., Any]) -> Any:
+        if f.__closure__ and options.get("inline") != "always":
+            _name_by_closure(f)
         dispatcher = numba.njit(**options)(f)
         if options.get("cache") and isinstance(getattr(dispatcher, "_cache", None), FunctionCache):
             dispatcher._cache = _TolerantCache(dispatcher.py_func)

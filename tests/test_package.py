@@ -112,6 +112,31 @@ def test_cached_specialisations_stay_apart(tmp_path):
     assert any(p.suffix == ".nbc" for p in tmp_path.rglob("*"))
 
 
+def test_compiled_closures_are_named_by_their_values():
+    """A compiled closure that another kernel calls is linked by a symbol made of its name: closures of
+    one factory get a name of their own per closure value (the same in every process), so that a
+    kernel loaded from the cache cannot be linked to another closure's code (two test workers
+    sharing a cache did, before: wrong codes, once an abort)."""
+    from neuron_kernels._jit import jit
+
+    def factory(c):
+        @jit
+        def callee(x):  # pragma: no cover - compiled
+            return x + c
+
+        @jit(inline="always")
+        def inlined(x):  # pragma: no cover - compiled
+            return x + c
+
+        return callee, inlined
+
+    (one, one_inlined), (again, _), (two, _) = factory(1), factory(1), factory(2)
+    names = one.py_func.__qualname__, again.py_func.__qualname__, two.py_func.__qualname__
+    assert names[0] == names[1] != names[2] and names[0].startswith("test_compiled_closures")
+    assert one_inlined.py_func.__qualname__.endswith("factory.<locals>.inlined")  # inlined: no symbol
+    assert (one(1), two(1)) == (2, 3)
+
+
 _CAST_AND_QUANTIZE = """
     import numpy as np, ml_dtypes, neuron_kernels as nk
     x = np.linspace(-3, 3, 256, dtype=np.float32)
@@ -145,8 +170,8 @@ def test_works_without_a_writable_cache(tmp_path):
     shutil.copytree(
         os.path.join(ROOT, "neuron_kernels"), pkg / "neuron_kernels", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for folder in (pkg / "neuron_kernels", pkg / "neuron_kernels" / "kernels"):
-        (folder / "__pycache__").write_text("a file where the cache folder would go")
+    for init in (pkg / "neuron_kernels").rglob("__init__.py"):  # every package folder, however deep
+        (init.parent / "__pycache__").write_text("a file where the cache folder would go")
     (tmp_path / "blocked").write_text("not a folder")
     env = {
         "NUMBA_CACHE_DIR": str(tmp_path / "blocked" / "cache"),
