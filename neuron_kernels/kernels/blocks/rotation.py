@@ -97,7 +97,7 @@ def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: 
     kind = source.kind
     scales_of = _row_scaler(f32, el, sc, _vector_lengths(f32))
 
-    @jit(inline="always")
+    @jit
     def run(x, dst, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]

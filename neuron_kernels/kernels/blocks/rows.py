@@ -1,10 +1,11 @@
 """Row kernels: blocks of ``size`` consecutive elements along the last axis of (A, L) arrays
 (the fast path). A task is one (row, block) pair.
 
-A row kernel is made of three closures, each made once per specialisation and inlined: the task
-loop (:func:`_row_tasks`), which runs the scale loop of a row's blocks (:func:`_row_scaler`) and
-then the element loop of each block (:func:`_block_quantizer`, :func:`_block_fake_quantizer`).
-The rotated kernels (:mod:`.rotation`) run the same scale and element loops on rotated blocks."""
+A row kernel is its task loop (:func:`_row_tasks`), which runs the scale loop of a row's blocks
+(:func:`_row_scaler`) and then the element loop of each block (:func:`_block_quantizer`,
+:func:`_block_fake_quantizer`): closures made once per specialisation, the two loops inlined into
+the task loop. The rotated kernels (:mod:`.rotation`) run the same scale and element loops on
+rotated blocks."""
 
 from __future__ import annotations
 
@@ -216,7 +217,7 @@ def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, in
     each block of the row, into ``dst[r]``."""
     scales_of = _row_scaler(source, el, sc, vlens)
 
-    @jit(inline="always")
+    @jit  # the kernel itself (or its one callee): inlining it as well cost a third more compile time
     def run(x, dst, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
@@ -243,13 +244,7 @@ def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, in
 
 
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
-    run = _row_tasks(source, el, sc, (0, vlen, 0), _block_quantizer(source, el, sc, pack), True)
-
-    @jit
-    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
-        run(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)
-
-    return kernel
+    return _row_tasks(source, el, sc, (0, vlen, 0), _block_quantizer(source, el, sc, pack), True)
 
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:

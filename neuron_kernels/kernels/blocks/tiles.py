@@ -80,7 +80,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, element: Any, keep: bool
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     e8m0 = sc.e8m0
 
-    @jit(inline="always")
+    @jit
     def run(x, dst, scales, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover
         key_lo, key_hi = _stream(key)
         height, width = x.shape[1], x.shape[2]
