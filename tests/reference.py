@@ -17,11 +17,13 @@ def round_float32_to_mbits(x: np.ndarray, mbits: int) -> np.ndarray:
     2^(-126 - mbits), and overflows to infinity past its largest finite value. NaN becomes the
     quiet NaN of its sign (0x7fc00000 / 0xffc00000). Returns float32 values.
     """
+    x32 = np.asarray(x, dtype=np.float32)
     with np.errstate(invalid="ignore"):
-        x64 = np.asarray(x, dtype=np.float32).astype(np.float64)
-    _, e = np.frexp(x64)  # |x| in [2^(e-1), 2^e)
-    exp = np.maximum(e - 1, -126)  # exponent of the value's binade, clamped to the normal range
-    ulp = np.ldexp(1.0, exp - mbits)
+        x64 = x32.astype(np.float64)
+    # The exponent of the value's binade, clamped to the normal range: the biased exponent field
+    # (1 for subnormals and zero); the ulp 2^(exp - mbits) built as a float64 from its exponent field.
+    biased = np.maximum((x32.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF), np.uint32(1)).astype(np.uint64)
+    ulp = ((biased - np.uint64(127 + mbits) + np.uint64(1023)) << np.uint64(52)).view(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         q = np.rint(x64 / ulp) * ulp
         largest = np.ldexp(2.0 - 2.0**-mbits, 127)

@@ -39,11 +39,11 @@ from .block_checks import (
     assert_bits,
     binades,
     block_binades,
-    block_cases,
     check,
     check_four_over_six,
     check_mx_scale_search,
     check_nvfp4,
+    cover_cases,
     e4m3,
     nvfp4_data,
     pack_along,
@@ -261,8 +261,9 @@ def test_nvfp4_empty_arrays(shape, options):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(block_cases())
+@given(cover_cases())
 def test_random_cases_match_reference(case):
+    """Random inputs and options on the kernels of the kernel cases (``KERNEL_COVER``)."""
     x, fmt, options = case
     check(x, fmt, **options)
 

@@ -19,9 +19,9 @@ import neuron_kernels as nk
 from .block_checks import (
     CUSTOM_SIGNS,
     INPUT_DTYPES,
-    KERNEL_LAYOUTS,
+    KERNEL_AXES,
+    KERNEL_COVER,
     MX_FORMATS,
-    POLICY_KINDS,
     ROUNDINGS,
     SCALE_MODES,
     as_float32,
@@ -137,27 +137,6 @@ def test_four_over_six_grid(measure, scale_bound, per_tensor_scale, rounding):
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
 def test_mx_scale_search_grid(fmt, scale_mode):
     check_mx_scale_search(fmt, scale_mode)
-
-
-def pairwise_cover(axes: list[list]) -> list[tuple]:
-    """Rows of the product of ``axes`` such that every pair of values of two axes occurs in some row
-    (a covering array of strength 2), chosen greedily: each next row is the first of the product
-    (in its order) that covers the most pairs not yet covered. Deterministic."""
-    rows = list(itertools.product(*axes))
-    pairs = lambda row: {(i, a, j, b) for (i, a), (j, b) in itertools.combinations(enumerate(row), 2)}  # noqa: E731
-    missing = set().union(*(pairs(r) for r in rows))
-    cover = []
-    while missing:
-        best = max(rows, key=lambda r: len(pairs(r) & missing))
-        cover.append(best)
-        missing -= pairs(best)
-    return cover
-
-
-# Each (format, input dtype, rounding, layout, policy) is a kernel of its own to compile (about a
-# second each, 1,344 of them): the cases cover every pair of those values, the same ones on every run.
-KERNEL_AXES = [["nvfp4", *MX_FORMATS], INPUT_DTYPES, ROUNDINGS, list(KERNEL_LAYOUTS), list(POLICY_KINDS)]
-KERNEL_COVER = pairwise_cover(KERNEL_AXES)
 
 
 def test_the_kernel_cases_cover_every_pair():

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from fractions import Fraction
 
@@ -22,11 +21,11 @@ from hypothesis import strategies as st
 import neuron_kernels as nk
 from neuron_kernels.formats import FORMATS
 
+from .block_checks import KERNEL_COVER
 from .reference import random_bits
 from .reference_casts import FORMATS_REF, decode_ref
 from .reference_mx import (
     MX_FORMATS_REF,
-    MX_ROUNDING_MODES,
     SCALE_MODES,
     dequantize_mx_ref,
     element_mantissa_bits_ref,
@@ -46,13 +45,19 @@ MX_NAMES = list(MX_FORMATS_REF)
 
 
 def _configs() -> dict[str, list[tuple[str, str, str]]]:
-    """(scale mode, rounding, input dtype) per MX format: every scale mode once per format, and
-    every rounding mode and input dtype at least once per format (a fixed list keeps the number
-    of compiled kernels small)."""
-    out: dict[str, list[tuple[str, str, str]]] = {f: [] for f in MX_NAMES}
-    for i, (fmt, scale) in enumerate(itertools.product(MX_NAMES, SCALE_MODES)):
-        k = i // len(SCALE_MODES)
-        out[fmt].append((scale, MX_ROUNDING_MODES[i % 4], DTYPE_NAMES[(i + k) % 4]))
+    """(scale mode, rounding, input dtype) per MX format: every scale mode once per format (a run-time
+    choice), with the rounding and input dtype of the row kernels of the kernel cases
+    (``KERNEL_COVER``: together they take every pair of format, rounding and dtype) and of the default
+    kernel (nearest-even from float32), in turn. Only kernels those cases compile anyway."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for fmt in MX_NAMES:
+        kernels = [("nearest_even", "float32")] + [
+            (r, np.dtype(d).name)
+            for f, d, r, layout, policy in KERNEL_COVER
+            if (f, layout, policy) == (fmt, "rows", "plain")
+        ]
+        kernels = list(dict.fromkeys(kernels))
+        out[fmt] = [(scale, *kernels[i % len(kernels)]) for i, scale in enumerate(SCALE_MODES)]
     return out
 
 
