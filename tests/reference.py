@@ -23,9 +23,13 @@ def round_float32_to_mbits(x: np.ndarray, mbits: int) -> np.ndarray:
     # The exponent of the value's binade, clamped to the normal range: the biased exponent field
     # (1 for subnormals and zero); the ulp 2^(exp - mbits) built as a float64 from its exponent field.
     biased = np.maximum((x32.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF), np.uint32(1)).astype(np.uint64)
-    ulp = ((biased - np.uint64(127 + mbits) + np.uint64(1023)) << np.uint64(52)).view(np.float64)
+    exponent = biased.astype(np.int64) - (127 + mbits)
+    ulp = ((exponent + 1023) << 52).view(np.float64)
+    inverse = ((1023 - exponent) << 52).view(np.float64)  # 1 / ulp, a power of two: x * inverse is exact
     with np.errstate(invalid="ignore", over="ignore"):
-        q = np.rint(x64 / ulp) * ulp
+        q = x64 * inverse
+        np.rint(q, out=q)
+        q *= ulp
         largest = np.ldexp(2.0 - 2.0**-mbits, 127)
         q = np.where(np.abs(q) > largest, np.copysign(np.inf, x64), q)
         out = q.astype(np.float32)
