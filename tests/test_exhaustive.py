@@ -2,7 +2,10 @@
 
 The oracle is ml_dtypes 0.7.0 (numpy for float16) with the default rounding, except where
 docs/casts.md deliberately differs: float8_e8m0fnu rounds ties to the even code and splits the lowest
-binade at its midpoint. tfloat32 has no ml_dtypes type; its oracle is the float64 reference.
+binade at its midpoint. tfloat32 has no ml_dtypes type; its oracle is the float64 reference (asked for
+[1, 2), the binades that can underflow or overflow and the specials; the other normal binades are [1, 2)
+scaled). The oracles are asked element by element only where their answer is not constant over the
+binade (``constant_binades``).
 numpy's float16 cast takes 40-85 ns an element where it underflows or overflows (it raises the
 FP flags one element at a time), so there numpy answers only within a binade of float16's range
 and the values far outside it are held to the obvious answer (see ``float16_expected``).
@@ -94,6 +97,27 @@ def constant_binades(target: str) -> np.ndarray:
     return out
 
 
+@functools.cache
+def _tfloat32_of_binade_127(offset: int) -> np.ndarray:
+    """The reference's tfloat32 patterns of the chunk at ``offset`` in the binade [1, 2), minus 1.0's
+    pattern (int64; 2^23 where the rounding carries into the next binade)."""
+    u = _patterns((127 << 23) + offset)
+    return round_float32_to_mbits(u.view(np.float32), 10).view(np.uint32).astype(np.int64) - (127 << 23)
+
+
+def tfloat32_expected(start: int) -> np.ndarray:
+    """The reference's tfloat32 patterns of the chunk of patterns at ``start``. In the normal binades
+    below the top one (biased exponents 1 to 253) the value is 2^k times one of [1, 2) and rounding
+    commutes with the exact scaling by 2^k, so those chunks are the ones of [1, 2) moved by k binades,
+    with the sign of the input (ties to even are symmetric); the reference answers the others (zero
+    and subnormals, the top binade that can overflow, infinities and NaN) itself."""
+    sign, biased, offset = start >> 31, (start >> 23) & 0xFF, start & 0x7FFFFF
+    if not 1 <= biased <= 253:
+        return round_float32_to_mbits(_patterns(start).view(np.float32), 10).view(np.uint32)
+    moved = _tfloat32_of_binade_127(offset) + ((biased << 23) | (sign << 31))
+    return moved.astype(np.uint32)
+
+
 def _check_chunk(target: str, start: int) -> str | None:
     u = _patterns(start)
     x = u.view(np.float32)
@@ -101,7 +125,7 @@ def _check_chunk(target: str, start: int) -> str | None:
     ours = nk.cast(x, target).view(fmt.storage_dtype if fmt.numpy_name else np.uint32)
     with np.errstate(invalid="ignore", over="ignore"):
         if target == "tfloat32":
-            ref = round_float32_to_mbits(x, 10).view(np.uint32)
+            ref = tfloat32_expected(start)
         elif target == "float16":
             ref = float16_expected(u, x)
         else:

@@ -67,18 +67,21 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
         bytes_[j] = byte
 
 
-def _tile_tasks(source: Source, el: Element, sc: Scale, element: Any, keep: bool) -> Any:
+def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: int) -> Any:
     """The task loop of a tile kernel, ``run(x, dst, scales, nrt, nct, rows, cols, mode, policy,
     pts, key, idx0, t0, t1)`` (``nrt`` x ``nct`` tiles of ``rows`` x ``cols`` over (R, C)): for
     each row ``i`` of tiles ``x[a, r0:r1, :]`` of the tasks ``[t0, t1)``, the scale bytes of its
     tiles (:func:`_tile_scales`, or :func:`_tile_plain_scales` in kernels without scale policies),
-    into ``scales[a, i]`` if ``keep`` (else ``scales`` is not used), then ``element(x, dst, a,
-    rr, cc, mul, scale, rnd)`` on each of its elements, with its tile's multiplier and scale of
-    dequantised values (:func:`~.scales._multiplier`; the scale is NaN in a block holding a NaN
-    or an infinity) and its stochastic bits."""
+    then each of its elements with its tile's multiplier and scale of dequantised values
+    (:func:`~.scales._multiplier`; the scale is NaN in a block holding a NaN or an infinity) and its
+    stochastic bits: ``quantize``, its code into ``dst`` (``pack``: ``PACK_*``) and the scale bytes
+    into ``scales[a, i]``; else its dequantised value into ``dst`` (``scales`` not used). One body
+    for both, the branch not taken pruned: numba's inlining of a closure per element cost a third
+    more compile time."""
+    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
-    policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
-    e8m0 = sc.e8m0
+    policies = sc.policies  # constants of the closure: numba compiles only the branches taken
+    nan_code = el.nan_code
 
     @jit
     def run(x, dst, scales, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover
@@ -99,7 +102,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, element: Any, keep: bool
             else:
                 _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
-                if keep:
+                if quantize:
                     scales[a, i, j] = bytes_[j]
                 mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
                 for cc in range(j * cols, min(j * cols + cols, width)):
@@ -109,27 +112,24 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, element: Any, keep: bool
                 for cc in range(width):
                     if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
-                    element(x, dst, a, rr, cc, col_mul[cc], col_scale[cc], rnd)
+                    v = _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0)
+                    if quantize:
+                        code = _code(v, rnd, el, rmode, fixed)
+                        code = nan_code if col_scale[cc] != col_scale[cc] else code  # a NaN scale: NaN codes
+                        if pack == PACK_NONE:
+                            dst[a, rr, cc] = code
+                        elif pack == PACK_COLS:
+                            _put_nibble(dst, (a, rr, cc >> 1), code, cc & 1)
+                        else:
+                            _put_nibble(dst, (a, rr >> 1, cc), code, rr & 1)
+                    else:
+                        dst[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
 
     return run
 
 
 def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-    nan_code = el.nan_code
-
-    @jit(inline="always")
-    def element(x, codes, a, rr, cc, mul, scale, rnd):  # pragma: no cover - compiled
-        code = _code(_scaled(_load(x[a, rr, cc], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
-        code = nan_code if scale != scale else code  # a NaN scale: a block holding a NaN or an infinity
-        if pack == PACK_NONE:
-            codes[a, rr, cc] = code
-        elif pack == PACK_COLS:
-            _put_nibble(codes, (a, rr, cc >> 1), code, cc & 1)
-        else:
-            _put_nibble(codes, (a, rr >> 1, cc), code, rr & 1)
-
-    run = _tile_tasks(source, el, sc, element, True)
+    run = _tile_tasks(source, el, sc, True, pack)
 
     @jit
     def kernel(x, codes, scales, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
@@ -139,14 +139,7 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
 
 
 def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-
-    @jit(inline="always")
-    def element(x, out, a, rr, cc, mul, scale, rnd):  # pragma: no cover - compiled
-        v = _scaled(_load(x[a, rr, cc], kind, source.codec), mul, e8m0)
-        out[a, rr, cc] = _dequantized(v, rnd, scale, el, rmode, fixed)
-
-    run = _tile_tasks(source, el, sc, element, False)
+    run = _tile_tasks(source, el, sc, False, PACK_NONE)
 
     @jit
     def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
