@@ -22,7 +22,7 @@ def round_float32_to_mbits(x: np.ndarray, mbits: int) -> np.ndarray:
         x64 = x32.astype(np.float64)
     # The exponent of the value's binade, clamped to the normal range: the biased exponent field
     # (1 for subnormals and zero); the ulp 2^(exp - mbits) built as a float64 from its exponent field.
-    biased = np.maximum((x32.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF), np.uint32(1)).astype(np.uint64)
+    biased = np.maximum((x32.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF), np.uint32(1))
     exponent = biased.astype(np.int64) - (127 + mbits)
     ulp = ((exponent + 1023) << 52).view(np.float64)
     inverse = ((1023 - exponent) << 52).view(np.float64)  # 1 / ulp, a power of two: x * inverse is exact

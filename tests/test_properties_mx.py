@@ -40,7 +40,6 @@ DTYPES = {
     "bfloat16": BF16,
     "float64": np.dtype(np.float64),
 }
-DTYPE_NAMES = list(DTYPES)
 MX_NAMES = list(MX_FORMATS_REF)
 
 
