@@ -5,7 +5,7 @@ The reference quantises 2-D arrays with 1-D blocks along the last axis or r x c 
 ``reference`` takes the package's options, moves the block axis last (1-D blocks) or splits the
 leading axes (2-D tiles, one matrix at a time with the whole tensor's per-tensor scale), and gives
 codes, scale bytes and values in the package's layout; ``check`` compares every output of
-``quantize`` (packed and unpacked codes), ``dequantize`` (with and without ``out=``) and
+``quantize`` (packed codes, and unpacked ones where asked), ``dequantize`` (with and without ``out=``) and
 ``fake_quantize`` with it. Stochastic draws are ``reference.random_bits`` by C-order index.
 """
 
@@ -187,12 +187,17 @@ def block_axis(q: nk.MXArray) -> int:
     return len(q.shape) - 1 if q.block_rows > 1 else q.axis
 
 
-def check(x, fmt: str = "nvfp4", **options) -> Want:
-    """Every output of the package against :func:`reference` (see the module docstring)."""
+def check(x, fmt: str = "nvfp4", *, unpacked: bool = False, **options) -> Want:
+    """Every output of the package against :func:`reference` (see the module docstring).
+
+    The codes of a 4-bit format are checked as the package stores them by default, two per byte;
+    with ``unpacked`` also one per byte (``pack=False``: kernels of their own, compiled for the
+    cases that ask, those of :data:`KERNEL_COVER` among them)."""
     want = reference(x, fmt, **options)
-    q = nk.quantize(x, fmt, pack=False, **options)
+    packable = nk.BLOCK_FORMATS[fmt].packable
+    q = nk.quantize(x, fmt, pack=packable and not unpacked, **options)
     assert q.shape == np.shape(x)
-    assert_bits(q.codes, want.codes, "codes")
+    assert_bits(q.unpacked_codes() if q.packed else q.codes, want.codes, "codes")
     assert_bits(q.scales.view(np.uint8), want.scales, "scale bytes")
     assert q.scales.dtype == nk.BLOCK_FORMATS[fmt].scale_format.dtype
     if want.pts is None:
@@ -201,8 +206,8 @@ def check(x, fmt: str = "nvfp4", **options) -> Want:
         assert q.per_tensor_scale is not None
         assert_bits(np.array([q.per_tensor_scale], F32), np.array([want.pts], F32), "per-tensor scale")
     assert_bits(q.dequantize(), want.values, "dequantised values")
-    if nk.BLOCK_FORMATS[fmt].packable:
-        p = nk.quantize(x, fmt, **options)
+    if packable:
+        p = nk.quantize(x, fmt, **options) if unpacked else q
         assert p.packed
         assert_bits(p.codes, pack_along(want.codes, block_axis(p)), "packed codes")
         assert_bits(p.scales.view(np.uint8), want.scales, "scale bytes (packed)")

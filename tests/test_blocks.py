@@ -265,7 +265,7 @@ def test_nvfp4_empty_arrays(shape, options):
 def test_random_cases_match_reference(case):
     """Random inputs and options on the kernels of the kernel cases (``KERNEL_COVER``)."""
     x, fmt, options = case
-    check(x, fmt, **options)
+    check(x, fmt, unpacked=True, **options)
 
 
 # ---- exhaustive: every scale code, every tie -----------------------------------------------------------

@@ -155,4 +155,4 @@ def test_the_kernel_cases_cover_every_pair():
 @given(data=st.data())
 def test_cases_over_every_pair_of_kernel_choices(fmt, dtype, rounding, layout, policy, data):
     x, fmt, options = data.draw(block_cases(kernels=((fmt, dtype, rounding),), layout=layout, policy=policy))
-    check(x, fmt, **options)
+    check(x, fmt, unpacked=True, **options)

@@ -97,15 +97,6 @@ def _dequantized(v, rnd, scale, el, rmode, rounding, fixed):  # pragma: no cover
 
 
 @jit(inline="always")
-def _is_stochastic(rmode, rounding):  # pragma: no cover - compiled
-    """Whether elements take stochastic bits: never in a kernel of rounding to nearest even (a
-    constant ``rmode``), else when the run-time mode ``rounding`` is stochastic."""
-    if rmode == NEAREST_EVEN:
-        return False
-    return rounding == C.STOCHASTIC
-
-
-@jit(inline="always")
 def _stream(key):  # pragma: no cover - compiled
     return np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
 

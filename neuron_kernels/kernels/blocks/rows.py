@@ -15,11 +15,10 @@ import numpy as np
 
 from ..._jit import jit, u32_amax_abs, u32_and
 from .. import codec as C
-from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
+from ..codec import NEAREST_EVEN, SOURCE_F32  # bare names: numba prunes branches on them
 from .elements import (
     _code,
     _dequantized,
-    _is_stochastic,
     _load,
     _nibble,
     _nibble_pair,
@@ -163,11 +162,11 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
     kernel runs it on the blocks of a row in place, the rotated one on each block rotated into
     a scratch row."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    any_rounding = rmode != NEAREST_EVEN  # a constant: kernels of nearest even compile no random bits
     nan_code = el.nan_code
 
     @jit(inline="always")
     def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi, rounding):  # pragma: no cover - compiled
-        stochastic = _is_stochastic(rmode, rounding)
         mul, _ = _multiplier(byte, pts, sc, e8m0)
         nan_block = byte == np.uint32(sc.nan_byte)
         n = l1 - l0
@@ -175,7 +174,7 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
         rnd_hi = np.uint32(0)
         if not pack:
             for k in range(n):
-                if stochastic:
+                if any_rounding and rounding == C.STOCHASTIC:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
                 code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, rounding, fixed)
                 cr[c0 + k] = nan_code if nan_block else code
@@ -183,7 +182,7 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             h0 = c0 >> np.uint64(1)
             for k in range(n >> np.uint64(1)):
                 lo_i = l0 + k + k
-                if stochastic:
+                if any_rounding and rounding == C.STOCHASTIC:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k))
                     rnd_hi = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
                 lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, rounding, fixed)
@@ -192,7 +191,7 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
                 cr[h0 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
         else:
             for k in range(n):
-                if stochastic:
+                if any_rounding and rounding == C.STOCHASTIC:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
                 code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, rounding, fixed)
                 pos = c0 + k
@@ -207,14 +206,14 @@ def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
     ``byte`` into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic
     bits of index ``i0 + k`` (see :func:`_block_quantizer`)."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    any_rounding = rmode != NEAREST_EVEN  # a constant: kernels of nearest even compile no random bits
 
     @jit(inline="always")
     def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi, rounding):  # pragma: no cover - compiled
-        stochastic = _is_stochastic(rmode, rounding)
         mul, scale = _multiplier(byte, pts, sc, e8m0)
         rnd = np.uint32(0)
         for k in range(l1 - l0):
-            if stochastic:
+            if any_rounding and rounding == C.STOCHASTIC:
                 rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
             v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0)
             out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, rounding, fixed)

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..._jit import jit, u32_and
 from .. import codec as C
-from .elements import _code, _dequantized, _is_stochastic, _load, _nibble, _put_nibble, _scaled, _stream, _value
+from ..codec import NEAREST_EVEN  # a bare name: numba prunes branches on it
+from .elements import _code, _dequantized, _load, _nibble, _put_nibble, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
 from .spec import FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
 
@@ -81,13 +82,13 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     for both, the branch not taken pruned: numba's inlining of a closure per element cost a third
     more compile time."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    any_rounding = rmode != NEAREST_EVEN  # a constant: kernels of nearest even compile no random bits
     policies = sc.policies  # constants of the closure: numba compiles only the branches taken
     nan_code = el.nan_code
 
     @jit
     def run(x, dst, scales, nrt, nct, rows, cols, mode, rounding, policy, pts, key, idx0, t0, t1):  # pragma: no cover
         key_lo, key_hi = _stream(key)
-        stochastic = _is_stochastic(rmode, rounding)
         height, width = x.shape[1], x.shape[2]
         amax = np.empty(nct, np.uint32)
         bytes_ = np.empty(nct, np.uint32)
@@ -112,7 +113,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                     col_scale[cc] = scale
             for rr in range(r0, r1):
                 for cc in range(width):
-                    if stochastic:
+                    if any_rounding and rounding == C.STOCHASTIC:
                         rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
                     v = _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0)
                     if quantize:
