@@ -17,9 +17,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from .errors import InvalidValueError
 
-__all__ = ["set_num_threads", "get_num_threads", "PARALLEL_MIN_ELEMENTS", "run_chunked", "run_tasks"]
+__all__ = ["set_num_threads", "get_num_threads", "PARALLEL_MIN_ELEMENTS", "run_chunked", "run_tasks", "read_only"]
 
 #: Arrays with fewer elements than this run on the calling thread alone: below it, handing work
 #: to a second thread costs more than it saves (measured with ``benchmarks/``).
@@ -80,6 +82,15 @@ def _executor(workers: int) -> ThreadPoolExecutor:
             _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neuron_kernels")
             _pool_pid = os.getpid()
         return _pool
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of a kernel's input. numba compiles a kernel once per argument type, and a
+    read-only array (a piece of a memory-mapped file, a buffer of ``np.nditer``) is a type of its
+    own: inputs passed read-only always compile each kernel once, not once per kind of caller."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def run_chunked(

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ._parallel import run_chunked
+from ._parallel import read_only, run_chunked
 from ._random import check_seed, draw_seed
 from .dtypes import DTypeLike, get_format
 from .errors import InvalidTypeError, InvalidValueError
@@ -107,7 +107,13 @@ def _execute(
         if x.size:
             fn = kernel.function
             run_chunked(
-                fn, x.reshape(-1), out.reshape(-1), options, *group, elements_per_item=source.lanes, base=index0
+                fn,
+                read_only(x.reshape(-1)),
+                out.reshape(-1),
+                options,
+                *group,
+                elements_per_item=source.lanes,
+                base=index0,
             )
         return
     if group != (1, 1):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._parallel import run_tasks
+from .._parallel import read_only, run_tasks
 from ..casting import cast, check_out, pack_x4
 from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
@@ -190,7 +190,7 @@ class BlockArray:
         pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.packed and not row else int(self.packed)
         kernel = K.dequantize_kernel(self.format, pack, row)
         pts = np.float32(self.per_tensor_scale or 0.0)
-        codes, scales = self.codes.reshape(cshape), self.scales.view(np.uint8).reshape(sshape)
+        codes, scales = read_only(self.codes.reshape(cshape)), read_only(self.scales.view(np.uint8).reshape(sshape))
         geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
         run_tasks(kernel, tasks, values.size, (codes, scales, values.reshape(vshape), *geometry, pts))
 

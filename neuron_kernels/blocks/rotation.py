@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._parallel import run_tasks
+from .._parallel import read_only, run_tasks
 from ..errors import InvalidTypeError, InvalidValueError
 from .inputs import input_array
 
@@ -66,7 +66,7 @@ def rotate_array(arr: np.ndarray, source: str, axis: int, signs: tuple[int, ...]
     out = np.empty(rows.shape, np.uint32)
     if rows.size:
         kernel = K.rotate_kernel(source)
-        run_tasks(kernel, rows.size // 16, rows.size, (rows, out, np.array(signs, np.float64), inverse))
+        run_tasks(kernel, rows.size // 16, rows.size, (read_only(rows), out, np.array(signs, np.float64), inverse))
     moved_shape = np.moveaxis(np.empty(arr.shape, np.bool_), axis, -1).shape
     return np.ascontiguousarray(np.moveaxis(out.view(np.float32).reshape(moved_shape), -1, axis))
 
@@ -78,7 +78,10 @@ def rotate_in_place(values: np.ndarray, axis: int, signs: tuple[int, ...], inver
     rows = values.view(np.uint32).reshape(-1, values.shape[axis])
     if rows.size:
         run_tasks(
-            K.rotate_kernel("float32"), rows.size // 16, rows.size, (rows, rows, np.array(signs, np.float64), inverse)
+            K.rotate_kernel("float32"),
+            rows.size // 16,
+            rows.size,
+            (read_only(rows), rows, np.array(signs, np.float64), inverse),
         )
 
 
@@ -93,7 +96,8 @@ def rotated_amax(arr: np.ndarray, source: str, axis: int, signs: tuple[int, ...]
         return 0.0
     chunk = 1 << 12
     out = np.empty(-(-groups // chunk), np.uint32)
-    run_tasks(K.rotated_amax_kernel(source), out.size, rows.size, (rows, out, np.array(signs, np.float64), chunk))
+    args = (read_only(rows), out, np.array(signs, np.float64), chunk)
+    run_tasks(K.rotated_amax_kernel(source), out.size, rows.size, args)
     return float(out.max().view(np.float32))
 
 

@@ -174,7 +174,7 @@ def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
     """Per-row error sums (rows, N_SUMS) of ``x`` (C-contiguous) and ``q``, blocked along the last
     axis without a rotation: one compiled pass per row that dequantises on the way, rows on every
     thread."""
-    from .._parallel import run_tasks
+    from .._parallel import read_only, run_tasks
     from ..kernels import blocks as K
 
     _, vshape, cshape, sshape, _ = q.layout.kernel_shapes()
@@ -183,7 +183,7 @@ def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
         return sums
     kernel = K.row_error_kernel(input_array(x)[1].name, q.format, q.packed)
     size = min(q.block_size, max(vshape[1], 1))
-    codes, scales = q.codes.reshape(cshape), q.scales.view(np.uint8).reshape(sshape)
+    codes, scales = read_only(q.codes.reshape(cshape)), read_only(q.scales.view(np.uint8).reshape(sshape))
     pts = np.float32(q.per_tensor_scale or 0.0)
     run_tasks(kernel, vshape[0], x.size, (K.input_view(x).reshape(vshape), codes, scales, size, pts, sums))
     return sums

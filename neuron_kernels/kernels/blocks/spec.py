@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..._parallel import read_only
 from ...formats import FORMATS, BlockFormat
 from ...modes import FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
 from .. import codec as C
@@ -74,10 +75,9 @@ def source_of(dtype_name: str) -> Source:
 
 
 def input_view(x: np.ndarray) -> np.ndarray:
-    """The array as the kernels read it: float32 patterns, 16-bit float codes, or float64."""
-    if x.dtype == np.float64:
-        return x
-    return x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
+    """The array as the kernels read it, read-only (see :func:`~neuron_kernels._parallel.read_only`):
+    float32 patterns, 16-bit float codes, or float64."""
+    return read_only(x if x.dtype == np.float64 else x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint16))
 
 
 class Element(NamedTuple):
