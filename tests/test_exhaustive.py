@@ -2,19 +2,21 @@
 
 The oracle is ml_dtypes 0.7.0 (numpy for float16) with the default rounding, except where
 docs/casts.md deliberately differs: float8_e8m0fnu rounds ties to the even code and splits the lowest
-binade at its midpoint. tfloat32 has no ml_dtypes type; its oracle is the float64 reference (asked for
-[1, 2), the binades that can underflow or overflow and the specials; the other normal binades are [1, 2)
-scaled). The oracles are asked element by element only where their answer is not constant over the
-binade (``constant_binades``).
-numpy's float16 cast takes 40-85 ns an element where it underflows or overflows (it raises the
-FP flags one element at a time), so there numpy answers only within a binade of float16's range
-and the values far outside it are held to the obvious answer (see ``float16_expected``).
+binade at its midpoint. tfloat32 has no ml_dtypes type; its oracle is the float64 reference.
+The oracles are asked element by element only where their answer changes: for tfloat32 and float16,
+the normal binades are [1, 2)'s codes moved (``scaled_expected``); for the others, a binade whose
+code is constant is found from its ends (``constant_binades``), and in the others the oracle is
+asked at the ends of ever shorter runs, and element by element only in short runs where the code
+changes (``oracle_by_runs``).
+This matters most for float16: numpy's cast takes 40-85 ns an element where it underflows or
+overflows (it raises the FP flags one element at a time).
 Chunks of 2^20 patterns (small enough for the references' float64 temporaries to stay in cache)
 run on two threads (the casts release the GIL). Run alone with ``python -m pytest -m slow``; CI
 runs it with the rest.
 """
 
 import functools
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -34,20 +36,6 @@ ORACLE_TARGETS = [
 
 def _patterns(start: int) -> np.ndarray:
     return _OFFSETS + np.uint32(start)
-
-
-def float16_expected(u: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """numpy's float16 codes of float32 patterns ``u`` (values ``x``) where |x| lies in
-    [2^-26, 2^17) or is inf or NaN; beyond them the answer needs no oracle: |x| >= 2^17 is past
-    float16's overflow threshold (65520) and gives infinity, |x| < 2^-26 is below half the
-    smallest subnormal (2^-24) and gives zero, each with the input's sign."""
-    biased = (u >> np.uint32(23)) & np.uint32(0xFF)
-    sign = (u >> np.uint32(16)).astype(np.uint16) & np.uint16(0x8000)
-    out = np.where(biased >= 127 + 17, sign | np.uint16(0x7C00), sign)
-    asked = ((biased >= 127 - 26) & (biased < 127 + 17)) | (biased == 0xFF)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        out[asked] = x[asked].astype(np.float16).view(np.uint16)
-    return out
 
 
 def e8m0_expected(u: np.ndarray, ml: np.ndarray) -> np.ndarray:
@@ -97,25 +85,73 @@ def constant_binades(target: str) -> np.ndarray:
     return out
 
 
+#: Targets whose codes in their normal binades are those of [1, 2) moved: (the code's mantissa bits,
+#: the lowest and the highest biased float32 exponent of such binades).
+SCALED_BINADES = {"tfloat32": (23, 1, 253), "float16": (10, 127 - 14, 127 + 15)}
+
+
+def scaled_reference(target: str, x: np.ndarray) -> np.ndarray:
+    """The reference codes of ``x`` for a target of :data:`SCALED_BINADES`: the float64 reference
+    for tfloat32 (float32 patterns), numpy for float16."""
+    if target == "tfloat32":
+        return round_float32_to_mbits(x, 10).view(np.uint32)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return x.astype(np.float16).view(np.uint16)
+
+
 @functools.cache
-def _tfloat32_of_binade_127(offset: int) -> np.ndarray:
-    """The reference's tfloat32 patterns of the chunk at ``offset`` in the binade [1, 2), minus 1.0's
-    pattern (int64; 2^23 where the rounding carries into the next binade)."""
-    u = _patterns((127 << 23) + offset)
-    return round_float32_to_mbits(u.view(np.float32), 10).view(np.uint32).astype(np.int64) - (127 << 23)
+def _codes_of_binade_127(target: str, offset: int) -> np.ndarray:
+    """The reference's codes of the chunk at ``offset`` in the binade [1, 2), minus the code of 1.0
+    (2^M where the rounding carries into the next binade), in the codes' own unsigned type."""
+    codes = scaled_reference(target, _patterns((127 << 23) + offset).view(np.float32))
+    return codes - scaled_reference(target, np.ones(1, np.float32))[0]
 
 
-def tfloat32_expected(start: int) -> np.ndarray:
-    """The reference's tfloat32 patterns of the chunk of patterns at ``start``. In the normal binades
-    below the top one (biased exponents 1 to 253) the value is 2^k times one of [1, 2) and rounding
-    commutes with the exact scaling by 2^k, so those chunks are the ones of [1, 2) moved by k binades,
-    with the sign of the input (ties to even are symmetric); the reference answers the others (zero
-    and subnormals, the top binade that can overflow, infinities and NaN) itself."""
+def scaled_expected(target: str, start: int) -> np.ndarray | None:
+    """The reference's codes of the chunk of patterns at ``start`` if it lies in one of the target's
+    normal binades of :data:`SCALED_BINADES`, else None. There the value is 2^k times one of [1, 2)
+    and rounding commutes with the exact scaling by 2^k, so the codes are those of [1, 2) moved by k
+    binades (k << M), with the sign of the input (ties to even are symmetric); the carry out of the
+    top binade gives the next code, which is float16's infinity. The reference answers the other
+    chunks (zero and subnormals, binades that can overflow, infinities and NaN) itself."""
+    mbits, lo, hi = SCALED_BINADES[target]
     sign, biased, offset = start >> 31, (start >> 23) & 0xFF, start & 0x7FFFFF
-    if not 1 <= biased <= 253:
-        return round_float32_to_mbits(_patterns(start).view(np.float32), 10).view(np.uint32)
-    moved = _tfloat32_of_binade_127(offset) + ((biased << 23) | (sign << 31))
-    return moved.astype(np.uint32)
+    if not lo <= biased <= hi:
+        return None
+    base = _codes_of_binade_127(target, offset)
+    one = int(scaled_reference(target, np.ones(1, np.float32))[0])
+    sign_bit = 1 << (8 * base.itemsize - 1)
+    return base + base.dtype.type(one + ((biased - 127) << mbits) + sign * sign_bit)
+
+
+#: The largest run of patterns the oracle is asked for element by element in :func:`oracle_by_runs`.
+LEAF = 1 << 12
+#: The widest mantissa for which :func:`oracle_by_runs` asks the oracle less than the whole chunk: a
+#: chunk (an eighth of a binade) holds about 2^(M - 3) codes.
+RUNS_MBITS = 4
+
+
+def oracle_by_runs(target: str, x: np.ndarray) -> np.ndarray:
+    """The oracle's codes of ``x``, consecutive float32 patterns of one sign (a chunk), asked element
+    by element only in runs of at most :data:`LEAF` patterns where the code changes. The patterns
+    that give one code form one run (rounding is monotonic in the magnitude, see
+    ``constant_binades``), so where the oracle gives the same code at both ends of a run it gives it
+    to every pattern between them; other runs are halved until they are short. The oracle itself
+    answers every end."""
+    out = np.empty(x.shape, FORMATS[target].storage_dtype)
+    runs = [(0, x.size)]
+    while runs:
+        lo, hi = runs.pop()
+        if hi - lo <= LEAF:
+            out[lo:hi] = _oracle(target, x[lo:hi])
+            continue
+        ends = _oracle(target, x[[lo, hi - 1]])
+        if ends[0] == ends[1]:
+            out[lo:hi] = ends[0]
+        else:
+            mid = (lo + hi) // 2
+            runs += [(lo, mid), (mid, hi)]
+    return out
 
 
 def _check_chunk(target: str, start: int) -> str | None:
@@ -124,17 +160,23 @@ def _check_chunk(target: str, start: int) -> str | None:
     fmt = FORMATS[target]
     ours = nk.cast(x, target).view(fmt.storage_dtype if fmt.numpy_name else np.uint32)
     with np.errstate(invalid="ignore", over="ignore"):
-        if target == "tfloat32":
-            ref = tfloat32_expected(start)
-        elif target == "float16":
-            ref = float16_expected(u, x)
+        scaled = scaled_expected(target, start) if target in SCALED_BINADES else None
+        # A chunk (2^20 patterns) lies in one binade of one sign: [1, 2)'s codes moved, the oracle's
+        # code of a constant binade, or the oracle asked where the code changes (element by element
+        # among the NaNs, whose payloads some oracles keep).
+        code = constant_binades(target)[start >> 31, (start >> 23) & 0xFF] if target != "tfloat32" else -1
+        if scaled is not None:
+            ref = scaled
+        elif target == "tfloat32":
+            ref = scaled_reference(target, x)
+        elif code >= 0:
+            ref = np.full(u.shape, code, fmt.storage_dtype)
+        elif (fmt.mbits <= RUNS_MBITS or target == "float16") and (start >> 23) & 0xFF != 0xFF:
+            ref = oracle_by_runs(target, x)
         else:
-            # A chunk (2^20 patterns) lies in one binade of one sign: the oracle's code of a constant
-            # binade, or the oracle asked for each element.
-            code = constant_binades(target)[start >> 31, (start >> 23) & 0xFF]
-            ref = np.full(u.shape, code, fmt.storage_dtype) if code >= 0 else _oracle(target, x)
-    if target == "float8_e8m0fnu":
-        ref = e8m0_expected(u, ref)
+            ref = _oracle(target, x)
+    if target == "float8_e8m0fnu" and ((start >> 23) == 0 or (start & 0x7FFFFF) == 0x400000):
+        ref = e8m0_expected(u, ref)  # the chunks it changes: of binade 0, or holding a tie (at their start)
     bad = np.flatnonzero(ours != ref)
     if bad.size == 0:
         return None
@@ -165,14 +207,25 @@ def test_e8m0_expected_rule_on_named_values():
     assert list(nk.cast(x, "float8_e8m0fnu").view(np.uint8)) == [0x80, 0x82, 0x82, 0x7E, 0xFE, 0x00, 0x00, 0x01]
 
 
-def test_float16_expected_is_numpy_everywhere():
-    # The shortcut of float16_expected against numpy's cast itself, on patterns of every exponent
-    # and both signs: the binade boundaries and a random sample of each.
-    rng = np.random.default_rng(16)
-    exps = np.arange(512, dtype=np.uint32) << np.uint32(23)
-    mantissas = np.concatenate([[0, 1, 0x400000, 0x7FFFFF], rng.integers(0, 1 << 23, 60)]).astype(np.uint32)
-    u = (exps[:, None] | mantissas[None, :]).ravel()
-    x = u.view(np.float32)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        numpy_codes = x.astype(np.float16).view(np.uint16)
-    np.testing.assert_array_equal(float16_expected(u, x), numpy_codes)
+@pytest.mark.parametrize("target", list(SCALED_BINADES))
+def test_scaled_expected_is_the_reference(target):
+    # The shortcut of scaled_expected against the reference asked itself, on whole chunks: the lowest
+    # and the highest of the moved binades (the carry into infinity among them), one between, the
+    # first and the last chunk of each, both signs.
+    _, lo, hi = SCALED_BINADES[target]
+    for biased, offset, sign in itertools.product((lo, (lo + hi) // 2, hi), (0, 8 * CHUNK - CHUNK), (0, 1)):
+        start = (sign << 31) | (biased << 23) | offset
+        x = _patterns(start).view(np.float32)
+        np.testing.assert_array_equal(scaled_expected(target, start), scaled_reference(target, x), err_msg=hex(start))
+    assert scaled_expected(target, (lo - 1) << 23) is None and scaled_expected(target, (hi + 1) << 23) is None
+
+
+@pytest.mark.parametrize("target", [t for t in ORACLE_TARGETS if FORMATS[t].mbits <= RUNS_MBITS] + ["float16"])
+def test_oracle_by_runs_is_the_oracle(target):
+    # The shortcut of oracle_by_runs against the oracle asked for every element, on whole chunks
+    # where the code may change: float32 subnormals, float16's, around 1.0, the largest finite
+    # values, both signs (not the NaNs: the sweep asks the oracle for each of them).
+    for biased, sign in itertools.product((0, 1, 103, 110, 120, 127, 135, 142, 254), (0, 1)):
+        start = (sign << 31) | (biased << 23) | (3 * CHUNK)
+        x = _patterns(start).view(np.float32)
+        np.testing.assert_array_equal(oracle_by_runs(target, x), _oracle(target, x), err_msg=hex(start))
