@@ -28,9 +28,9 @@ def quantize_kernel(
     ``PACK_*``).
 
     ``nearest``: the kernel of rounding to nearest even (its own float arithmetic compiled in;
-    ``rounding`` is ignored); else one kernel for the other modes, ``rounding`` its
-    :func:`~.spec.rounding_id` (the generic encoder branches on the mode in
-    either case: one kernel per mode compiled the same code several times over).
+    ``rounding`` is ignored); else one kernel for every other mode, ``rounding`` its
+    :func:`~.spec.rounding_id` (the generic encoder branches on the mode in either case: a kernel
+    per mode compiled the same code several times over).
     ``mode``, ``policy``: :func:`~.spec.scale_mode_id`, :func:`~.spec.policy_id`; ``pts``: the per-tensor scale
     (float32; 0 for none); ``idx0``: the C-order index of x's first element in the whole array
     (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
