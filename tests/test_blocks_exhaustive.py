@@ -97,8 +97,8 @@ def test_every_scale_code_under_the_policies(policy, per_tensor_scale, rounding)
 
 
 # The tile sweeps pair each format (or input dtype) with one rounding mode, every mode appearing:
-# kernels are compiled per format and dtype (about 1.2 s each), while the tile walk they test is
-# the same for every mode; the random cases below draw from every combination.
+# kernels are compiled per format, dtype and rounding (about 1.2 s each), while the tile walk they
+# test is the same for every mode; the random cases below draw from every combination.
 MX_TILE_CASES = [(fmt, ROUNDINGS[(i + 3) % len(ROUNDINGS)]) for i, fmt in enumerate(MX_FORMATS)]
 NVFP4_TILE_CASES = [
     *[(dtype, ROUNDINGS[i]) for i, dtype in enumerate(INPUT_DTYPES)],

@@ -209,10 +209,6 @@ class BlockJob:
         pts: float = self.per_tensor_scale or 0.0
         return typing.cast(np.float32, np.float32(pts))  # numpy's stubs type the constructor as Any
 
-    def _nearest(self) -> bool:
-        """Whether the kernel is one of rounding to nearest even (see ``quantize_kernel``)."""
-        return self.rounding == "nearest_even"
-
     def _policy(self) -> int:
         from ..kernels import blocks as K
 
@@ -223,14 +219,7 @@ class BlockJob:
 
         row, vshape, _, _, tasks = lay.kernel_shapes()
         geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
-        options: tuple[Any, ...] = (
-            K.scale_mode_id(self.scale_mode),
-            K.rounding_id(self.rounding),
-            self._policy(),
-            self._pts(),
-            self.key,
-            idx0,
-        )
+        options: tuple[Any, ...] = (K.scale_mode_id(self.scale_mode), self._policy(), self._pts(), self.key, idx0)
         if self._fused_rotation(row):
             options += (np.array(self.rotation, np.float64),)
         run_tasks(kernel, tasks, lay.size, (*arrays, *geometry, *options), align)
@@ -259,7 +248,7 @@ class BlockJob:
             arr, source = self._source(arr, src, row)
             pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.pack and not row else int(self.pack)
             kernel = K.quantize_kernel(
-                source, self.fmt, self._nearest(), pack, row, self._fused_rotation(row), self._policy() != K.PLAIN
+                source, self.fmt, self.rounding, pack, row, self._fused_rotation(row), self._policy() != K.PLAIN
             )
             # Two blocks of odd length along the block axis share bytes of packed codes: keep such
             # pairs on one thread (whole pairs of rows of tasks if a row has an odd number).
@@ -291,7 +280,7 @@ class BlockJob:
             row, vshape, _, _, _ = lay.kernel_shapes()
             arr, source = self._source(arr, src, row)
             kernel = K.fake_quantize_kernel(
-                source, self.fmt, self._nearest(), row, self._fused_rotation(row), self._policy() != K.PLAIN
+                source, self.fmt, self.rounding, row, self._fused_rotation(row), self._policy() != K.PLAIN
             )
             self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
 

@@ -10,9 +10,8 @@ block) pair of a row kernel, or one row of tiles of a tile kernel; a kernel runs
 Scales come from the block's amax read as a float32 bit pattern (the integer max of |x|
 patterns; NaN patterns are the largest), never from a floating-point log2; a float32 block of 16,
 32 or 64 is reduced as one vector. The scale rule (``modes.SCALE_MODES``) and the scale policy
-(plain, four-over-six, MSE search) are run-time arguments; the element format, the source and
-the layout are compiled in, and the rounding mode where it is nearest even (the other modes share
-one kernel, the mode a run-time argument).
+(plain, four-over-six, MSE search) are run-time arguments; the element format, the source, the
+rounding mode and the layout are compiled in.
 
 Flags. A helper that branches on the format (e8m0 or e4m3fn scales, the rounding mode,
 fixed-point elements, the source kind) takes the decision as an argument of its own
@@ -47,7 +46,7 @@ Modules, one per job:
 from .errors import N_SUMS, error_sums, quantize_error_kernel, row_error_kernel
 from .factories import dequantize_kernel, fake_quantize_kernel, finite_amax_kernel, quantize_kernel
 from .rotation import rotate_kernel, rotated_amax_kernel
-from .spec import PACK_COLS, PACK_ROWS, PLAIN, input_view, policy_id, rounding_id, scale_mode_id
+from .spec import PACK_COLS, PACK_ROWS, PLAIN, input_view, policy_id, scale_mode_id
 
 __all__ = [
     "N_SUMS",
@@ -56,7 +55,6 @@ __all__ = [
     "PLAIN",
     "input_view",
     "scale_mode_id",
-    "rounding_id",
     "policy_id",
     "quantize_kernel",
     "fake_quantize_kernel",

@@ -51,13 +51,11 @@ def _nearest_even(v, el, fixed):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _code(v, rnd, el, rmode, rounding, fixed):  # pragma: no cover - compiled
-    """The saturating code of the finite float32 ``v`` rounded to nearest even by float arithmetic
-    where ``rmode`` is ``NEAREST_EVEN`` (a constant in a kernel of that mode: the other branch is
-    not compiled), else by the generic encoder in the rounding mode ``rounding`` (a run-time id)."""
+def _code(v, rnd, el, rmode, fixed):  # pragma: no cover - compiled
+    """The saturating code of the finite float32 ``v`` under the element's rounding mode ``rmode``."""
     if rmode == NEAREST_EVEN:
         return _nearest_even(v, el, fixed)
-    return C.encode(f32_bits(v), rnd, np.uint32(0), el.codec, rounding, True)
+    return C.encode(f32_bits(v), rnd, np.uint32(0), el.codec, el.mode, True)
 
 
 @jit(inline="always")
@@ -87,13 +85,13 @@ def _nearest_value(v, el, fixed):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _dequantized(v, rnd, scale, el, rmode, rounding, fixed):  # pragma: no cover - compiled
-    """``_value(_code(v, rnd, el, rmode, rounding, fixed), scale, el)``: the value the finite
-    scaled element ``v`` comes back as (NaN for a NaN block)."""
+def _dequantized(v, rnd, scale, el, rmode, fixed):  # pragma: no cover - compiled
+    """``_value(_code(v, rnd, el, rmode, fixed), scale, el)``: the value the finite scaled element
+    ``v`` comes back as (NaN for a NaN block)."""
     if rmode == NEAREST_EVEN:
         d = _nearest_value(v, el, fixed) * scale
         return d if scale == scale else np.float32(np.nan)
-    return _value(_code(v, rnd, el, rmode, rounding, fixed), scale, el)
+    return _value(_code(v, rnd, el, rmode, fixed), scale, el)
 
 
 @jit(inline="always")

@@ -66,7 +66,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     made, and rows are independent tasks whose sums are combined in row order (so the result
     does not depend on the thread count)."""
     src = source_of(source)
-    el, sc = _element_of(fmt, True), _scale_of(fmt)
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
     top = fmt.element_format.max_code
     kind, _, _, e8m0 = _flags(src, el, sc)
 
@@ -97,7 +97,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
     computes them from the codes, bit for bit, without writing codes: one kernel per source and
     format serves every scale mode and policy of a format (what the error table compares)."""
     src = source_of(source)
-    el, sc = _element_of(fmt, True), _scale_of(fmt, True)
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True)
     top = fmt.element_format.max_code
     kind, rmode, fixed, e8m0 = _flags(src, el, sc)
 
@@ -109,14 +109,14 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         cands, errs = _policy_scratch()
         for r in range(t0, t1):
             xr = x[r]
-            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, rmode, src, el, sc, cands, errs)
+            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)
             sums = _no_errors()
             for j in range(nb):
                 mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
                     u = _load(xr[i], kind, src.codec)
-                    d = np.float64(_dequantized(_scaled(u, mul, e8m0), np.uint32(0), scale, el, rmode, rmode, fixed))
+                    d = np.float64(_dequantized(_scaled(u, mul, e8m0), np.uint32(0), scale, el, rmode, fixed))
                     xi = np.float64(f32_from_bits(u))
                     sums = _add_error(sums, xi, d, xi, lim)
             _store_errors(out, r, sums)

@@ -1,6 +1,5 @@
-"""The block kernels, by specialisation: one compiled closure per source, format, layout and
-rounding (to nearest even, or any other mode given at run time), made once per process (the
-compiled code is cached on disk)."""
+"""The block kernels, by specialisation: one compiled closure per source, format, rounding mode and
+layout, made once per process (the compiled code is cached on disk)."""
 
 from __future__ import annotations
 
@@ -20,23 +19,18 @@ from .tiles import _tile_dequantize, _tile_fake_quantize, _tile_quantize
 
 @cache
 def quantize_kernel(
-    source: str, fmt: BlockFormat, nearest: bool, pack: int, row: bool, rotate: bool = False, policies: bool = False
+    source: str, fmt: BlockFormat, rounding: str, pack: int, row: bool, rotate: bool = False, policies: bool = False
 ) -> Any:
-    """Row kernel ``(x, codes, scales, size, mode, rounding, policy, pts, key, idx0, t0, t1)`` on
-    (A, L) arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales,
-    rows, cols, mode, rounding, policy, pts, key, idx0, t0, t1)`` on (A, R, C) arrays (``pack``:
-    ``PACK_*``).
+    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)`` on (A, L)
+    arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales, rows,
+    cols, mode, policy, pts, key, idx0, t0, t1)`` on (A, R, C) arrays (``pack``: ``PACK_*``).
 
-    ``nearest``: the kernel of rounding to nearest even (its own float arithmetic compiled in;
-    ``rounding`` is ignored); else one kernel for every other mode, ``rounding`` its
-    :func:`~.spec.rounding_id` (the generic encoder branches on the mode in either case: a kernel
-    per mode compiled the same code several times over).
     ``mode``, ``policy``: :func:`~.spec.scale_mode_id`, :func:`~.spec.policy_id`; ``pts``: the per-tensor scale
     (float32; 0 for none); ``idx0``: the C-order index of x's first element in the whole array
     (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
     whole. ``rotate``: row kernels of the rotated input, taking the 16 signs (float64) after
     ``idx0``. ``policies``: kernels that evaluate the scale policies (else ``policy`` is ignored)."""
-    el, sc = _element_of(fmt, nearest), _scale_of(fmt, policies)
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
     if rotate:
         return _row_quantize_rotated(source_of(source), el, sc, bool(pack))
     if row:
@@ -46,11 +40,11 @@ def quantize_kernel(
 
 @cache
 def fake_quantize_kernel(
-    source: str, fmt: BlockFormat, nearest: bool, row: bool, rotate: bool = False, policies: bool = False
+    source: str, fmt: BlockFormat, rounding: str, row: bool, rotate: bool = False, policies: bool = False
 ) -> Any:
     """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
     codes and scales)."""
-    el, sc = _element_of(fmt, nearest), _scale_of(fmt, policies)
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
     if rotate:
         return _row_fake_quantize_rotated(source_of(source), el, sc)
     if row:
@@ -62,7 +56,7 @@ def fake_quantize_kernel(
 def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
     """Row kernel ``(codes, scales, out, size, pts, t0, t1)`` or tile kernel ``(codes, scales,
     out, rows, cols, pts, t0, t1)``: the values into float32 ``out``."""
-    el, sc = _element_of(fmt, True), _scale_of(fmt)
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
     if row:
         return _row_dequantize(el, sc, bool(pack))
     return _tile_dequantize(el, sc, pack)

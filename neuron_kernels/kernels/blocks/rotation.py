@@ -87,7 +87,7 @@ def rotated_amax_kernel(source: str) -> Any:
 
 def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: bool) -> Any:
     """The task loop of a row kernel of the rotated input (blocks and rows of a multiple of 16),
-    ``run(x, dst, scales, size, mode, rounding, policy, pts, key, idx0, signs, t0, t1)``: each block is
+    ``run(x, dst, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)``: each block is
     rotated into a scratch row first, which the row kernels' own scale loop (:func:`~.rows._row_scaler`)
     and ``block`` (:func:`~.rows._block_quantizer`, :func:`~.rows._block_fake_quantizer`) then
     take as a row of one block of float32 patterns (its amax one vector reduction for 16, 32 or
@@ -98,7 +98,7 @@ def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: 
     scales_of = _row_scaler(f32, el, sc, _vector_lengths(f32))
 
     @jit
-    def run(x, dst, scales, size, mode, rounding, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
+    def run(x, dst, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
         nb = scales.shape[1]
@@ -120,9 +120,9 @@ def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: 
                 base = idx0 + r * length + l0
                 for g in range(0, n, 16):
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
-                scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, rounding, cands, errs)
+                scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, cands, errs)
                 sr[j] = byte[0]
-                block(buf, np.uint64(0), np.uint64(n), dr, np.uint64(l0), base, byte[0], pts, key_lo, key_hi, rounding)
+                block(buf, np.uint64(0), np.uint64(n), dr, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
             t = (r + 1) * nb
 
     return run
@@ -133,8 +133,8 @@ def _row_quantize_rotated(source: Source, el: Element, sc: Scale, pack: bool) ->
     run = _rotated_tasks(source, el, sc, _block_quantizer(source_of("float32"), el, sc, pack), True)
 
     @jit
-    def kernel(x, codes, scales, size, mode, rounding, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
-        run(x, codes, scales, size, mode, rounding, policy, pts, key, idx0, signs, t0, t1)
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
+        run(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)
 
     return kernel
 
@@ -144,8 +144,8 @@ def _row_fake_quantize_rotated(source: Source, el: Element, sc: Scale) -> Any:
     run = _rotated_tasks(source, el, sc, _block_fake_quantizer(source_of("float32"), el, sc), False)
 
     @jit
-    def kernel(x, out, size, mode, rounding, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover
+    def kernel(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
         bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
-        run(x, out, bytes_, size, mode, rounding, policy, pts, key, idx0, signs, t0, t1)
+        run(x, out, bytes_, size, mode, policy, pts, key, idx0, signs, t0, t1)
 
     return kernel

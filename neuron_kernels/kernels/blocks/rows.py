@@ -15,18 +15,8 @@ import numpy as np
 
 from ..._jit import jit, u32_amax_abs, u32_and
 from .. import codec as C
-from ..codec import NEAREST_EVEN, SOURCE_F32  # bare names: numba prunes branches on them
-from .elements import (
-    _code,
-    _dequantized,
-    _load,
-    _nibble,
-    _nibble_pair,
-    _put_nibble,
-    _scaled,
-    _stream,
-    _value,
-)
+from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
+from .elements import _code, _dequantized, _load, _nibble, _nibble_pair, _put_nibble, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _row_errors, _scale_byte
 from .spec import FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source, _flags
 
@@ -58,9 +48,9 @@ def _row_amax(xr, l0, l1, kind, codec, v16, v32, v64):  # pragma: no cover - com
 
 
 @jit(inline="always")
-def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, rounding, src, el, sc, cands, errs):  # pragma: no cover
+def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
     """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate
-    (``cands``, ``errs``: scratch of 5 entries; ``rounding``: the elements' rounding mode id)."""
+    (``cands``, ``errs``: scratch of 5 entries)."""
     byte = _scale_byte(amax, mode, pts, sc, sc.e8m0)
     if not _policy_scale(byte, amax, policy, pts, sc):
         return byte
@@ -70,7 +60,7 @@ def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, rounding, src, el
     for k in range(count - 1):
         valid, cand = _candidate(k, byte, policy, amax, pts, sc)
         cands[k + 1] = cand if valid else byte
-    _row_errors(xr, l0, l1, base, cands, count, pts, policy != FOUR_SIX_MAE, key, rounding, src, el, sc, errs)
+    _row_errors(xr, l0, l1, base, cands, count, pts, policy != FOUR_SIX_MAE, key, src, el, sc, errs)
     best, chosen = errs[0], byte
     for k in range(1, count):
         if errs[k] < best:
@@ -98,9 +88,7 @@ def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
 
 
 @jit
-def _row_scales(
-    xr, j0, j1, size, base, out, mode, policy, pts, key, rounding, src, el, sc, cands, errs
-):  # pragma: no cover - compiled
+def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
     """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]`` (``cands``,
     ``errs``: scratch of 5 entries, see :func:`_row_scale`). A loop of its own, before the
     elements', and a function of its own: the per-block decisions (the format's constants, scale
@@ -112,7 +100,7 @@ def _row_scales(
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
         amax = _block_amax(xr, l0, l1, src)
-        out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, rounding, src, el, sc, cands, errs)
+        out[j] = _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs)
 
 
 @jit(inline="always")
@@ -136,7 +124,7 @@ def _policy_scratch():  # pragma: no cover - compiled
 
 def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int]) -> Any:
     """The scale loop of a row kernel, ``scales(xr, j0, j1, size, base, out, mode, policy, pts,
-    key, rounding, cands, errs)``: the scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``,
+    key, cands, errs)``: the scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]``,
     by the shared :func:`_row_scales` in kernels with scale policies, else by
     :func:`_row_plain_scales` with the vector lengths ``vlens`` (16, 32, 64 or 0 each) compiled in."""
     kind, _, _, e8m0 = _flags(source, el, sc)
@@ -144,9 +132,9 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
     v16, v32, v64 = vlens
 
     @jit(inline="always")
-    def scales(xr, j0, j1, size, base, out, mode, policy, pts, key, rounding, cands, errs):  # pragma: no cover
+    def scales(xr, j0, j1, size, base, out, mode, policy, pts, key, cands, errs):  # pragma: no cover - compiled
         if policies:
-            _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, rounding, source, el, sc, cands, errs)
+            _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, source, el, sc, cands, errs)
         else:
             _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, e8m0, v16, v32, v64)
 
@@ -155,18 +143,18 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
 
 def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
     """The element loop of a quantising row kernel, ``block(xs, l0, l1, cr, c0, i0, byte, pts,
-    key_lo, key_hi, rounding)``: the codes of the elements ``xs[l0:l1]`` under the scale ``byte`` into
+    key_lo, key_hi)``: the codes of the elements ``xs[l0:l1]`` under the scale ``byte`` into
     ``cr`` from position ``c0`` (``pack``: two per byte, position ``p`` in the low (even ``p``) or
     high nibble of ``cr[p / 2]``), element ``l0 + k`` rounded with the stochastic bits of index
     ``i0 + k``; every code is the NaN code in a block whose scale is the NaN byte. The plain row
     kernel runs it on the blocks of a row in place, the rotated one on each block rotated into
     a scratch row."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-    any_rounding = rmode != NEAREST_EVEN  # a constant: kernels of nearest even compile no random bits
+    stochastic = el.mode == C.STOCHASTIC
     nan_code = el.nan_code
 
     @jit(inline="always")
-    def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi, rounding):  # pragma: no cover - compiled
+    def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
         mul, _ = _multiplier(byte, pts, sc, e8m0)
         nan_block = byte == np.uint32(sc.nan_byte)
         n = l1 - l0
@@ -174,26 +162,26 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
         rnd_hi = np.uint32(0)
         if not pack:
             for k in range(n):
-                if any_rounding and rounding == C.STOCHASTIC:
+                if stochastic:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
-                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, rounding, fixed)
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 cr[c0 + k] = nan_code if nan_block else code
         elif (c0 & 1) == 0 and (n & 1) == 0:
             h0 = c0 >> np.uint64(1)
             for k in range(n >> np.uint64(1)):
                 lo_i = l0 + k + k
-                if any_rounding and rounding == C.STOCHASTIC:
+                if stochastic:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k))
                     rnd_hi = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
-                lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, rounding, fixed)
+                lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 hi_u = _load(xs[lo_i + np.uint64(1)], kind, source.codec)
-                hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, rounding, fixed)
+                hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
                 cr[h0 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
         else:
             for k in range(n):
-                if any_rounding and rounding == C.STOCHASTIC:
+                if stochastic:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
-                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, rounding, fixed)
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 pos = c0 + k
                 _put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
 
@@ -202,35 +190,35 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
 
 def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
     """The element loop of a fake-quantising row kernel, ``block(xs, l0, l1, out, o0, i0, byte,
-    pts, key_lo, key_hi, rounding)``: the dequantised values of the elements ``xs[l0:l1]`` under the scale
+    pts, key_lo, key_hi)``: the dequantised values of the elements ``xs[l0:l1]`` under the scale
     ``byte`` into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic
     bits of index ``i0 + k`` (see :func:`_block_quantizer`)."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-    any_rounding = rmode != NEAREST_EVEN  # a constant: kernels of nearest even compile no random bits
+    stochastic = el.mode == C.STOCHASTIC
 
     @jit(inline="always")
-    def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi, rounding):  # pragma: no cover - compiled
+    def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
         mul, scale = _multiplier(byte, pts, sc, e8m0)
         rnd = np.uint32(0)
         for k in range(l1 - l0):
-            if any_rounding and rounding == C.STOCHASTIC:
+            if stochastic:
                 rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
             v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0)
-            out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, rounding, fixed)
+            out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, fixed)
 
     return block
 
 
 def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int], block: Any, per_row: bool) -> Any:
-    """The task loop of a row kernel, ``run(x, dst, scales, size, mode, rounding, policy, pts, key,
-    idx0, t0, t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, the scale bytes of a row's blocks
+    """The task loop of a row kernel, ``run(x, dst, scales, size, mode, policy, pts, key, idx0, t0,
+    t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, the scale bytes of a row's blocks
     (:func:`_row_scaler`) into ``scales[r]`` (``per_row``; else into the scratch row
     ``scales[0]``), then ``block`` (:func:`_block_quantizer`, :func:`_block_fake_quantizer`) on
     each block of the row, into ``dst[r]``."""
     scales_of = _row_scaler(source, el, sc, vlens)
 
     @jit  # the kernel itself (or its one callee): inlining it as well cost a third more compile time
-    def run(x, dst, scales, size, mode, rounding, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+    def run(x, dst, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
         nb = scales.shape[1]
@@ -245,11 +233,11 @@ def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, in
                 sr = scales[0]
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            scales_of(xr, j0, j1, size, base, sr, mode, policy, pts, key, rounding, cands, errs)
+            scales_of(xr, j0, j1, size, base, sr, mode, policy, pts, key, cands, errs)
             for j in range(j0, j1):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                block(xr, l0, l1, dr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi, rounding)
+                block(xr, l0, l1, dr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
             t = (r + 1) * nb
 
     return run
@@ -263,9 +251,9 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any
     run = _row_tasks(source, el, sc, (0, vlen, 0), _block_fake_quantizer(source, el, sc), False)
 
     @jit
-    def kernel(x, out, size, mode, rounding, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+    def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
         bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
-        run(x, out, bytes_, size, mode, rounding, policy, pts, key, idx0, t0, t1)
+        run(x, out, bytes_, size, mode, policy, pts, key, idx0, t0, t1)
 
     return kernel
 

@@ -99,7 +99,7 @@ def _multiplier(byte, pts, sc, e8m0):  # pragma: no cover - compiled
 
 
 @jit
-def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, rounding, src, el, sc, errs):  # pragma: no cover
+def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, src, el, sc, errs):  # pragma: no cover
     """The error sums of the block ``xr[l0:l1]`` with the scales ``cands[:count]`` into
     ``errs[:count]``: for each, |dq - x| (or its square) in float64, accumulated left to right
     from 0.0. One element loop serves every candidate (compiled once, the block in cache)."""
@@ -110,17 +110,16 @@ def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, rounding, src
         err = 0.0
         for i in range(l0, l1):
             u = C.load(xr[i], src.kind, src.codec)
-            if rounding == C.STOCHASTIC:
+            if el.mode == C.STOCHASTIC:
                 rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
             v = _scaled(u, mul, sc.e8m0)
-            dq = _dequantized(v, rnd, scale, el, rounding, rounding, _fixed(el))
-            d = np.float64(dq) - np.float64(f32_from_bits(u))
+            d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
         errs[k] = err
 
 
 @jit
-def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, rounding, idx0, src, el, sc):  # pragma: no cover
+def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc):  # pragma: no cover - compiled
     """The sum of |dq - x| (or its square) over the tile ``x[a, r0:r1, c0:c1]`` in C order, in float64,
     with the scale ``byte``."""
     key_lo, key_hi = _stream(key)
@@ -131,11 +130,10 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, rounding, idx0, s
     for rr in range(r0, r1):
         for cc in range(c0, c1):
             u = C.load(x[a, rr, cc], src.kind, src.codec)
-            if rounding == C.STOCHASTIC:
+            if el.mode == C.STOCHASTIC:
                 rnd = C.random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
             v = _scaled(u, mul, sc.e8m0)
-            dq = _dequantized(v, rnd, scale, el, rounding, rounding, _fixed(el))
-            d = np.float64(dq) - np.float64(f32_from_bits(u))
+            d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
     return err
 

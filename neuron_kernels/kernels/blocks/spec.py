@@ -39,12 +39,6 @@ def scale_mode_id(scale_mode: str) -> int:
     return SCALE_MODES.index(scale_mode)
 
 
-def rounding_id(rounding: str) -> int:
-    """The kernels' id of an element rounding mode (a run-time argument of the kernels of the
-    modes other than nearest even)."""
-    return C.mode_id(rounding)
-
-
 def policy_id(four_over_six: str | None, scale_search: str | None) -> int:
     """The kernels' id of a scale policy (at most one of the two is set)."""
     if four_over_six is not None:
@@ -83,11 +77,8 @@ def input_view(x: np.ndarray) -> np.ndarray:
 class Element(NamedTuple):
     """The element format, as the kernels need it.
 
-    ``mode``: ``NEAREST_EVEN`` for the kernels of that rounding (their own float arithmetic,
-    compiled in), else :data:`ANY_ROUNDING`: one kernel serves the other modes, given at run
-    time (the codec's generic encoder branches on the mode either way). ``top``: the largest
-    element; ``min_normal`` the smallest normal, ``magic`` a float whose ulp is the smallest
-    subnormal, ``rebias`` ``(127 - B) << M`` (mod 2^32): the constants of
+    ``top``: the largest element; ``min_normal`` the smallest normal, ``magic`` a float whose ulp is
+    the smallest subnormal, ``rebias`` ``(127 - B) << M`` (mod 2^32): the constants of
     :func:`~.elements._nearest_even`. ``nan_code``: the code of every element of a NaN block.
     """
 
@@ -124,17 +115,11 @@ class Scale(NamedTuple):
     policies: bool
 
 
-#: The :attr:`Element.mode` of kernels that take the rounding mode at run time.
-ANY_ROUNDING = -1
-
-
-def _element_of(bf: BlockFormat, nearest: bool) -> Element:
-    """The :class:`Element` of ``bf`` for the kernels of rounding to nearest even (``nearest``) or
-    of the other modes."""
+def _element_of(bf: BlockFormat, rounding: str) -> Element:
     c = C.codec_of(bf.element_format)
     return Element(
         codec=c,
-        mode=C.NEAREST_EVEN if nearest else ANY_ROUNDING,
+        mode=C.mode_id(rounding),
         top=np.float32(bf.max_element),
         min_normal=np.float32(2.0 ** (1 - c.bias)),
         magic=np.float32(2.0 ** (1 - c.bias - c.mbits + 23)),
@@ -162,8 +147,8 @@ def _scale_of(bf: BlockFormat, policies: bool = False) -> Scale:
 
 def _flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, bool]:
     """The decisions the helpers branch on, as the separate constants a kernel passes them:
-    the source kind, the rounding mode (``NEAREST_EVEN`` or :data:`ANY_ROUNDING`), fixed-point
-    elements, e8m0 scales (see the module's flags)."""
+    the source kind, the rounding mode, fixed-point elements, e8m0 scales (see the module's
+    flags)."""
     return source.kind, el.mode, el.codec.specials == C.FIXED, sc.e8m0
 
 

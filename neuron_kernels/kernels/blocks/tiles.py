@@ -10,7 +10,6 @@ import numpy as np
 
 from ..._jit import jit, u32_and
 from .. import codec as C
-from ..codec import NEAREST_EVEN  # a bare name: numba prunes branches on it
 from .elements import _code, _dequantized, _load, _nibble, _put_nibble, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
 from .spec import FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
@@ -38,19 +37,17 @@ def _tile_amax(x, a, r0, r1, cols, amax, src):  # pragma: no cover - compiled
 
 
 @jit
-def _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, pts, src, sc):  # pragma: no cover - compiled
-    """:func:`_tile_scales` of the kernels without scale policies."""
+def _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
+    """:func:`_tile_scales` of the kernels without scale policies (``policy`` ignored)."""
     _tile_amax(x, a, r0, r1, cols, amax, src)
     for j in range(amax.size):
         bytes_[j] = _scale_byte(amax[j], mode, pts, sc, sc.e8m0)
 
 
 @jit
-def _tile_scales(
-    x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, rounding, idx0, src, el, sc
-):  # pragma: no cover - compiled
+def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
     """Scale bytes of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols`` wide) into ``bytes_``;
-    ``amax`` is scratch of one entry per tile; ``rounding``: the elements' rounding mode id."""
+    ``amax`` is scratch of one entry per tile."""
     width = x.shape[2]
     _tile_amax(x, a, r0, r1, cols, amax, src)
     for j in range(amax.size):
@@ -59,20 +56,20 @@ def _tile_scales(
         if _policy_scale(byte, m, policy, pts, sc):
             c0, c1 = j * cols, min(j * cols + cols, width)
             squared = policy != FOUR_SIX_MAE
-            best = _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, rounding, idx0, src, el, sc)
+            best = _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc)
             plain = byte
             for k in range(4):
                 valid, cand = _candidate(k, plain, policy, m, pts, sc)
                 if valid:
-                    err = _tile_error(x, a, r0, r1, c0, c1, cand, pts, squared, key, rounding, idx0, src, el, sc)
+                    err = _tile_error(x, a, r0, r1, c0, c1, cand, pts, squared, key, idx0, src, el, sc)
                     if err < best:
                         best, byte = err, cand
         bytes_[j] = byte
 
 
 def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: int) -> Any:
-    """The task loop of a tile kernel, ``run(x, dst, scales, nrt, nct, rows, cols, mode, rounding,
-    policy, pts, key, idx0, t0, t1)`` (``nrt`` x ``nct`` tiles of ``rows`` x ``cols`` over (R, C)): for
+    """The task loop of a tile kernel, ``run(x, dst, scales, nrt, nct, rows, cols, mode, policy,
+    pts, key, idx0, t0, t1)`` (``nrt`` x ``nct`` tiles of ``rows`` x ``cols`` over (R, C)): for
     each row ``i`` of tiles ``x[a, r0:r1, :]`` of the tasks ``[t0, t1)``, the scale bytes of its
     tiles (:func:`_tile_scales`, or :func:`_tile_plain_scales` in kernels without scale policies),
     then each of its elements with its tile's multiplier and scale of dequantised values
@@ -82,12 +79,12 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     for both, the branch not taken pruned: numba's inlining of a closure per element cost a third
     more compile time."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
-    any_rounding = rmode != NEAREST_EVEN  # a constant: kernels of nearest even compile no random bits
+    stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # constants of the closure: numba compiles only the branches taken
     nan_code = el.nan_code
 
     @jit
-    def run(x, dst, scales, nrt, nct, rows, cols, mode, rounding, policy, pts, key, idx0, t0, t1):  # pragma: no cover
+    def run(x, dst, scales, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover
         key_lo, key_hi = _stream(key)
         height, width = x.shape[1], x.shape[2]
         amax = np.empty(nct, np.uint32)
@@ -101,9 +98,9 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
             r0 = i * rows
             r1 = min(r0 + rows, height)
             if policies:
-                _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, rounding, idx0, source, el, sc)
+                _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             else:
-                _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, pts, source, sc)
+                _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
             for j in range(nct):
                 if quantize:
                     scales[a, i, j] = bytes_[j]
@@ -113,11 +110,11 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                     col_scale[cc] = scale
             for rr in range(r0, r1):
                 for cc in range(width):
-                    if any_rounding and rounding == C.STOCHASTIC:
+                    if stochastic:
                         rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
                     v = _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0)
                     if quantize:
-                        code = _code(v, rnd, el, rmode, rounding, fixed)
+                        code = _code(v, rnd, el, rmode, fixed)
                         code = nan_code if col_scale[cc] != col_scale[cc] else code  # a NaN scale: NaN codes
                         if pack == PACK_NONE:
                             dst[a, rr, cc] = code
@@ -126,7 +123,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                         else:
                             _put_nibble(dst, (a, rr >> 1, cc), code, rr & 1)
                     else:
-                        dst[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, rounding, fixed)
+                        dst[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
 
     return run
 
@@ -135,9 +132,8 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
     run = _tile_tasks(source, el, sc, True, pack)
 
     @jit
-    def kernel(x, codes, scales, rows, cols, mode, rounding, policy, pts, key, idx0, t0, t1):  # pragma: no cover
-        nrt, nct = scales.shape[1], scales.shape[2]
-        run(x, codes, scales, nrt, nct, rows, cols, mode, rounding, policy, pts, key, idx0, t0, t1)
+    def kernel(x, codes, scales, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        run(x, codes, scales, scales.shape[1], scales.shape[2], rows, cols, mode, policy, pts, key, idx0, t0, t1)
 
     return kernel
 
@@ -146,10 +142,10 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
     run = _tile_tasks(source, el, sc, False, PACK_NONE)
 
     @jit
-    def kernel(x, out, rows, cols, mode, rounding, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+    def kernel(x, out, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
         nrt = (x.shape[1] + rows - 1) // rows
         nct = (x.shape[2] + cols - 1) // cols
-        run(x, out, None, nrt, nct, rows, cols, mode, rounding, policy, pts, key, idx0, t0, t1)
+        run(x, out, None, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1)
 
     return kernel
 
