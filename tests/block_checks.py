@@ -5,8 +5,9 @@ The reference quantises 2-D arrays with 1-D blocks along the last axis or r x c 
 ``reference`` takes the package's options, moves the block axis last (1-D blocks) or splits the
 leading axes (2-D tiles, one matrix at a time with the whole tensor's per-tensor scale), and gives
 codes, scale bytes and values in the package's layout; ``check`` compares every output of
-``quantize`` (packed codes, and unpacked ones where asked), ``dequantize`` (with and without ``out=``) and
-``fake_quantize`` with it. Stochastic draws are ``reference.random_bits`` by C-order index.
+``quantize`` (packed codes, and unpacked ones where asked), ``dequantize`` (with and without
+``out=``) and ``fake_quantize`` with it. Stochastic draws are ``reference.random_bits`` by C-order
+index.
 """
 
 from __future__ import annotations
