@@ -101,10 +101,8 @@ def scaled_reference(target: str, x: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _codes_of_binade_127(target: str, offset: int) -> np.ndarray:
-    """The reference's codes of the chunk at ``offset`` in the binade [1, 2), minus the code of 1.0
-    (2^M where the rounding carries into the next binade), in the codes' own unsigned type."""
-    codes = scaled_reference(target, _patterns((127 << 23) + offset).view(np.float32))
-    return codes - scaled_reference(target, np.ones(1, np.float32))[0]
+    """The reference's codes of the chunk at ``offset`` in the binade [1, 2)."""
+    return scaled_reference(target, _patterns((127 << 23) + offset).view(np.float32))
 
 
 def scaled_expected(target: str, start: int) -> np.ndarray | None:
@@ -119,9 +117,9 @@ def scaled_expected(target: str, start: int) -> np.ndarray | None:
     if not lo <= biased <= hi:
         return None
     base = _codes_of_binade_127(target, offset)
-    one = int(scaled_reference(target, np.ones(1, np.float32))[0])
-    sign_bit = 1 << (8 * base.itemsize - 1)
-    return base + base.dtype.type(one + ((biased - 127) << mbits) + sign * sign_bit)
+    bits = 8 * base.itemsize
+    move = ((biased - 127) << mbits) + (sign << (bits - 1))  # added modulo 2^bits: the sum is a code
+    return base + base.dtype.type(move % (1 << bits))
 
 
 #: The largest run of patterns the oracle is asked for element by element in :func:`oracle_by_runs`.
@@ -159,19 +157,20 @@ def _check_chunk(target: str, start: int) -> str | None:
     x = u.view(np.float32)
     fmt = FORMATS[target]
     ours = nk.cast(x, target).view(fmt.storage_dtype if fmt.numpy_name else np.uint32)
+    biased = (start >> 23) & 0xFF
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = scaled_expected(target, start) if target in SCALED_BINADES else None
         # A chunk (2^20 patterns) lies in one binade of one sign: [1, 2)'s codes moved, the oracle's
         # code of a constant binade, or the oracle asked where the code changes (element by element
         # among the NaNs, whose payloads some oracles keep).
-        code = constant_binades(target)[start >> 31, (start >> 23) & 0xFF] if target != "tfloat32" else -1
+        code = constant_binades(target)[start >> 31, biased] if target != "tfloat32" else -1
         if scaled is not None:
             ref = scaled
         elif target == "tfloat32":
             ref = scaled_reference(target, x)
         elif code >= 0:
             ref = np.full(u.shape, code, fmt.storage_dtype)
-        elif (fmt.mbits <= RUNS_MBITS or target == "float16") and (start >> 23) & 0xFF != 0xFF:
+        elif (fmt.mbits <= RUNS_MBITS or target == "float16") and biased != 0xFF:
             ref = oracle_by_runs(target, x)
         else:
             ref = _oracle(target, x)
