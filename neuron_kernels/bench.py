@@ -20,8 +20,9 @@ MX format with the floor scale, NVFP4 with its per-tensor scale from the amax (a
 given, NVFP4's policies and rotation, and a few formats from bfloat16 input; blocks along the last
 axis; bytes are those of the input dtype):
 
-- ``copy``: as above, measured again for every case;
-- quantise: ``quantize`` allocating its result, compared with the copy baseline and with the
+- ``copy``: as above, measured again for every case; ``fresh``: ``x.copy()`` (a new array, whose
+  pages the operating system zeroes on first touch), the ceiling of an allocating call;
+- quantise: ``quantize`` allocating its result, compared with the fresh ceiling and with the
   peer, :func:`numpy_reference_quantize` / :func:`numpy_reference_nvfp4` (numpy + ml_dtypes),
   which allocates too; both move ``x.nbytes + q.nbytes``; and with torchao's ``to_mx`` /
   ``nvfp4_quantize`` on the CPU when torch and torchao are installed;
@@ -254,10 +255,16 @@ class BlockBenchRow:
     peer_gbs: float
     sqnr_db: float
     torchao_gbs: float | None = None
+    fresh_gbs: float = float("nan")
 
     @property
     def vs_copy(self) -> float:
         return self.quantize_gbs / self.copy_gbs
+
+    @property
+    def vs_fresh(self) -> float:
+        """Allocating ``quantize`` against its ceiling, ``x.copy()``."""
+        return self.quantize_gbs / self.fresh_gbs
 
     @property
     def dequantize_vs_copy(self) -> float:
@@ -279,6 +286,7 @@ class BlockBenchRow:
         return {
             **asdict(self),
             "vs_copy": self.vs_copy,
+            "vs_fresh": self.vs_fresh,
             "dequantize_vs_copy": self.dequantize_vs_copy,
             "fake_vs_copy": self.fake_vs_copy,
             "vs_peer": self.vs_peer,
@@ -439,6 +447,7 @@ def bench_mx(
         q = quantize(source, fmt, **options)
         moved = source.nbytes + q.nbytes
         copy_gbs = measure(lambda: np.copyto(copy_dst, x), 2 * x.nbytes, repeat)
+        fresh_gbs = measure(lambda: x.copy(), 2 * x.nbytes, repeat)
         quantize_gbs = measure(lambda: quantize(source, fmt, **options), moved, repeat)
         dequantize_gbs = measure(lambda: q.dequantize(out=dq_out), x.nbytes + q.nbytes, repeat)
         fake = measure(lambda: fake_quantize(source, fmt, out=fake_out, **options), source.nbytes + x.nbytes, repeat)
@@ -452,25 +461,30 @@ def bench_mx(
         torchao = torchao_peer(fmt, options, x.shape) if source is x else None
         torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
         sqnr = quantization_error(x, q).sqnr_db
-        rows.append(BlockBenchRow(label, fmt, n, quantize_gbs, dequantize_gbs, fake, copy_gbs, peer, sqnr, torchao_gbs))
+        speeds = (quantize_gbs, dequantize_gbs, fake, copy_gbs, peer)
+        rows.append(BlockBenchRow(label, fmt, n, *speeds, sqnr, torchao_gbs, fresh_gbs))
     return rows
 
 
 def format_mx_table(rows: list[BlockBenchRow]) -> str:
-    """The rows of :func:`bench_mx` as a fixed-width table."""
+    """The rows of :func:`bench_mx` as a fixed-width table: allocating ``quantize`` against the fresh
+    ceiling, the ``out=`` calls against copy."""
     head = (
-        f"{'block format':<16}{'quantise':>10}{'vs copy':>9}{'dequant out=':>14}{'vs copy':>9}"
-        f"{'fake out=':>11}{'vs copy':>9}{'copy':>8}{'peer':>8}{'vs peer':>9}{'torchao':>9}{'vs':>7}"
+        f"{'block format':<16}{'quantise':>10}{'vs fresh':>9}{'dequant out=':>14}{'vs copy':>9}"
+        f"{'fake out=':>11}{'vs copy':>9}{'fresh':>8}{'copy':>8}{'peer':>8}{'vs peer':>9}{'torchao':>9}{'vs':>7}"
         f"{'SQNR dB':>9}"
     )
-    units = f"{'':<16}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}{'':>9}{'GB/s':>9}"
+    units = (
+        f"{'':<16}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}{'GB/s':>8}"
+        f"{'':>9}{'GB/s':>9}"
+    )
     lines = [head, units, "-" * len(head)]
     for r in rows:
         ta = "-" if r.torchao_gbs is None else f"{r.torchao_gbs:.2f}"
         vs = "-" if r.vs_torchao is None else f"{r.vs_torchao:.1f}x"
         lines.append(
-            f"{r.label:<16}{r.quantize_gbs:>10.1f}{r.vs_copy:>8.2f}x{r.dequantize_gbs:>14.1f}"
-            f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.copy_gbs:>8.1f}"
+            f"{r.label:<16}{r.quantize_gbs:>10.1f}{r.vs_fresh:>8.2f}x{r.dequantize_gbs:>14.1f}"
+            f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.fresh_gbs:>8.1f}{r.copy_gbs:>8.1f}"
             f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{ta:>9}{vs:>7}{r.sqnr_db:>9.2f}"
         )
     if all(r.torchao_gbs is None for r in rows):

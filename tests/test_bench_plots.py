@@ -51,6 +51,7 @@ def test_bench_mx_rows(mx_rows):
         assert math.isfinite(r.sqnr_db) and r.sqnr_db > 10
         d = r.as_dict()
         assert d["vs_copy"] == r.quantize_gbs / r.copy_gbs
+        assert math.isfinite(r.fresh_gbs) and d["vs_fresh"] == r.quantize_gbs / r.fresh_gbs
         assert d["dequantize_vs_copy"] == r.dequantize_gbs / r.copy_gbs
         assert d["fake_vs_copy"] == r.fake_gbs / r.copy_gbs
         assert d["vs_peer"] == r.quantize_gbs / r.peer_gbs
