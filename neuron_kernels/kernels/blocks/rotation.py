@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._jit import f32_bits, f32_from_bits, jit, u32_and
 from .elements import _load, _stream
-from .rows import _block_fake_quantizer, _block_quantizer, _multipliers, _policy_scratch, _row_scaler
+from .rows import _block_fake_quantizer, _block_quantizer, _policy_scratch, _row_scaler
 from .spec import Element, Scale, Source, _vector_lengths, source_of
 
 
@@ -106,7 +106,6 @@ def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: 
         t64 = np.empty(16, np.float64)
         byte = np.empty(1, np.uint32)
         cands, errs = _policy_scratch()
-        tab = _multipliers(pts, sc, sc.e8m0)
         t = t0
         while t < t1:
             r = t // nb
@@ -122,8 +121,8 @@ def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: 
                 for g in range(0, n, 16):
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
                 scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, cands, errs)
-                sr[j] = b = byte[0]
-                block(buf, np.uint64(0), np.uint64(n), dr, np.uint64(l0), base, b, b, np.uint64(n), tab, key_lo, key_hi)
+                sr[j] = byte[0]
+                block(buf, np.uint64(0), np.uint64(n), dr, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
             t = (r + 1) * nb
 
     return run

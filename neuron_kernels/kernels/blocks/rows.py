@@ -117,27 +117,6 @@ def _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, v
 
 
 @jit(inline="always")
-def _multipliers(pts, sc, e8m0):  # pragma: no cover - compiled
-    """:func:`~.scales._multiplier` of every e4m3fn scale byte (row 0: what an element is
-    multiplied by, row 1: the scale of its value), made once per kernel call: per block, a decode
-    and two divisions cost NVFP4's blocks of 16 a fifth of their time. The same float32
-    operations, so the same bits. Nothing for e8m0 scales, whose multipliers are bit operations."""
-    tab = np.empty((2, 0 if e8m0 else 256), np.float32)
-    if not e8m0:
-        for b in range(256):
-            tab[0, b], tab[1, b] = _multiplier(np.uint32(b), pts, sc, e8m0)
-    return tab
-
-
-@jit(inline="always")
-def _table_multiplier(byte, tab, sc, e8m0):  # pragma: no cover - compiled
-    """:func:`~.scales._multiplier` of ``byte``, from :func:`_multipliers` for e4m3fn scales."""
-    if e8m0:
-        return _multiplier(byte, np.float32(0), sc, e8m0)
-    return tab[0, byte], tab[1, byte]
-
-
-@jit(inline="always")
 def _policy_scratch():  # pragma: no cover - compiled
     """The scratch of :func:`_row_scales` (candidate bytes and their errors), made once per kernel call."""
     return np.empty(5, np.uint32), np.empty(5, np.float64)
@@ -162,27 +141,22 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
     return scales
 
 
-def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool, paired: bool = False) -> Any:
-    """The element loop of a quantising row kernel, ``block(xs, l0, l1, cr, c0, i0, byte, byte2,
-    split, tab, key_lo, key_hi)``: the codes of the elements ``xs[l0:l1]`` into ``cr`` from position
-    ``c0`` (``pack``: two per byte, position ``p`` in the low (even ``p``) or high nibble of
-    ``cr[p / 2]``), element ``l0 + k`` rounded with the stochastic bits of index ``i0 + k``; every
-    code is the NaN code in a block whose scale is the NaN byte. The scale is ``byte``, or with
-    ``paired``, ``byte`` for the first ``split`` elements and ``byte2`` for the rest: two blocks of
-    16 in one loop, as long as one vector iteration (one block alone runs in the loop's narrow
-    remainder, and cost NVFP4 a third of its speed). ``tab``: :func:`_multipliers`. The plain row
-    kernel runs it on the blocks of a row in place, the rotated one on each block rotated into a
-    scratch row."""
+def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
+    """The element loop of a quantising row kernel, ``block(xs, l0, l1, cr, c0, i0, byte, pts,
+    key_lo, key_hi)``: the codes of the elements ``xs[l0:l1]`` under the scale ``byte`` into
+    ``cr`` from position ``c0`` (``pack``: two per byte, position ``p`` in the low (even ``p``) or
+    high nibble of ``cr[p / 2]``), element ``l0 + k`` rounded with the stochastic bits of index
+    ``i0 + k``; every code is the NaN code in a block whose scale is the NaN byte. The plain row
+    kernel runs it on the blocks of a row in place, the rotated one on each block rotated into
+    a scratch row."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     nan_code = el.nan_code
 
     @jit(inline="always")
-    def block(xs, l0, l1, cr, c0, i0, byte, byte2, split, tab, key_lo, key_hi):  # pragma: no cover - compiled
-        mul1, _ = _table_multiplier(byte, tab, sc, e8m0)
-        mul2, _ = _table_multiplier(byte2, tab, sc, e8m0)
-        nan1 = byte == np.uint32(sc.nan_byte)
-        nan2 = byte2 == np.uint32(sc.nan_byte)
+    def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
+        mul, _ = _multiplier(byte, pts, sc, e8m0)
+        nan_block = byte == np.uint32(sc.nan_byte)
         n = l1 - l0
         rnd = np.uint32(0)
         rnd_hi = np.uint32(0)
@@ -190,63 +164,49 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool, paired:
             for k in range(n):
                 if stochastic:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
-                first = (not paired) or (k < split)
-                mul = mul1 if first else mul2
                 code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
-                cr[c0 + k] = nan_code if (nan1 if first else nan2) else code
-        elif (c0 & 1) == 0 and (n & 1) == 0 and (split & 1) == 0:
+                cr[c0 + k] = nan_code if nan_block else code
+        elif (c0 & 1) == 0 and (n & 1) == 0:
             h0 = c0 >> np.uint64(1)
             for k in range(n >> np.uint64(1)):
                 lo_i = l0 + k + k
                 if stochastic:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k))
                     rnd_hi = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
-                first = (not paired) or (k + k < split)
-                mul = mul1 if first else mul2
                 lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 hi_u = _load(xs[lo_i + np.uint64(1)], kind, source.codec)
                 hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
-                cr[h0 + k] = nan_code if (nan1 if first else nan2) else _nibble_pair(lo, hi)
+                cr[h0 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
         else:
             for k in range(n):
                 if stochastic:
                     rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
-                first = (not paired) or (k < split)
-                mul = mul1 if first else mul2
                 code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 pos = c0 + k
-                nan_block = nan1 if first else nan2
                 _put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
 
     return block
 
 
-def _block_fake_quantizer(source: Source, el: Element, sc: Scale, paired: bool = False) -> Any:
+def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
     """The element loop of a fake-quantising row kernel, ``block(xs, l0, l1, out, o0, i0, byte,
-    byte2, split, tab, key_lo, key_hi)``: the dequantised values of the elements ``xs[l0:l1]``
-    into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic bits of index
-    ``i0 + k`` (the scales, ``paired`` and ``tab`` as in :func:`_block_quantizer`)."""
+    pts, key_lo, key_hi)``: the dequantised values of the elements ``xs[l0:l1]`` under the scale
+    ``byte`` into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic
+    bits of index ``i0 + k`` (see :func:`_block_quantizer`)."""
     kind, rmode, fixed, e8m0 = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
 
     @jit(inline="always")
-    def block(xs, l0, l1, out, o0, i0, byte, byte2, split, tab, key_lo, key_hi):  # pragma: no cover - compiled
-        mul1, scale1 = _table_multiplier(byte, tab, sc, e8m0)
-        mul2, scale2 = _table_multiplier(byte2, tab, sc, e8m0)
+    def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
+        mul, scale = _multiplier(byte, pts, sc, e8m0)
         rnd = np.uint32(0)
         for k in range(l1 - l0):
             if stochastic:
                 rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
-            first = (not paired) or (k < split)
-            v = _scaled(_load(xs[l0 + k], kind, source.codec), mul1 if first else mul2, e8m0)
-            out[o0 + k] = _dequantized(v, rnd, scale1 if first else scale2, el, rmode, fixed)
+            v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0)
+            out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, fixed)
 
     return block
-
-
-#: Blocks per run of a row kernel: the scale loop reads a run, the element loop reads it again
-#: from cache (a long row, a 1-D array above all, read whole by each loop came from memory twice).
-_RUN = 64
 
 
 def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int], block: Any, per_row: bool) -> Any:
@@ -254,10 +214,8 @@ def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, in
     t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, the scale bytes of a row's blocks
     (:func:`_row_scaler`) into ``scales[r]`` (``per_row``; else into the scratch row
     ``scales[0]``), then ``block`` (:func:`_block_quantizer`, :func:`_block_fake_quantizer`) on
-    each block of the row, or on each two blocks of 16 of a quantiser (``paired``), into ``dst[r]``."""
+    each block of the row, into ``dst[r]``."""
     scales_of = _row_scaler(source, el, sc, vlens)
-    paired = 0 < vlens[1] < 32 and per_row  # quantisers only: fake quantisers measured no faster paired
-    e8m0 = sc.e8m0
 
     @jit  # the kernel itself (or its one callee): inlining it as well cost a third more compile time
     def run(x, dst, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
@@ -265,7 +223,6 @@ def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, in
         length = x.shape[1]
         nb = scales.shape[1]
         cands, errs = _policy_scratch()
-        tab = _multipliers(pts, sc, e8m0)
         t = t0
         while t < t1:
             r = t // nb
@@ -275,30 +232,19 @@ def _row_tasks(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, in
             else:
                 sr = scales[0]
             base = idx0 + r * length
-            j0 = t - r * nb
-            j1 = min(t1 - r * nb, nb, j0 + _RUN)  # a run at a time: its blocks in cache for the second loop
+            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
             scales_of(xr, j0, j1, size, base, sr, mode, policy, pts, key, cands, errs)
-            if paired:  # two blocks per element loop: a block of 16 is shorter than the loop's vector width
-                for j in range(j0, j1, 2):
-                    l0 = np.uint64(j * size)
-                    j2 = min(j + 2, j1)
-                    l1 = np.uint64(min(j2 * size, length))
-                    b1, b2 = np.uint32(sr[j]), np.uint32(sr[j2 - 1])
-                    block(xr, l0, l1, dr, l0, base + np.int64(l0), b1, b2, np.uint64(size), tab, key_lo, key_hi)
-            else:
-                for j in range(j0, j1):
-                    l0 = np.uint64(j * size)
-                    l1 = np.uint64(min(j * size + size, length))
-                    b1 = np.uint32(sr[j])
-                    block(xr, l0, l1, dr, l0, base + np.int64(l0), b1, b1, l1 - l0, tab, key_lo, key_hi)
-            t = r * nb + j1
+            for j in range(j0, j1):
+                l0 = np.uint64(j * size)
+                l1 = np.uint64(min(j * size + size, length))
+                block(xr, l0, l1, dr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
+            t = (r + 1) * nb
 
     return run
 
 
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
-    paired = 0 < vlen < 32
-    return _row_tasks(source, el, sc, (0, vlen, 0), _block_quantizer(source, el, sc, pack, paired), True)
+    return _row_tasks(source, el, sc, (0, vlen, 0), _block_quantizer(source, el, sc, pack), True)
 
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
@@ -314,40 +260,19 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any
 
 def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
     e8m0 = sc.e8m0
-    paired = packed and not e8m0  # NVFP4's blocks of 16: two per loop (even sizes), as in the quantisers
 
     @jit
     def kernel(codes, scales, out, size, pts, t0, t1):  # pragma: no cover - compiled
         length = out.shape[1]
         nb = scales.shape[1]
-        tab = _multipliers(pts, sc, e8m0)
         t = t0
         while t < t1:
             r = t // nb
             cr, sr, orow = codes[r], scales[r], out[r]
-            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            if paired and (size & 1) == 0:
-                for j in range(j0, j1, 2):
-                    l0 = np.uint64(j * size)
-                    j2 = min(j + 2, j1)
-                    l1 = np.uint64(min(j2 * size, length))
-                    _, s1 = _table_multiplier(np.uint32(sr[j]), tab, sc, e8m0)
-                    _, s2 = _table_multiplier(np.uint32(sr[j2 - 1]), tab, sc, e8m0)
-                    mid = l0 + np.uint64(size)
-                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
-                        pair = np.uint32(cr[k])
-                        scale = s1 if k + k < mid else s2
-                        orow[k + k] = _value(_nibble(pair, 0), scale, el)
-                        orow[k + k + np.uint64(1)] = _value(_nibble(pair, 1), scale, el)
-                    if l1 & np.uint64(1):  # the row's last element, alone in its byte
-                        last = l1 - np.uint64(1)
-                        orow[last] = _value(_nibble(cr[last >> np.uint64(1)], 0), s2, el)
-                t = (r + 1) * nb
-                continue
-            for j in range(j0, j1):
+            for j in range(t - r * nb, min(t1 - r * nb, nb)):
                 l0 = np.uint64(j * size)
                 l1 = np.uint64(min(j * size + size, length))
-                _, scale = _table_multiplier(np.uint32(sr[j]), tab, sc, e8m0)
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
                 if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                     for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
                         pair = np.uint32(cr[k])
