@@ -77,17 +77,19 @@ def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
     return arr, src, job.resolved(arr, src)
 
 
-def _quantized(x: Any, fmt: Any, **options: Any) -> BlockArray:
-    """The quantisation of ``x``: a BlockArray, or a LazyBlockArray of a Dask array (which has the
-    same interface)."""
+def _quantized(x: Any, fmt: Any, out: BlockArray | None = None, **options: Any) -> BlockArray:
+    """The quantisation of ``x``: a BlockArray (written into ``out``'s codes and scales if given),
+    or a LazyBlockArray of a Dask array (which has the same interface)."""
     if is_lazy(x):
         from .lazy.blocks import as_dask, quantize_lazy
 
+        if out is not None:
+            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
         return typing.cast(
             BlockArray, quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
         )
     arr, src, job = _job(x, fmt, **options)
-    return job.quantize(arr, src)
+    return job.quantize(arr, src, out=out)
 
 
 def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) -> np.ndarray:
@@ -118,6 +120,7 @@ def quantize(
     four_over_six: str | None = None,
     scale_search: str | None = None,
     rht: Any = False,
+    out: BlockArray | None = None,
 ) -> BlockArray:
     """Quantise an array to a block-scaled format (any of ``neuron_kernels.BLOCK_FORMATS``).
 
@@ -166,6 +169,13 @@ def quantize(
         Rotate every 16-element group along the block axis by the random Hadamard transform
         before quantising: True (the default signs) or 16 signs (see :func:`neuron_kernels.rotate`).
 
+    out
+        A block array to write the codes and scales into instead of new arrays (a loop over pieces
+        of the same shape then allocates nothing): it must have the result's format, shape, axis,
+        blocks, packing and rotation. Returns ``out``, or, where the per-tensor scale differs from
+        ``out``'s (NVFP4's from the amax), a block array sharing ``out``'s codes and scales with the
+        new per-tensor scale (a block array's fields are fixed).
+
     A Dask array gives a ``LazyBlockArray`` (codes and scales as Dask arrays; ``.compute()`` gives
     this function's BlockArray bit for bit, stochastic rounding included). Chunks along the block
     axis that split a block are rechunked to whole blocks first; NVFP4's per-tensor scale from the
@@ -174,6 +184,7 @@ def quantize(
     return _quantized(
         x,
         fmt,
+        out,
         block_size=DEFAULT if block_size is None else block_size,
         block_shape=block_shape,
         axis=axis,
@@ -201,17 +212,20 @@ def quantize_mx(
     pack: bool = True,
     block_shape: tuple[int, ...] | None = None,
     scale_search: str | None = None,
+    out: BlockArray | None = None,
 ) -> BlockArray:
     """Quantise an array to an MX format (:func:`quantize` restricted to the MX formats, with their
     defaults: blocks of 32, the OCP ``floor`` scale).
 
     ``fmt``: ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``,
     ``mxint8``. ``block_shape=(8, 4)`` with ``scale_mode="neuron"`` is Neuron's ``quantize_mx`` on
-    a [P, F] tile. A Dask array gives a lazy result (see :func:`quantize`).
+    a [P, F] tile. ``out``: a block array to write into (see :func:`quantize`). A Dask array gives
+    a lazy result (see :func:`quantize`).
     """
     return _quantized(
         x,
         fmt,
+        out,
         block_size=DEFAULT if block_shape is not None else block_size,
         block_shape=block_shape,
         axis=axis,
@@ -239,14 +253,17 @@ def quantize_nvfp4(
     seed: int | None = None,
     pack: bool = True,
     rht: Any = False,
+    out: BlockArray | None = None,
 ) -> BlockArray:
     """Quantise an array to NVFP4 (:func:`quantize` with ``fmt="nvfp4"``): FP4 E2M1 elements, one
     float8_e4m3fn scale per 16 elements, and a float32 per-tensor scale (two levels) unless
-    ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``. A Dask array gives a
-    lazy result (see :func:`quantize`)."""
+    ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``. ``out``: a block
+    array to write into (see :func:`quantize`). A Dask array gives a lazy result (see
+    :func:`quantize`)."""
     return _quantized(
         x,
         "nvfp4",
+        out,
         block_size=DEFAULT if block_shape is not None else block_size,
         block_shape=block_shape,
         axis=axis,

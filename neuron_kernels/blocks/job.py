@@ -237,12 +237,47 @@ class BlockJob:
                 return rotate_array(arr, src.name, self.axis, self.rotation), "float32"
         return arr, src.name
 
-    def quantize(self, arr: np.ndarray, src: Format, idx0: int = 0) -> BlockArray:
+    def _stored(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(block_size, block_rows) as a block array of ``shape`` records them (a block or tile
+        longer than the array is cut to it)."""
+        if not int(np.prod(shape, dtype=np.int64)):
+            return self.block_size, self.block_rows
+        rows = min(self.block_rows, shape[-2]) if self.block_rows > 1 else self.block_rows
+        return min(self.block_size, shape[self.axis]), rows
+
+    def out_buffers(self, out: Any, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The codes and scale bytes of ``out`` (a BlockArray) to write the quantisation of ``arr``
+        into, once checked: the same format, shape, axis, blocks, packing and rotation as the
+        result, writeable C-contiguous codes and scales, no memory shared with ``arr``."""
+        if not isinstance(out, BlockArray):
+            raise InvalidTypeError(f"out must be a BlockArray (a result of quantize), got {type(out).__name__}")
+        size, rows = self._stored(arr.shape)
+        want = (self.fmt.name, tuple(arr.shape), self.axis, size, rows, self.pack, self.rotation)
+        have = (out.fmt, out.shape, out.axis, out.block_size, out.block_rows, out.packed, out.rotation)
+        names = ("format", "shape", "axis", "block_size", "block_rows", "packed", "rotation")
+        wrong = [f"{n} {h!r} (the result's: {w!r})" for n, h, w in zip(names, have, want) if h != w]
+        if wrong:
+            raise InvalidValueError(f"out does not fit the result: its {', '.join(wrong)}")
+        for name, a in (("codes", out.codes), ("scales", out.scales)):
+            if not (a.flags.c_contiguous and a.flags.writeable):
+                raise InvalidValueError(f"out's {name} must be a writeable C-contiguous array")
+            if np.may_share_memory(a, arr) and np.shares_memory(a, arr, max_work=10**6):  # type: ignore[arg-type, unused-ignore]
+                raise InvalidValueError(f"out's {name} overlap the input; pass a separate block array")
+        return out.codes.view(np.ndarray), out.scales.view(np.uint8)
+
+    def quantize(self, arr: np.ndarray, src: Format, idx0: int = 0, out: BlockArray | None = None) -> BlockArray:
+        """The quantisation of ``arr`` (see the class docstring): a new BlockArray, or, given
+        ``out`` (checked by :meth:`out_buffers`), the codes and scales written into ``out``'s
+        arrays and ``out`` returned (a copy of it sharing those arrays where the per-tensor scale
+        differs from ``out``'s: a block array's fields are fixed)."""
         from ..kernels import blocks as K
 
         lay = self.layout(arr.shape)
-        codes = np.empty(lay.codes_shape, np.uint8)
-        scales = np.empty(lay.scales_shape, np.uint8)
+        if out is None:
+            codes = np.empty(lay.codes_shape, np.uint8)
+            scales = np.empty(lay.scales_shape, np.uint8)
+        else:
+            codes, scales = self.out_buffers(out, arr)
         if arr.size:
             row, vshape, cshape, sshape, _ = lay.kernel_shapes()
             arr, source = self._source(arr, src, row)
@@ -258,15 +293,18 @@ class BlockJob:
             arrays = (K.input_view(arr).reshape(vshape), codes.reshape(cshape), scales.reshape(sshape))
             self._run(kernel, lay, arrays, idx0, align)
         pts = self.per_tensor_scale if not isinstance(self.per_tensor_scale, str) else None
+        if out is not None:
+            return out if out.per_tensor_scale == pts else replace(out, per_tensor_scale=pts)
+        size, rows = self._stored(arr.shape)
         return BlockArray(
             codes,
             scales.view(self.fmt.scale_format.result_dtype),
             self.fmt.name,
-            min(self.block_size, arr.shape[self.axis]) if arr.size else self.block_size,
+            size,
             self.axis,
             arr.shape,
             self.pack,
-            min(self.block_rows, arr.shape[-2]) if arr.size and self.block_rows > 1 else self.block_rows,
+            rows,
             pts,
             self.rotation,
         )

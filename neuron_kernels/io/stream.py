@@ -99,27 +99,47 @@ def resolved_job(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> BlockJob
     return job.with_amax(entry_amax(entry, job, chunk_bytes)) if job.needs_amax else job
 
 
+class _Spares:
+    """The block arrays of the last two pieces, whose codes and scales the next piece of the same
+    shape is quantised into (``quantize(..., out=)``): fresh pages for every piece would cost the
+    operating system's zeroing each time. Two, because a consumer may still hold one piece (its
+    statistics on another thread) while the next is quantised."""
+
+    def __init__(self) -> None:
+        self._recent: list[BlockArray] = []
+
+    def quantize(self, job: BlockJob, arr: np.ndarray, src: Any, idx0: int) -> BlockArray:
+        spare = self._recent[0] if len(self._recent) == 2 and self._recent[0].shape == arr.shape else None
+        q = job.quantize(arr, src, idx0=idx0, out=spare)
+        self._recent = [*self._recent[-1:], q]
+        return q
+
+
 def quantized_pieces(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, BlockArray]]:
     """(input piece, its quantisation) over ``entry``, in C order; ``job`` is for the whole array
-    (its per-tensor scale resolved)."""
+    (its per-tensor scale resolved). A piece's codes and scales are valid until two more pieces
+    are asked for (they live in buffers reused from piece to piece, see :class:`_Spares`)."""
     pieces = Pieces(job.layout(entry.shape))
     cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
+    spares = _Spares()
     for k, start, arr, src in _input_pieces(entry, pieces, chunk_bytes):
         piece_job = dataclasses.replace(job, axis=pieces.piece_layout(cuts[k]).axis)
-        yield arr, piece_job.quantize(arr, src, idx0=start)
+        yield arr, spares.quantize(piece_job, arr, src, start)
 
 
 def transposed_pieces(entry: ArrayEntry, job: BlockJob) -> Iterator[tuple[np.ndarray, BlockArray]]:
     """(input matrix, its quantisation) for each [in, out] matrix of the [..., in, out] ``entry``
     transposed to [out, in] (blocks along ``in``), in order: what quantising the whole array
     with its last two axes swapped gives, one matrix in memory at a time. ``job`` is for the whole
-    array (its per-tensor scale resolved)."""
+    array (its per-tensor scale resolved). A matrix's codes and scales are valid until two more
+    are asked for (see :func:`quantized_pieces`)."""
     rows, cols = entry.shape[-2], entry.shape[-1]
     per = rows * cols
     matrix_job = dataclasses.replace(job, axis=1)
+    spares = _Spares()
     for m in range(entry.size // per if per else 0):
         arr, src = input_array(np.ascontiguousarray(entry.read_flat(m * per, (m + 1) * per).reshape(rows, cols).T))
-        yield arr, matrix_job.quantize(arr, src, idx0=m * per)
+        yield arr, spares.quantize(matrix_job, arr, src, m * per)
 
 
 def quantize_file(
