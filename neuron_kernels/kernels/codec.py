@@ -68,6 +68,7 @@ __all__ = [
     "copy_items",
     "pack_nibbles",
     "unpack_nibbles",
+    "look_up_items",
 ]
 
 # Specials kinds (Format.specials), as ints for the kernels, in the order of formats.SPECIALS.
@@ -658,3 +659,11 @@ def unpack_nibbles(src, dst, key, start):  # pragma: no cover - compiled
     for k in range(src.size):
         dst[2 * k] = u32_and(src[k], 0xF)
         dst[2 * k + 1] = u32_shr(u32_and(src[k], 0xFF), 4)
+
+
+@jit
+def look_up_items(src, table, dst):  # pragma: no cover - compiled
+    """``dst[i] = table[src[i]]``: the cast of one-byte codes through a table of all 256 results
+    (see :func:`neuron_kernels.kernels.compiled._table_cast`)."""
+    for i in range(src.size):
+        dst[i] = table[src[i]]

@@ -92,13 +92,52 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
             return a
         return a.view(np.uint8 if target.kind == "packed" else t_el.storage_dtype)
 
+    tables: dict[tuple[str, bool], np.ndarray] = {}
+    by_table = _by_table(source, target)
+
     def cast_kernel(src: np.ndarray, dst: np.ndarray, options: Any, start: int) -> None:
+        if by_table and options.rounding != "stochastic":
+            key_ = (options.rounding, options.saturate)
+            table = tables.get(key_)
+            if table is None:
+                table = tables[key_] = _table(s_el, t_el, *key_)
+            _codec().look_up_items(view_in(src), table, view_out(dst))
+            return
         key = stream_key(options.seed or 0)
         kernel_for(options)(view_in(src), view_out(dst), key, start)
 
     cast_kernel.__name__ = f"{source.name}_to_{target.name}"
     cast_kernel.__doc__ = f"Compiled cast {source.name} -> {target.name}."
     return cast_kernel
+
+
+def _by_table(source: Format, target: Format) -> bool:
+    """Whether ``source -> target`` casts through a table of its 256 results (:func:`_table`): a
+    float source of one-byte items cast elementwise to codes of one or two bytes. Measured at 16 Mi
+    elements, one thread: 2.1x to 3.9x the speed of the element loop (float8_e5m2 ->
+    float8_e4m3fn 15.0 -> 7.3 ms; float8_e8m0fnu -> float8_e5m2 24.6 -> 6.3 ms); to float32 and
+    float64 the loop, which decodes without a table, stays faster."""
+    return (
+        source.name != target.name  # a copy moves the bits, NaN payloads included
+        and source.kind == "float"
+        and target.kind == "float"
+        and source.itemsize == 1
+        and target.itemsize <= 2
+        and target.name not in _F32_LIKE
+    )
+
+
+def _table(s_el: Format, t_el: Format, rounding: str, saturate: bool) -> np.ndarray:
+    """The 256 results of ``s_el -> t_el`` (any rounding but stochastic): every byte decoded to
+    its float32 pattern by the cast to float32, then encoded by the cast from float32. The
+    element loop of the pair computes ``store(load(code))`` with the same two functions, so the
+    table holds its results bit for bit, and only kernels that the float32 casts share are compiled."""
+    f32 = FORMATS["float32"]
+    patterns = np.empty(256, np.uint32)
+    _build(s_el, f32, s_el, f32, False, False, "nearest_even", False)(np.arange(256, dtype=np.uint8), patterns, 0, 0)
+    table = np.empty(256, t_el.storage_dtype)
+    _build(f32, t_el, f32, t_el, False, False, rounding, saturate)(patterns, table, 0, 0)
+    return table
 
 
 def _plan(
