@@ -150,3 +150,30 @@ def test_streamed_pieces_reuse_buffers_and_keep_the_last_two(tmp_path, fmt):
     for arr, _, codes in seen:  # pieces are (rows, 64, 1), blocked along axis 1
         want = reference(arr.reshape(arr.shape[0], 64), fmt, **options)
         assert_bits(codes.reshape(arr.shape[0], -1), pack_along(want.codes, 1) if fmt == "nvfp4" else want.codes)
+
+
+# ---- long rows seen as several ----------------------------------------------------------------
+
+#: (format, options) quantised with long rows split (ROW_ELEMENTS lowered so that small arrays split).
+SPLIT_CASES = {
+    "mxfp8 1-D": ("mxfp8_e4m3", (2048,), {}),
+    "mxfp4 rows stochastic": ("mxfp4_e2m1", (3, 1024), {"rounding": "stochastic", "seed": 11}),
+    "mxfp4 odd blocks": ("mxfp4_e2m1", (2, 1470), {"block_size": 21}),
+    "nvfp4 1-D amax": ("nvfp4", (4096,), {}),
+    "nvfp4 rht": ("nvfp4", (2, 1024), {"rht": True, "rounding": "stochastic", "seed": 3}),
+    "nvfp4 four_over_six": ("nvfp4", (1, 2048), {"four_over_six": "mse"}),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_long_rows_split_into_shorter_ones(monkeypatch, case):
+    """The quantising row kernels see a long row as several shorter ones (docs/performance.md):
+    the same blocks, stochastic indices, codes and scales, checked against the reference."""
+    fmt, shape, options = SPLIT_CASES[case]
+    monkeypatch.setattr("neuron_kernels.blocks.layout.ROW_ELEMENTS", 64)
+    lay = block_job(fmt, len(shape), **options).layout(shape)
+    assert lay.kernel_shapes(split_rows=True)[1][0] > lay.kernel_shapes()[1][0]
+    x = block_binades(shape, 21)
+    want = reference(x, fmt, **options)
+    _check_against_reference(nk.quantize(x, fmt, **options), x, fmt, options)
+    assert_bits(nk.fake_quantize(x, fmt, **options), want.values)  # rotated values for rht, as dequantize gives

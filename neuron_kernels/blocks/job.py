@@ -217,7 +217,7 @@ class BlockJob:
     def _run(self, kernel: Any, lay: BlockLayout, arrays: tuple[np.ndarray, ...], idx0: int, align: int = 1) -> None:
         from ..kernels import blocks as K
 
-        row, vshape, _, _, tasks = lay.kernel_shapes()
+        row, vshape, _, _, tasks = lay.kernel_shapes(split_rows=True)
         geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
         options: tuple[Any, ...] = (K.scale_mode_id(self.scale_mode), self._policy(), self._pts(), self.key, idx0)
         if self._fused_rotation(row):
@@ -279,7 +279,7 @@ class BlockJob:
         else:
             codes, scales = self.out_buffers(out, arr)
         if arr.size:
-            row, vshape, cshape, sshape, _ = lay.kernel_shapes()
+            row, vshape, cshape, sshape, _ = lay.kernel_shapes(split_rows=True)
             arr, source = self._source(arr, src, row)
             pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.pack and not row else int(self.pack)
             kernel = K.quantize_kernel(
@@ -315,7 +315,7 @@ class BlockJob:
 
         lay = self.layout(arr.shape)
         if arr.size:
-            row, vshape, _, _, _ = lay.kernel_shapes()
+            row, vshape, _, _, _ = lay.kernel_shapes(split_rows=True)
             arr, source = self._source(arr, src, row)
             kernel = K.fake_quantize_kernel(
                 source, self.fmt, self.rounding, row, self._fused_rotation(row), self._policy() != K.PLAIN
