@@ -663,7 +663,7 @@ def unpack_nibbles(src, dst, key, start):  # pragma: no cover - compiled
 
 @jit
 def look_up_items(src, table, dst):  # pragma: no cover - compiled
-    """``dst[i] = table[src[i]]``: the cast of one-byte codes through a table of all 256 results
-    (see :func:`neuron_kernels.kernels.compiled._table_cast`)."""
+    """``dst[i] = table[src[i]]``: a cast of codes through the table of its results for every
+    code (see :func:`neuron_kernels.kernels.compiled._by_table`)."""
     for i in range(src.size):
         dst[i] = table[src[i]]
