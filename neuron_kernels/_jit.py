@@ -14,8 +14,11 @@ import ast
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
+import sys
+import sysconfig
 import threading
 import time
 import warnings
@@ -26,7 +29,7 @@ import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils, event
-from numba.core.caching import FunctionCache, dumps
+from numba.core.caching import FunctionCache, IndexDataCacheFile, dumps
 from numba.core.dispatcher import Dispatcher
 from numba.extending import intrinsic
 
@@ -173,6 +176,95 @@ def _closure_key(fn: Callable[..., Any]) -> list[Any]:
     return key
 
 
+#: The folder of the package's compiled tier (see :func:`compiled_tiers`).
+COMPILED_FOLDER = "_compiled"
+
+#: The x86-64 micro-architecture levels a compiled tier may be built for (LLVM's CPU names),
+#: best first, with the host features (LLVM's names) each adds to the levels after it.
+CPU_LEVELS: dict[str, tuple[str, ...]] = {
+    "x86-64-v4": ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+    "x86-64-v3": ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"),
+    "x86-64-v2": ("cx16", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3"),
+}
+
+#: The manifest of a tier folder: what its kernels were compiled for.
+MANIFEST = "manifest.json"
+
+_PACKAGE_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def compiled_tag() -> str:
+    """The folder of the compiled tier for this numba, Python and platform: kernels compiled for
+    another of them are never looked at."""
+    return f"numba-{numba.__version__}-{sys.implementation.cache_tag}-{sysconfig.get_platform()}"
+
+
+def compiled_root() -> str:
+    """Where the compiled tiers live: ``NEURON_KERNELS_COMPILED_DIR`` if set, else the package's
+    ``_compiled`` folder."""
+    return os.environ.get("NEURON_KERNELS_COMPILED_DIR") or os.path.join(_PACKAGE_ROOT, COMPILED_FOLDER)
+
+
+def host_levels() -> list[str]:
+    """The levels of :data:`CPU_LEVELS` this machine runs, best first."""
+    from llvmlite import binding
+
+    try:
+        features = {k for k, v in binding.get_host_cpu_features().items() if v}
+    except RuntimeError:  # pragma: no cover - LLVM cannot tell on this platform
+        return []
+    levels = list(CPU_LEVELS)
+    return [lv for i, lv in enumerate(levels) if all(f in features for later in levels[i:] for f in CPU_LEVELS[later])]
+
+
+@functools.cache
+def compiled_tiers() -> tuple[tuple[str, str, tuple[Any, ...]], ...]:
+    """(level, folder, numba's CPU key of the code there) of each compiled tier this process can
+    use, best first: a folder under :func:`compiled_root` / :func:`compiled_tag` for a level the
+    host runs, whose manifest is readable. Read-only: nothing is ever written there at run time.
+    None where ``NUMBA_CPU_NAME`` is set (a build of a tier) or ``NEURON_KERNELS_COMPILED=0``
+    (``neuron-kernels warmup``, which compiles host-tuned kernels into the local cache)."""
+    if numba.config.CPU_NAME or os.environ.get("NEURON_KERNELS_COMPILED", "").strip() == "0":
+        return ()
+    base = os.path.join(compiled_root(), compiled_tag())
+    tiers = []
+    for level in host_levels():
+        folder = os.path.join(base, level)
+        try:
+            with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
+                magic = tuple(json.load(f)["magic"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        tiers.append((level, folder, magic))
+    return tuple(tiers)
+
+
+_compiled_off = threading.local()
+
+
+@contextlib.contextmanager
+def local_cache_only() -> Any:
+    """Within the block, this thread and the processes it starts neither load from the compiled
+    tier nor see it (``NEURON_KERNELS_COMPILED=0``): what they lack is compiled for this host and
+    saved to the local cache (``neuron-kernels warmup``)."""
+    before = os.environ.get("NEURON_KERNELS_COMPILED")
+    os.environ["NEURON_KERNELS_COMPILED"] = "0"
+    _compiled_off.active = True
+    try:
+        yield
+    finally:
+        _compiled_off.active = False
+        if before is None:
+            os.environ.pop("NEURON_KERNELS_COMPILED", None)
+        else:
+            os.environ["NEURON_KERNELS_COMPILED"] = before
+
+
+#: Where each kernel this process loaded or compiled came from, by qualified name: ``"local"``
+#: (the host's cache), ``"compiled x86-64-vN"`` (the compiled tier) or ``"jit"`` (compiled now).
+ORIGINS: dict[str, str] = {}
+
+
 class _TolerantCache(FunctionCache):
     """numba's on-disk cache, keyed on the package's kernel sources as well (see
     :data:`KERNEL_SOURCES`), and tolerant: an unreadable entry (a corrupted or truncated file) is
@@ -195,14 +287,50 @@ class _TolerantCache(FunctionCache):
         # a compiled function in the closure is described by its name and its own closure, not
         # pickled (its pickle holds an id that is new in every process, so the key would never
         # match again), and the digest of the kernel sources, which holds the functions' code.
+        return self._key(sig, codegen.magic_tuple())
+
+    def _key(self, sig: Any, magic: tuple[Any, ...]) -> Any:
         cells = tuple(_closure_key(self._py_func))
         digests = (hashlib.sha256(self._py_func.__code__.co_code).hexdigest(), hashlib.sha256(dumps(cells)).hexdigest())
-        return (sig, codegen.magic_tuple(), digests, _sources_digest())
+        return (sig, magic, digests, _sources_digest())
+
+    def _load_compiled(self, sig: Any, target_context: Any) -> Any:
+        """The kernel from a compiled tier (:func:`compiled_tiers`), best level first, or None:
+        looked up with the tier's CPU key in place of the host's, in the folder of the kernel's
+        source file relative to the package. A missing or unreadable entry is a miss."""
+        py_file = getattr(self._impl.locator, "_py_file", None)
+        if not self._enabled or py_file is None or getattr(_compiled_off, "active", False):
+            return None
+        relative = os.path.relpath(os.path.dirname(os.path.abspath(py_file)), _PACKAGE_ROOT)
+        for level, folder, magic in compiled_tiers():
+            entries = IndexDataCacheFile(
+                os.path.join(folder, relative), self._impl.filename_base, self._cache_file._source_stamp
+            )
+            try:
+                data = entries.load(self._key(sig, magic))
+                if data is not None:
+                    ORIGINS[self._qualname()] = f"compiled {level}"
+                    return self._impl.rebuild(target_context, data)
+            except Exception:  # noqa: BLE001 - a tier that cannot be read is a miss, never an error
+                continue
+        return None
 
     def _qualname(self) -> str:
         return getattr(self._py_func, "__qualname__", "a kernel")
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
+        """The host's cache first (host-tuned code, once compiled here or by ``neuron-kernels
+        warmup``), then the compiled tier; None (compile) where neither has the kernel."""
+        data = self._load_local(sig, target_context)
+        if data is not None:
+            ORIGINS[self._qualname()] = "local"
+            return data
+        data = self._load_compiled(sig, target_context)
+        if data is None:
+            ORIGINS[self._qualname()] = "jit"
+        return data
+
+    def _load_local(self, sig: Any, target_context: Any) -> Any:
         try:
             return super().load_overload(sig, target_context)
         except Exception as exc:  # noqa: BLE001 - any unreadable cache entry is a miss

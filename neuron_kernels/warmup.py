@@ -29,7 +29,17 @@ from .dtypes import get_format
 from .errors import InvalidValueError
 from .formats import BLOCK_FORMATS
 
-__all__ = ["WARMUP_SOURCES", "Task", "warmup", "warmup_tasks", "run_task", "describe"]
+__all__ = [
+    "WARMUP_SOURCES",
+    "COMPILED_SOURCES",
+    "Task",
+    "warmup",
+    "warmup_tasks",
+    "run_task",
+    "describe",
+    "build_compiled_tier",
+    "task_origins",
+]
 
 Task = tuple[str, str, str]
 
@@ -124,9 +134,19 @@ def warmup(
     """Compile what ``tasks`` need, in ``processes`` worker processes (default: one per core;
     1: in this process). The first task runs here: if it compiled nothing, the cache is taken
     as warm and the rest is only loaded, here (a pool would cost more than it saves). Returns
-    (kernels compiled, seconds). ``progress(done, total, task)`` after each task."""
+    (kernels compiled, seconds). ``progress(done, total, task)`` after each task. Kernels are
+    compiled for this host into the local cache even where the compiled tier has them (it holds
+    code for a CPU level, this machine's own may be faster; the local cache takes precedence)."""
+    from ._jit import local_cache_only
+
+    with local_cache_only():  # host-tuned kernels into the local cache, whatever a compiled tier holds
+        return _warmup(list(tasks), processes, progress)
+
+
+def _warmup(
+    tasks: list[Task], processes: int | None, progress: Callable[[int, int, Task], None] | None
+) -> tuple[int, float]:
     start = time.perf_counter()
-    tasks = list(tasks)
     if not tasks:
         return 0, 0.0
     processes = len(os.sched_getaffinity(0)) if processes is None else processes
@@ -157,3 +177,96 @@ def describe(task: Task) -> str:
     """A task in words (the command line's progress)."""
     kind, source, fmt = task
     return f"{source} -> {fmt}" if kind == "cast" else f"{kind} {fmt} from {source}"
+
+
+#: The sources a compiled tier holds kernels for.
+COMPILED_SOURCES = ("float32", "bfloat16", "float16")
+
+
+def build_compiled_tier(
+    dest: str, level: str, tasks: Sequence[Task] | None = None, processes: int | None = None
+) -> dict[str, object]:
+    """Compile the kernels of ``tasks`` (default: :func:`warmup_tasks` of :data:`COMPILED_SOURCES`,
+    every format) for the CPU ``level`` (one of
+    :data:`~neuron_kernels._jit.CPU_LEVELS`) into the compiled tier under ``dest`` (the package's
+    ``_compiled`` folder when a wheel is built): ``dest/<numba, Python, platform>/<level>/``, one
+    folder per source folder of the package, and its manifest. Compiles in fresh processes whose
+    numba targets ``level`` with no other CPU features, with an empty cache of their own, then
+    copies that cache. Returns the manifest."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from numba.core.caching import UserProvidedCacheLocator
+
+    from ._jit import _PACKAGE_ROOT, CPU_LEVELS, MANIFEST, compiled_tag
+
+    if level not in CPU_LEVELS:
+        raise InvalidValueError(f"unknown CPU level {level!r}; accepted: {', '.join(CPU_LEVELS)}")
+    tasks = warmup_tasks(None, COMPILED_SOURCES) if tasks is None else list(tasks)
+    folder = os.path.join(dest, compiled_tag(), level)
+    with tempfile.TemporaryDirectory(prefix="nk-tier-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "NUMBA_CPU_NAME": level, "NUMBA_CPU_FEATURES": ""}
+        env["NEURON_KERNELS_COMPILED"] = "0"
+        # the processes compile this copy of the package, whatever else is installed
+        paths = [os.path.dirname(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+        script = (
+            "import json, sys\n"
+            "from numba.core.registry import cpu_target\n"
+            "from neuron_kernels.warmup import warmup\n"
+            "tasks = [tuple(t) for t in json.loads(sys.argv[1])]\n"
+            "compiled, _ = warmup(tasks, None if sys.argv[2] == 'None' else int(sys.argv[2]))\n"
+            "magic = list(cpu_target.target_context.codegen().magic_tuple())\n"
+            "print(json.dumps({'compiled': compiled, 'magic': magic}))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(tasks), str(processes)],
+            env=env,
+            cwd=os.path.dirname(_PACKAGE_ROOT),  # `python -c` puts its folder first on the path
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"building the compiled tier for {level} failed:\n{done.stderr[-4000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        shutil.rmtree(folder, ignore_errors=True)
+        kernels = 0
+        for here, subfolders, files in os.walk(_PACKAGE_ROOT):
+            subfolders[:] = [d for d in subfolders if not d.startswith(("__pycache__", "_compiled"))]
+            py = [f for f in files if f.endswith(".py")]
+            if not py:
+                continue
+            built = os.path.join(cache, UserProvidedCacheLocator.get_suitable_cache_subpath(os.path.join(here, py[0])))
+            if not os.path.isdir(built):
+                continue
+            target = os.path.join(folder, os.path.relpath(here, _PACKAGE_ROOT))
+            os.makedirs(target, exist_ok=True)
+            for name in os.listdir(built):
+                if name.endswith((".nbi", ".nbc")):
+                    shutil.copyfile(os.path.join(built, name), os.path.join(target, name))
+                    kernels += name.endswith(".nbc")
+    if not kernels:
+        raise RuntimeError(f"building the compiled tier for {level} saved no kernel (cache folder {cache!r})")
+    manifest = {"tag": compiled_tag(), "level": level, "magic": result["magic"], "kernels": kernels}
+    manifest["tasks"] = len(tasks)
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+def task_origins(tasks: Sequence[Task]) -> list[tuple[Task, dict[str, str]]]:
+    """Each task with where the kernels its calls use come from in this process (kernel name:
+    ``"local"``, ``"compiled x86-64-vN"`` or ``"jit"``), the calls made in task order: a kernel
+    neither cache has is compiled on the way, as a first call would."""
+    from ._jit import ORIGINS
+
+    result = []
+    for task in tasks:
+        before = dict(ORIGINS)
+        run_task(task)
+        result.append((task, {k: v for k, v in ORIGINS.items() if before.get(k) != v or k not in before}))
+    return result

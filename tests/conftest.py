@@ -78,9 +78,11 @@ def special_float32() -> np.ndarray:
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a Python subprocess: this checkout first on its path (whatever its working
-    directory, and even when another checkout of the package is installed), plus ``extra``."""
+    directory, and even when another checkout of the package is installed), plus ``extra``. The
+    compiled tier is off (``NEURON_KERNELS_COMPILED=0``) unless ``extra`` turns it on: the
+    subprocesses test what compiles and what the local cache holds."""
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **extra}
+    return {**os.environ, "PYTHONPATH": path, "NEURON_KERNELS_COMPILED": "0", **extra}
 
 
 def runtime_missing(why: str) -> None:

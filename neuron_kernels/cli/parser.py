@@ -225,6 +225,17 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     w.add_argument("--sources", help="comma-separated source dtypes (default: float32,bfloat16)")
     w.add_argument("--jobs", type=_positive_int, help="compiling processes (default: one per core)")
     w.add_argument("--quiet", action="store_true", help="no progress messages")
+    w.add_argument(
+        "--status",
+        action="store_true",
+        help="make each task's calls and say where their kernels come from (local cache, compiled tier, jit)",
+    )
+    w.add_argument(
+        "--build-compiled",
+        metavar="DIR",
+        help="compile a read-only tier for a CPU level into DIR (the package's _compiled folder in a wheel)",
+    )
+    w.add_argument("--level", default="x86-64-v3", help="the CPU level of --build-compiled (default x86-64-v3)")
 
     pr = sub.add_parser("promote", help="promote_type of two dtypes, or the whole grid")
     pr.add_argument("a", nargs="?")

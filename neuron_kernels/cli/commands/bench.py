@@ -55,8 +55,12 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from ...warmup import WARMUP_SOURCES, warmup, warmup_tasks
 
     formats = args.formats.split(",") if args.formats else None
+    if args.build_compiled:
+        return _build_compiled(args, formats)
     sources = args.sources.split(",") if args.sources else list(WARMUP_SOURCES)
     tasks = warmup_tasks(formats, sources)
+    if args.status:
+        return _status(tasks)
     shown = not args.quiet and sys.stderr.isatty()
 
     def progress(done: int, total: int, task: Any) -> None:
@@ -70,4 +74,31 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         f"{len(tasks)} task(s) for {', '.join(sources)}: {compiled} kernel(s) compiled in {seconds:.1f} s "
         f"({'already cached' if not compiled else 'now cached on disk'})"
     )
+    return 0
+
+
+def _status(tasks: list[Any]) -> int:
+    """``warmup --status``: each task's kernels and where they came from."""
+    from ..._jit import compiled_tiers
+    from ...warmup import describe, task_origins
+
+    tiers = compiled_tiers()
+    print("compiled tier: " + (", ".join(f"{level} ({folder})" for level, folder, _ in tiers) or "none for this host"))
+    counts: dict[str, int] = {}
+    for task, origins in task_origins(tasks):
+        where = sorted(set(origins.values())) or ["already loaded"]
+        for origin in origins.values():
+            counts[origin] = counts.get(origin, 0) + 1
+        print(f"{describe(task):40s} {', '.join(where)}")
+    print("kernels: " + (", ".join(f"{n} {origin}" for origin, n in sorted(counts.items())) or "none"))
+    return 0
+
+
+def _build_compiled(args: argparse.Namespace, formats: list[str] | None) -> int:
+    """``warmup --build-compiled DIR``: a compiled tier for ``--level``."""
+    from ...warmup import COMPILED_SOURCES, build_compiled_tier, warmup_tasks
+
+    sources = args.sources.split(",") if args.sources else list(COMPILED_SOURCES)
+    manifest = build_compiled_tier(args.build_compiled, args.level, warmup_tasks(formats, sources), args.jobs)
+    print(f"{args.build_compiled}: {manifest['kernels']} kernel(s) for {manifest['level']} ({manifest['tag']})")
     return 0
