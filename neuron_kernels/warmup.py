@@ -130,16 +130,23 @@ def warmup(
     tasks: Sequence[Task],
     processes: int | None = None,
     progress: Callable[[int, int, Task], None] | None = None,
+    *,
+    host_tuned: bool = True,
 ) -> tuple[int, float]:
     """Compile what ``tasks`` need, in ``processes`` worker processes (default: one per core;
     1: in this process). The first task runs here: if it compiled nothing, the cache is taken
     as warm and the rest is only loaded, here (a pool would cost more than it saves). Returns
-    (kernels compiled, seconds). ``progress(done, total, task)`` after each task. Kernels are
-    compiled for this host into the local cache even where the compiled tier has them (it holds
-    code for a CPU level, this machine's own may be faster; the local cache takes precedence)."""
+    (kernels compiled, seconds). ``progress(done, total, task)`` after each task.
+
+    ``host_tuned`` (``neuron-kernels warmup``): compile for this host into the local cache even
+    what the compiled tier holds (code for a CPU level; the host's own may be faster, and the
+    local cache takes precedence). Without it (a command readying its kernels before it starts),
+    what the tier holds is loaded from it."""
     from ._jit import local_cache_only
 
-    with local_cache_only():  # host-tuned kernels into the local cache, whatever a compiled tier holds
+    if not host_tuned:
+        return _warmup(list(tasks), processes, progress)
+    with local_cache_only():
         return _warmup(list(tasks), processes, progress)
 
 

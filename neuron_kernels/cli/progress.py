@@ -14,7 +14,8 @@ __all__ = ["compile_notice", "progress_bar", "warm"]
 
 def warm(args: argparse.Namespace, tasks: list[Any], what: str) -> None:
     """Compile what a command will need first, on every core (see :mod:`neuron_kernels.warmup`),
-    saying so on a terminal when it compiles anything."""
+    saying so on a terminal when it compiles anything; what the compiled tier holds is loaded
+    from it."""
     from ..warmup import warmup
 
     shown = not getattr(args, "quiet", False) and sys.stderr.isatty()
@@ -23,7 +24,7 @@ def warm(args: argparse.Namespace, tasks: list[Any], what: str) -> None:
         if shown:
             print(f"\r{what}: preparing kernels {done}/{total}", end="", file=sys.stderr, flush=True)
 
-    compiled, seconds = warmup(tasks, getattr(args, "jobs", None), progress)
+    compiled, seconds = warmup(tasks, getattr(args, "jobs", None), progress, host_tuned=False)
     if shown:
         note = f"{compiled} compiled in {seconds:.0f} s, cached for next time" if compiled else "cached"
         print(f"\r{what}: kernels ready ({note})".ljust(60), file=sys.stderr)
