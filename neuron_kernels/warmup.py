@@ -275,5 +275,5 @@ def task_origins(tasks: Sequence[Task]) -> list[tuple[Task, dict[str, str]]]:
     for task in tasks:
         before = dict(ORIGINS)
         run_task(task)
-        result.append((task, {k: v for k, v in ORIGINS.items() if before.get(k) != v or k not in before}))
+        result.append((task, {k: v for k, v in ORIGINS.items() if before.get(k) != v}))
     return result
