@@ -79,6 +79,21 @@ def read_safetensors(path) -> tuple[dict, dict]:
     return out, meta
 
 
+def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
+    """The reverse of :func:`read_safetensors` (any dtype of :data:`ST_DTYPES`), tensors in order."""
+    names = {np.dtype(v): k for k, v in ST_DTYPES.items()}
+    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+    start = 0
+    for k, v in tensors.items():
+        header[k] = {"dtype": names[v.dtype], "shape": list(v.shape), "data_offsets": [start, start + v.nbytes]}
+        start += v.nbytes
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as fh:
+        fh.write(len(raw).to_bytes(8, "little") + raw)
+        for v in tensors.values():
+            fh.write(np.ascontiguousarray(v).tobytes())
+
+
 def read_dir(path) -> dict:
     """Every tensor of a checkpoint folder and the shard it is in (also opened by the safetensors package)."""
     out, where = {}, {}

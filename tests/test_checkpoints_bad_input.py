@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from .checkpoint_helpers import read_dir
 from .cli_runner import run
 from .conftest import child_env
 
@@ -160,7 +161,11 @@ def test_wrong_options_for_a_layout(tmp_path, w):
 def test_quantised_and_plain_inputs_in_the_wrong_command(tmp_path, w):
     make(tmp_path / "m", w)
     assert run(*q("m", "q"), cwd=tmp_path).returncode == 0
-    fails(*q("q", "qq"), cwd=tmp_path, message="already quantised")
+    # a quantised checkpoint into the same layout and format: converted, its bytes copied
+    assert "2 converted (bytes copied)" in run(*q("q", "qq"), cwd=tmp_path).stdout
+    assert read_dir(tmp_path / "qq")[0].keys() == read_dir(tmp_path / "q")[0].keys()
+    for name, value in read_dir(tmp_path / "q")[0].items():
+        assert read_dir(tmp_path / "qq")[0][name].tobytes() == value.tobytes(), name
     fails("dequantize", "m", "d", cwd=tmp_path, message="not a quantised checkpoint")
     config = json.loads((tmp_path / "q" / "config.json").read_text())
     config["quantization_config"]["format"] = "pack-quantized"

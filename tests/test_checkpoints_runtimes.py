@@ -28,8 +28,10 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.checkpoints import fused_groups
 
+from .checkpoint_helpers import read_safetensors
 from .cli_runner import run
 from .conftest import runtime_missing
+from .test_checkpoints_modelopt import FIXTURES as MODELOPT
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RUNTIME_MODULES = ("torch", "transformers", "compressed_tensors")
@@ -117,8 +119,12 @@ def ct_loaded(runtime, llama):
     for fmt in CT_FORMATS:
         run("quantize", "llama", fmt, "--format", fmt, cwd=llama)
         args += [llama / fmt, llama / f"{fmt}.npz", "compressed-tensors"]
-    infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(CT_FORMATS) :]]
-    return {fmt: (info, np.load(llama / f"{fmt}.npz")) for fmt, info in zip(CT_FORMATS, infos)}
+    # ModelOpt's NVFP4 checkpoint (tests/fixtures/modelopt), converted by the command (bytes copied)
+    run("quantize", MODELOPT / "nvfp4", "modelopt-nvfp4", "--format", "nvfp4", cwd=llama)
+    args += [llama / "modelopt-nvfp4", llama / "modelopt-nvfp4.npz", "compressed-tensors"]
+    names = [*CT_FORMATS, "modelopt-nvfp4"]
+    infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(names) :]]
+    return {name: (info, np.load(llama / f"{name}.npz")) for name, info in zip(names, infos)}
 
 
 @pytest.mark.parametrize("fmt", CT_FORMATS)
@@ -141,6 +147,20 @@ def test_compressed_tensors_loads_the_package_layout(ct_loaded, llama, fmt):
             np.testing.assert_array_equal(loaded[name], want, err_msg=name)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         np.testing.assert_array_equal(loaded[name], original[name].astype(np.float32))
+
+
+def test_compressed_tensors_loads_a_converted_modelopt_checkpoint(ct_loaded):
+    """ModelOpt NVFP4 -> compressed-tensors (the command): transformers loads it with no missing,
+    unexpected or mismatched key, each weight ModelOpt's own dequantisation to within the runtime's
+    bfloat16 rounding (it divides by ``weight_global_scale = 1 / weight_scale_2``)."""
+    info, loaded = ct_loaded["modelopt-nvfp4"]
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    decoded = read_safetensors(MODELOPT / "nvfp4.dequantized.safetensors")[0]
+    assert len(decoded) == 7
+    for name, value in decoded.items():
+        np.testing.assert_allclose(loaded[name], value, rtol=2**-7, atol=0, err_msg=name)
+    source = read_safetensors(MODELOPT / "nvfp4" / "model.safetensors")[0]
+    np.testing.assert_array_equal(loaded["lm_head.weight"], source["lm_head.weight"].astype(np.float32))
 
 
 MAKE_GPT_OSS = """

@@ -20,14 +20,15 @@ from typing import Any
 import numpy as np
 
 from ..blocks.array import BlockArray
-from ..blocks.job import BlockJob, block_job
+from ..blocks.job import DEFAULT, BlockJob, block_job
 from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
 from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
 from ..io.stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
-from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint, open_checkpoint
+from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint
 from .layouts import LAYOUTS, Output, StoredWeight, open_any, stored_weights
+from .layouts.modelopt import HF_QUANT_CONFIG
 from .selection import FLOATS, fused_groups
 
 __all__ = [
@@ -71,8 +72,9 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
 
 @dataclass
 class TensorReport:
-    """What happened to one tensor: ``action`` is ``quantised``, ``dequantised`` or ``kept``;
-    ``reason`` why it was kept; ``stats`` the error of a quantised one; ``fused_with``: the shards
+    """What happened to one tensor: ``action`` is ``quantised``, ``converted`` (a quantised weight
+    written into another layout as its bytes), ``dequantised`` or ``kept``; ``reason`` why it was
+    kept, or how it was converted; ``stats`` the error of a quantised one; ``fused_with``: the shards
     of its fused layer (itself included) whose per-tensor scale it shares, if any."""
 
     name: str
@@ -178,6 +180,8 @@ def _finish_folder(
             fh.write("\n")
     if ckpt.folder is not None:
         for name in ckpt.extra_files:
+            if name == HF_QUANT_CONFIG:  # ModelOpt's config of the input's quantisation, not the output's
+                continue
             shutil.copyfile(os.path.join(ckpt.folder, name), os.path.join(folder, name))
 
 
@@ -202,19 +206,22 @@ def quantize_checkpoint(
     """Quantise the checkpoint ``src`` into ``dst`` (already a temporary path: an empty folder, or
     the ``.npz`` file of the ``npz`` layout) in the layout ``layout_name``.
 
+    ``src`` may be quantised, in any layout of :data:`LAYOUTS`: a weight already ``fmt`` is
+    converted (its bytes copied into the layout's tensors, action ``converted``), any other is
+    dequantised exactly to float32, piece by piece, and quantised. A checkpoint holding a
+    quantised layout's tensors without a config that names the layout, and one where nothing
+    would be quantised, are refused (:class:`FileFormatError`).
+
     ``options`` are those of :func:`neuron_kernels.quantize` (blocks run along the last axis).
     With ``fuse`` (the default), the shards of each fused layer (:func:`fused_groups`) quantised
     with a per-tensor scale from the amax share one scale, from the amax over all of them.
     Returns one :class:`TensorReport` per input tensor, in order."""
     layout = LAYOUTS[layout_name]
     layout.check_format(fmt)
-    ckpt = open_checkpoint(src)
-    if ckpt.quantization_config is not None:
-        qc = ckpt.quantization_config
-        raise FileFormatError(
-            f"{src}: already quantised (quantization_config, quant_method {qc.get('quant_method')!r}); "
-            f"dequantize it first"
-        )
+    ckpt, source = open_any(src)
+    stored = stored_weights(ckpt, source)
+    if source is None:
+        _refuse_unannounced(ckpt)
     if options.get("axis", -1) not in (-1, None):
         raise FileFormatError("checkpoint layouts block the last axis (the input dimension); --axis must be -1")
     probe = block_job(fmt, 2, **options)
@@ -229,14 +236,28 @@ def quantize_checkpoint(
         raise FileFormatError(f"the {layout.name} layout stores 4-bit codes two per byte (no --no-pack)")
     reports: list[TensorReport] = []
     chosen: list[tuple[str, ArrayEntry, BlockJob | None]] = []
-    for name, entry in ckpt.tensors.items():
+    inputs, by_name = _inputs(ckpt, stored)
+    copies: dict[str, StoredWeight] = {}
+    for name, entry in inputs.items():
         why = layout.decide(name, entry.dtype, entry.shape, probe.block_size, ignore, only)
         chosen.append((name, entry, None if why else block_job(fmt, len(entry.shape), **options)))
-        reports.append(
-            _report_kept(name, entry, why) if why else TensorReport(name, entry.shape, entry.dtype.name, "quantised")
-        )
+        w = by_name.get(name)
+        if why:
+            reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.layout.fmt})" if w else "")))
+        elif w is not None and _copies_bytes(w, layout, fmt, options):
+            copies[name] = w
+            how = f"bytes copied from {source.name}" + _dropped_note(w)
+            reports.append(TensorReport(name, entry.shape, fmt, "converted", how))
+        else:
+            how = f"dequantised from {w.layout.fmt}{_dropped_note(w)}" if w is not None else ""
+            reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how))
     layout.fits(ckpt, [n for n, _, j in chosen if j is not None])
-    groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax) if fuse else {}
+    if not any(j is not None for _, _, j in chosen):
+        raise FileFormatError(
+            f"{src}: no tensor to quantise ({len(chosen)} kept; see --only / --ignore and docs/checkpoints.md "
+            f'"Which tensors are quantised"); nothing written'
+        )
+    groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies) if fuse else {}
     for report in reports:
         report.fused_with = groups.get(report.name, ())
     resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes)
@@ -250,12 +271,97 @@ def quantize_checkpoint(
             items.append(_copy_item(name, entry, progress, chunk_bytes))
             continue
         shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
-        outputs = layout.outputs(name, job.layout(shape))
+        w = copies.get(name)
+        outputs = layout.outputs(name, w.layout if w is not None else job.layout(shape))
         report.outputs = tuple(s.name for s, _ in outputs)
+        if w is not None:
+            items.append(_converted_item(w, outputs, progress))
+            continue
         items.append(_quantize_item(name, entry, layout.transpose, outputs, report, resolve, chunk_bytes, progress))
     _write_shards(dst, items, max_shard_bytes)
-    _finish_folder(ckpt, dst, layout.config(fmt, kept), False)
+    _finish_folder(ckpt, dst, layout.config(fmt, kept), True)
     return reports
+
+
+#: The last name component of tensors that only quantised layouts hold.
+_QUANTISED_PARTS = (
+    "weight_scale", "weight_scale_inv", "weight_scale_2", "weight_packed", "weight_global_scale",
+    "input_scale", "input_global_scale", "weight_zero_point", "qweight", "scales", "qzeros",
+)  # fmt: skip
+
+
+def _refuse_unannounced(ckpt: Checkpoint) -> None:
+    """A checkpoint without a quantisation config (no layout) that holds a quantised layout's
+    tensors is refused: quantising the rest and relabelling it would write a checkpoint that
+    loads wrong."""
+    for name, entry in ckpt.tensors.items():
+        last = name.rpartition(".")[2]
+        if last in _QUANTISED_PARTS or last.endswith(("_blocks", "_scales")) and entry.dtype == np.uint8:
+            raise FileFormatError(
+                f"{ckpt.path}: holds {name} ({entry.dtype}), a tensor of a quantised layout, but no "
+                f"quantization_config or hf_quant_config.json says which layout; this package will not guess "
+                f"(it reads {', '.join(n for n in LAYOUTS if n != 'npz')})"
+            )
+
+
+def _inputs(ckpt: Checkpoint, stored: list[StoredWeight]) -> tuple[dict[str, ArrayEntry], dict[str, StoredWeight]]:
+    """The tensors to quantise or keep, in the checkpoint's order: each stored quantised weight
+    as its exact float32 dequantisation (read piece by piece), its parts (scales) consumed; every
+    other tensor as it is. Also the stored weights by their dequantised name."""
+    by_part = {p: w for w in stored for p in w.parts}
+    inputs: dict[str, ArrayEntry] = {}
+    by_name: dict[str, StoredWeight] = {}
+    for name, entry in ckpt.tensors.items():
+        w = by_part.get(name)
+        if w is None:
+            inputs[name] = entry
+        elif w.out_name not in by_name:
+            by_name[w.out_name] = w
+            inputs[w.out_name] = w.decoded_entry()
+    return inputs, by_name
+
+
+def _dropped_note(w: StoredWeight) -> str:
+    return f" ({', '.join(p.rpartition('.')[2] for p in w.dropped)} dropped)" if w.dropped else ""
+
+
+def _copies_bytes(w: StoredWeight, layout: Any, fmt: str, options: dict[str, Any]) -> bool:
+    """Whether a stored weight goes into ``layout`` as its bytes: already ``fmt`` in the blocks
+    the layout stores. Options that would change its bytes are refused (they need it dequantised)."""
+    if w.layout.fmt != fmt or w.transpose != layout.transpose:
+        return False
+    neutral = {"axis": (-1, None), "pack": (True,), "rounding": ("nearest_even",), "rht": (False,)}
+    given = {k: v for k, v in options.items() if v is not None and v is not DEFAULT and v not in neutral.get(k, ())}
+    if given:
+        raise FileFormatError(
+            f"{w.name} is already {fmt}: converting it to the {layout.name} layout copies its bytes, so "
+            f"{', '.join(sorted(given))} cannot apply; dequantize the checkpoint first to quantise it anew"
+        )
+    return True
+
+
+def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) -> _Item:
+    """A stored weight written into another layout: its codes and scales copied byte for byte,
+    its per-tensor scale written as the layout keeps it (the exact value in the shard's metadata)."""
+    by_role = {role: spec.name for spec, role in outputs}
+
+    def prepare() -> dict[str, float]:
+        pts = w.per_tensor_scale
+        return {by_role["per_tensor"]: float(pts)} if "per_tensor" in by_role and pts is not None else {}
+
+    def fill(sinks: dict[str, Any]) -> None:
+        for role, entry in (("codes", w.codes), ("scales", w.scales)):
+            sink = sinks[by_role[role]]
+            if entry.offset is not None:
+                sink.copy_from(entry.path, entry.offset, entry.nbytes)
+            else:
+                sink.write(np.ascontiguousarray(entry.read_flat(0, entry.size)).view(sink.spec.dtype))
+            progress(entry.nbytes)
+        if "per_tensor" in by_role:
+            assert w.per_tensor_scale is not None
+            sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(w.per_tensor_scale)], np.float32))
+
+    return _Item([spec for spec, _ in outputs], fill, prepare)
 
 
 class _ScaleResolver:
@@ -410,7 +516,8 @@ def dequantize_checkpoint(
         out_shape = shape[:-2] + (shape[-1], shape[-2]) if w.transpose else shape
         spec = TensorSpec(w.out_name, out_dtype, out_shape)
         items.append(_Item([spec], _decode_fill(w, out_fmt.name, chunk_bytes, progress)))
-        reports.append(TensorReport(w.name, shape, w.layout.fmt, "dequantised", outputs=(w.out_name,)))
+        why = _dropped_note(w).strip()
+        reports.append(TensorReport(w.name, shape, w.layout.fmt, "dequantised", why, outputs=(w.out_name,)))
     _write_shards(dst, items, max_shard_bytes)
     _finish_folder(ckpt, dst, None, True)
     return reports

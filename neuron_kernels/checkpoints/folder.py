@@ -16,7 +16,7 @@ from typing import Any
 
 from ..io.files import ArrayEntry, FileFormatError, read_safetensors_header
 
-__all__ = ["Checkpoint", "open_checkpoint", "INDEX_NAME", "CONFIG_NAME", "PTS_KEY"]
+__all__ = ["Checkpoint", "open_checkpoint", "json_file", "INDEX_NAME", "CONFIG_NAME", "PTS_KEY"]
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -71,7 +71,8 @@ def _inside(folder: str, name: str, what: str) -> str:
     return path
 
 
-def _json_file(path: str) -> Any:
+def json_file(path: str) -> Any:
+    """The JSON document at ``path``; any problem reading it raises :class:`FileFormatError`."""
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
@@ -106,14 +107,14 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         if not tensors:
             raise FileFormatError(f"{path}: holds no tensors")
         return Checkpoint(path, None, tensors, None, metadata)
-    config = _json_file(os.path.join(path, CONFIG_NAME)) if os.path.isfile(os.path.join(path, CONFIG_NAME)) else None
+    config = json_file(os.path.join(path, CONFIG_NAME)) if os.path.isfile(os.path.join(path, CONFIG_NAME)) else None
     if config is not None and not isinstance(config, dict):
         raise FileFormatError(f"{os.path.join(path, CONFIG_NAME)}: not a JSON object")
     index_path = os.path.join(path, INDEX_NAME)
     shards: list[str]
     wanted: dict[str, str] = {}
     if os.path.isfile(index_path):
-        index = _json_file(index_path)
+        index = json_file(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise FileFormatError(f"{index_path}: no weight_map of tensor names to shard files")

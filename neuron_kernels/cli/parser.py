@@ -126,6 +126,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress messages")
 
     from ..checkpoints import DEFAULT_MAX_SHARD_BYTES, LAYOUTS
+    from ..checkpoints.layouts import WRITABLE
 
     arrays = ".npy, .npz or .safetensors file"
     q = _file_command(
@@ -138,9 +139,9 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
     q.add_argument(
         "--layout",
-        choices=list(LAYOUTS),
+        choices=list(WRITABLE),
         help="checkpoint layout: "
-        + "; ".join(f"{k}: {v.help}" for k, v in LAYOUTS.items())
+        + "; ".join(f"{k}: {LAYOUTS[k].help}" for k in WRITABLE)
         + " (default for a checkpoint folder: compressed-tensors)",
     )
     q.add_argument(

@@ -4,7 +4,10 @@ One module per layout, each holding its :class:`~.records.CheckpointLayout` reco
 
 - :mod:`.compressed_tensors`: ``compressed-tensors`` (vLLM, transformers);
 - :mod:`.gptoss`: ``mxfp4`` (transformers' MXFP4, the layout of the gpt-oss checkpoints);
-- :mod:`.npz`: ``npz``, the package's own file of block arrays.
+- :mod:`.npz`: ``npz``, the package's own file of block arrays;
+- :mod:`.modelopt`: ``modelopt`` (NVIDIA ModelOpt's NVFP4 and MXFP8), read only.
+
+:data:`WRITABLE` names the layouts ``--layout`` takes (those that store a format).
 """
 
 from __future__ import annotations
@@ -13,15 +16,20 @@ import os
 
 from ...io.files import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
-from . import compressed_tensors, gptoss, npz
+from . import compressed_tensors, gptoss, modelopt, npz
 from .records import CheckpointLayout, Output, StoredWeight
 
-__all__ = ["LAYOUTS", "CheckpointLayout", "StoredWeight", "Output", "detect_layout", "open_any", "stored_weights"]
+__all__ = [
+    "LAYOUTS", "WRITABLE", "CheckpointLayout", "StoredWeight", "Output", "detect_layout", "open_any", "stored_weights",
+]  # fmt: skip
 
 #: Every checkpoint layout, by the name ``--layout`` takes.
 LAYOUTS: dict[str, CheckpointLayout] = {
-    layout.name: layout for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz.LAYOUT)
+    layout.name: layout for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz.LAYOUT, modelopt.LAYOUT)
 }
+
+#: The layouts the package writes, by name (the others it reads only).
+WRITABLE: tuple[str, ...] = tuple(name for name, layout in LAYOUTS.items() if layout.formats)
 
 
 def detect_layout(ckpt: Checkpoint) -> CheckpointLayout | None:

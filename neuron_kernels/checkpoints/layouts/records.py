@@ -33,6 +33,10 @@ __all__ = [
 ]
 
 
+#: The last name component of the stored tensors of a quantised module that are not its weight's.
+_NOT_WEIGHT_PARTS = ("input_scale", "input_global_scale", "k_scale", "v_scale")
+
+
 @dataclass(frozen=True)
 class StoredWeight:
     """A quantised weight as a layout stores it: its block layout, per-tensor scale, where its
@@ -48,6 +52,12 @@ class StoredWeight:
     out_name: str
     transpose: bool = False
 
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """The stored tensors that go with the weight but not into its dequantisation or into
+        another layout (activation and KV-cache scales)."""
+        return tuple(p for p in self.parts if p.rpartition(".")[2] in _NOT_WEIGHT_PARTS)
+
     def block_array(self) -> BlockArray:
         """The whole weight as a :class:`BlockArray` (read into memory)."""
         lay = self.layout
@@ -62,6 +72,36 @@ class StoredWeight:
             self.codes.where,
             per_tensor_scale=self.per_tensor_scale,
         )
+
+    def decoded_entry(self) -> ArrayEntry:
+        """The weight dequantised to float32 (exact: one rounding of code times scale), as an
+        :class:`ArrayEntry` read piece by piece: the rows a piece touches are decoded when it is
+        read. For a stored [..., out, in] weight (not gpt-oss's transposed experts)."""
+        lay = self.layout
+        if self.transpose or lay.axis != len(lay.shape) - 1 or lay.block_rows != 1:
+            raise FileFormatError(
+                f"{self.codes.where}: {self.name} is stored transposed; dequantize the checkpoint first "
+                f"(neuron-kernels dequantize), then quantise the result"
+            )
+        cols, crow, srow = lay.shape[-1], lay.codes_shape[-1], lay.scales_shape[-1]
+        codes, scales = self.codes, self.scales
+
+        def read(start: int, stop: int) -> np.ndarray:
+            r0, r1 = start // cols, -(-stop // cols)
+            part = BlockArray.from_parts(
+                np.asarray(codes.read_flat(r0 * crow, r1 * crow)).reshape(r1 - r0, crow),
+                np.asarray(scales.read_flat(r0 * srow, r1 * srow)).reshape(r1 - r0, srow),
+                lay.fmt,
+                lay.block_size,
+                1,
+                (r1 - r0, cols),
+                lay.packed,
+                codes.where,
+                per_tensor_scale=self.per_tensor_scale,
+            )
+            return part.dequantize("float32").reshape(-1)[start - r0 * cols : stop - r0 * cols]
+
+        return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read)
 
 
 #: (tensor spec, what fills it: "codes", "scales" or "per_tensor") of one quantised weight.
@@ -99,6 +139,8 @@ class CheckpointLayout:
         return self.suffix is not None
 
     def check_format(self, fmt: str) -> None:
+        if not self.formats:
+            raise FileFormatError(f"the {self.name} layout is read only; choose another --layout")
         if fmt not in self.formats:
             raise FileFormatError(
                 f"the {self.name} layout stores {', '.join(self.formats)}, not {fmt}; "

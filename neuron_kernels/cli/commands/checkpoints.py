@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections import Counter
 
 from ..parser import UsageError, block_options_of
 from ..progress import progress_bar
@@ -47,13 +48,24 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             **options,
         )
     done = [r for r in reports if r.action == "quantised"]
-    kept = [r for r in reports if r.action != "quantised"]
-    print(f"{args.output}: {layout.name} layout, {args.format}: {len(done)} tensor(s) quantised, {len(kept)} kept")
+    converted = [r for r in reports if r.action == "converted"]
+    kept = [r for r in reports if r.action == "kept"]
+    print(
+        f"{args.output}: {layout.name} layout, {args.format}: {len(done)} tensor(s) quantised, "
+        + (f"{len(converted)} converted (bytes copied), " if converted else "")
+        + f"{len(kept)} kept"
+    )
     width = max([32] + [len(r.name) + 2 for r in reports])
     if done:
         print(stats_header("quantised", width, dtype=True))
         for r in done:
             print(stats_row(r.name, r.shape, r.stats, width, r.dtype))
+        for how, count in Counter(r.reason for r in done if r.reason).items():
+            print(f"{count} of them {how}, then quantised")
+    if converted:
+        print(name_columns("converted", "shape", width, "format") + "  how")
+        for r in converted:
+            print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")
     if kept:
         print(name_columns("kept", "shape", width, "dtype") + "  why")
         for r in kept:
@@ -96,5 +108,5 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
     done = [r for r in reports if r.action == "dequantised"]
     print(f"{args.output}: {len(done)} weight(s) dequantised to {dtype}, {len(reports) - len(done)} tensor(s) copied")
     for r in done:
-        print(f"  {r.name} ({r.dtype}, {r.shape}) -> {', '.join(r.outputs)}")
+        print(f"  {r.name} ({r.dtype}, {r.shape}) -> {', '.join(r.outputs)}" + (f" {r.reason}" if r.reason else ""))
     return 0

@@ -1,0 +1,155 @@
+"""The ``modelopt`` layout (NVIDIA ModelOpt's Hugging Face checkpoints, the published FP4 ones
+among them), read only: NVFP4 (W4A4 and W4A16) and MXFP8.
+
+Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "quantization":
+{"quant_algo": ..., "group_size": ..., "exclude_modules": [...]}}``) or by config.json's
+``quantization_config`` with ``quant_method: "modelopt"`` (the same facts: ``quant_algo``,
+``config_groups``, ``ignore``). Per quantised ``NAME.weight``:
+
+- ``NVFP4`` / ``W4A16_NVFP4``: ``NAME.weight`` uint8 [..., out, in/2] (two codes per byte, the
+  even element in the low nibble), ``NAME.weight_scale`` float8_e4m3fn [..., out, in/16],
+  ``NAME.weight_scale_2`` one float32, the per-tensor scale (a multiplier: a value is
+  ``code * float32(weight_scale) * weight_scale_2``), and for W4A4 ``NAME.input_scale`` one
+  float32 (the activations', not the weight's: a dequantised or converted checkpoint drops it);
+- ``MXFP8``: ``NAME.weight`` float8_e4m3fn [..., out, in], ``NAME.weight_scale`` uint8 (e8m0)
+  [..., out, in/32].
+
+KV-cache scales (``k_scale``, ``v_scale``) belong to the attention's projections and are dropped
+with them. Any other ``quant_algo`` (FP8, FP8_PB_WO, MIXED_PRECISION, the AWQ and SVDQuant
+variants, ...) is refused by name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ...blocks.layout import BlockLayout
+from ...formats import BLOCK_FORMATS
+from ...io.files import FileFormatError
+from ..folder import Checkpoint, json_file
+from .records import CheckpointLayout, StoredWeight, expect_tensor, stored_codes_dtype, stored_scales_dtype, uint8_view
+
+__all__ = ["LAYOUT", "HF_QUANT_CONFIG", "modelopt_config"]
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+
+#: The block format of each ``quant_algo`` the package reads.
+_ALGORITHMS = {"NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "MXFP8": "mxfp8_e4m3"}
+#: Tensors a ModelOpt quantised module holds besides ``weight``.
+_PARTS = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale", "pre_quant_scale", "output_scale")
+
+
+def modelopt_config(ckpt: Checkpoint) -> dict[str, Any] | None:
+    """ModelOpt's facts of a checkpoint, in hf_quant_config.json's form (``quant_algo``,
+    ``group_size``, ``exclude_modules``, ``kv_cache_quant_algo``), from ``hf_quant_config.json`` or
+    from config.json's ``quantization_config``; None for a checkpoint ModelOpt did not write."""
+    path = os.path.join(ckpt.folder, HF_QUANT_CONFIG) if ckpt.folder else None
+    if path is not None and os.path.isfile(path):
+        raw = json_file(path)
+        producer = raw.get("producer") if isinstance(raw, dict) else None
+        if not isinstance(producer, dict) or str(producer.get("name", "")).lower() != "modelopt":
+            raise FileFormatError(
+                f"{path}: not written by ModelOpt (producer {producer!r}); not a layout this package reads"
+            )
+        quant = raw.get("quantization")
+        if not isinstance(quant, dict):
+            raise FileFormatError(f"{path}: no 'quantization' object")
+        return quant
+    qc = ckpt.quantization_config
+    if qc is None or qc.get("quant_method") != "modelopt":
+        return None
+    groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+    weights = groups[0].get("weights") if groups else None
+    return {
+        "quant_algo": qc.get("quant_algo"),
+        "group_size": (weights or {}).get("group_size") if isinstance(weights, dict) else None,
+        "exclude_modules": qc.get("ignore") or [],
+        "kv_cache_quant_algo": qc.get("kv_cache_scheme"),
+    }
+
+
+def _format_of(ckpt: Checkpoint) -> tuple[str, dict[str, Any]]:
+    quant = modelopt_config(ckpt)
+    assert quant is not None
+    algo = str(quant.get("quant_algo") or "").upper()
+    if algo not in _ALGORITHMS:
+        raise FileFormatError(
+            f"{ckpt.path}: ModelOpt quant_algo {quant.get('quant_algo')!r} is not one this package reads "
+            f"({', '.join(_ALGORITHMS)})"
+        )
+    fmt = _ALGORITHMS[algo]
+    group = quant.get("group_size")
+    if group is not None and group != BLOCK_FORMATS[fmt].block_size:
+        raise FileFormatError(
+            f"{ckpt.path}: ModelOpt {algo} with group_size {group!r}; this package reads group_size "
+            f"{BLOCK_FORMATS[fmt].block_size}"
+        )
+    return fmt, quant
+
+
+def _detect(ckpt: Checkpoint) -> bool:
+    return modelopt_config(ckpt) is not None
+
+
+def _scalar(ckpt: Checkpoint, name: str) -> float:
+    """The one positive finite float32 of the tensor ``name``."""
+    entry = ckpt.tensors[name]
+    if entry.dtype.name != "float32" or entry.size != 1:
+        raise FileFormatError(f"{entry.where}: must be one float32, found {entry.dtype} of shape {entry.shape}")
+    value = np.float32(entry.read_flat(0, 1)[0])
+    if not (np.isfinite(value) and value > 0):
+        raise FileFormatError(f"{entry.where}: the scale {value} is not a positive finite number")
+    return float(value)
+
+
+def _weights(ckpt: Checkpoint) -> list[StoredWeight]:
+    fmt, _ = _format_of(ckpt)
+    bf = BLOCK_FORMATS[fmt]
+    t = ckpt.tensors
+    found = []
+    for name, scale in t.items():
+        if not name.endswith(".weight_scale"):
+            continue
+        base = name[: -len(".weight_scale")]
+        codes = t.get(f"{base}.weight")
+        if codes is None:
+            raise FileFormatError(f"{ckpt.path}: {name} has no {base}.weight beside it")
+        expect_tensor(codes, stored_codes_dtype(bf).name, codes.shape, "the codes")
+        if len(codes.shape) < 2:
+            raise FileFormatError(f"{codes.where}: quantised codes need 2 or more axes, found shape {codes.shape}")
+        shape = codes.shape[:-1] + (codes.shape[-1] * (2 if bf.packable else 1),)
+        layout = BlockLayout(fmt, shape, len(shape) - 1, bf.block_size, 1, bf.packable)
+        expect_tensor(scale, stored_scales_dtype(bf).name, layout.scales_shape, "the block scales")
+        parts = [f"{base}.weight", name]
+        pts = None
+        if bf.per_tensor_scale:
+            second = f"{base}.weight_scale_2"
+            if second not in t:
+                raise FileFormatError(f"{ckpt.path}: {base}.weight has no {second} beside it")
+            pts = _scalar(ckpt, second)
+            parts.append(second)
+        parts += [f"{base}.{p}" for p in ("input_scale", "k_scale", "v_scale") if f"{base}.{p}" in t]
+        weight = f"{base}.weight"
+        found.append(StoredWeight(weight, layout, pts, uint8_view(codes), uint8_view(scale), tuple(parts), weight))
+    claimed = {p for w in found for p in w.parts}
+    for name in t:
+        if name not in claimed and name.rpartition(".")[2] in _PARTS:
+            raise FileFormatError(
+                f"{ckpt.path}: {name} belongs to no quantised weight this package reads (ModelOpt {fmt}); "
+                f"a module with it is quantised in a way it does not read"
+            )
+    return found
+
+
+LAYOUT = CheckpointLayout(
+    "modelopt",
+    "NVIDIA ModelOpt (hf_quant_config.json; weight, weight_scale, weight_scale_2): read only",
+    (),
+    lambda name, layout: [],
+    lambda fmt, kept: {},
+    _detect,
+    _weights,
+)
