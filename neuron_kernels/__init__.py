@@ -20,9 +20,11 @@ from .api import (
     quantize_nvfp4,
     shared_per_tensor_scale,
 )
+from .autograd import torch_fake_quantize
 from .blocks import BlockArray, MXArray, QuantizationStats, rotate
 from .casting import auto_cast, pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
+from .checkpoints.state_dict import dequantize_state_dict, quantize_state_dict
 from .dtypes import FormatInfo, as_dtype, canonical_name, format_info
 from .errors import (
     ClusterError,
@@ -120,6 +122,9 @@ __all__ = [
     "promotion_table",
     "quantization_error",
     "quantize",
+    "quantize_state_dict",
+    "dequantize_state_dict",
+    "torch_fake_quantize",
     "quantize_mx",
     "quantize_nvfp4",
     "register_cast",

@@ -3,7 +3,10 @@
 In-memory arrays go to the numerics (:mod:`neuron_kernels.casting` for casts, :mod:`neuron_kernels.blocks`
 for block formats), which handle NumPy arrays only; lazy arrays (Dask, and other array-likes that
 implement ``__array_ufunc__`` for casts) go to :mod:`neuron_kernels.lazy`, whose results are bit
-for bit those of the in-memory call. Nothing below this module imports the lazy layer.
+for bit those of the in-memory call. Nothing below this module imports the lazy layer. PyTorch
+CPU tensors are read here as NumPy views of their memory (no copy) and results given back as
+tensors (:mod:`neuron_kernels.interop`): ``cast`` and ``fake_quantize`` return tensors for tensors,
+``quantize`` a :class:`BlockArray` (``to_torch()`` converts it).
 
 Every block format goes through :func:`quantize` / :func:`fake_quantize` / :func:`dequantize` /
 :func:`block_matmul`; ``quantize_mx`` and ``quantize_nvfp4`` (and their ``fake_`` forms) are the
@@ -29,6 +32,7 @@ from .blocks.stats import quantization_error as _in_memory_error
 from .dtypes import DTypeLike, get_format
 from .errors import InvalidTypeError, InvalidValueError, NotApplicableError
 from .formats import BLOCK_FORMATS
+from .interop import from_torch, is_torch, to_torch
 from .lazy import is_lazy, is_lazy_blocks
 
 __all__ = [
@@ -60,6 +64,11 @@ def cast(
     seed: int | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
+    if is_torch(x) or is_torch(out):
+        arr = from_torch(x) if is_torch(x) else x
+        target_out = from_torch(out, "out") if is_torch(out) else out
+        values = casting.cast(arr, dtype, rounding=rounding, saturate=saturate, seed=seed, out=target_out)
+        return typing.cast(np.ndarray, out if out is not None else to_torch(values) if is_torch(x) else values)
     if is_lazy(x):
         from .lazy.casts import cast_lazy
 
@@ -72,7 +81,7 @@ def cast(
 
 
 def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
-    arr, src = input_array(x)
+    arr, src = input_array(from_torch(x) if is_torch(x) else x)
     job = block_job(fmt, arr.ndim, **options)
     return arr, src, job.resolved(arr, src)
 
@@ -93,6 +102,10 @@ def _quantized(x: Any, fmt: Any, out: BlockArray | None = None, **options: Any) 
 
 
 def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) -> np.ndarray:
+    if is_torch(x) or is_torch(out):
+        target_out = from_torch(out, "out") if is_torch(out) else out
+        values = _fake_quantized(from_torch(x) if is_torch(x) else x, fmt, target_out, **options)
+        return typing.cast(np.ndarray, out if out is not None else to_torch(values) if is_torch(x) else values)
     if is_lazy(x):
         from .lazy.blocks import as_dask, fake_quantize_lazy
 
@@ -288,7 +301,7 @@ def shared_per_tensor_scale(arrays: Any, fmt: Any = "nvfp4", **options: Any) -> 
     ``options`` are :func:`quantize`'s that decide the amax and the scale (``scale_bound``,
     ``four_over_six``, ``rht``, ``axis``). An empty sequence or a format without a per-tensor scale
     is refused."""
-    if isinstance(arrays, np.ndarray) or not hasattr(arrays, "__iter__"):
+    if isinstance(arrays, np.ndarray) or is_torch(arrays) or not hasattr(arrays, "__iter__"):
         raise InvalidTypeError(f"arrays must be a sequence of arrays (the shards), got {type(arrays).__name__}")
     arrays = list(arrays)
     if not arrays:
@@ -298,7 +311,7 @@ def shared_per_tensor_scale(arrays: Any, fmt: Any = "nvfp4", **options: Any) -> 
     for x in arrays:
         if is_lazy(x):
             raise InvalidTypeError("shared_per_tensor_scale takes in-memory arrays; compute the shards' amax with Dask")
-        arr, src = input_array(x)
+        arr, src = input_array(from_torch(x) if is_torch(x) else x)
         job = block_job(fmt, arr.ndim, **options)
         if not job.needs_amax:
             raise InvalidValueError(f"{job.fmt.name} has no per-tensor scale from the amax (it applies to nvfp4)")
@@ -462,4 +475,4 @@ def quantization_error(x: Any, q: Any) -> QuantizationStats:
 
         result: QuantizationStats = quantization_error_lazy(x, q)
         return result
-    return _in_memory_error(x, q)
+    return _in_memory_error(from_torch(x) if is_torch(x) else x, q)

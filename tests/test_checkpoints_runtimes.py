@@ -9,7 +9,9 @@ They run in the interpreter named by ``NEURON_KERNELS_RUNTIME_PYTHON`` (a virtua
   compressed-tensors format; transformers (with compressed-tensors) loads the result without a
   missing, unexpected or mismatched key, and its dequantised weights are the package's (with the
   shared per-tensor scale of q/k/v and gate/up) to within the runtime's bfloat16 rounding
-  (exactly, for MX);
+  (exactly, for MX); so does ModelOpt's NVFP4 checkpoint converted by the command (ModelOpt's own
+  values, tests/fixtures/modelopt), and the Llama's state dict quantised by
+  ``quantize_state_dict`` and saved with its config (the command's weights);
 - transformers builds a tiny gpt-oss; the command writes gpt-oss's MXFP4 layout; transformers
   (``Mxfp4Config(dequantize=True)``) loads it cleanly, its experts the package's bit for bit; the
   command dequantises it back to a checkpoint transformers loads cleanly, every tensor the
@@ -28,7 +30,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.checkpoints import fused_groups
 
-from .checkpoint_helpers import read_safetensors
+from .checkpoint_helpers import read_safetensors, write_safetensors
 from .cli_runner import run
 from .conftest import runtime_missing
 from .test_checkpoints_modelopt import FIXTURES as MODELOPT
@@ -122,7 +124,15 @@ def ct_loaded(runtime, llama):
     # ModelOpt's NVFP4 checkpoint (tests/fixtures/modelopt), converted by the command (bytes copied)
     run("quantize", MODELOPT / "nvfp4", "modelopt-nvfp4", "--format", "nvfp4", cwd=llama)
     args += [llama / "modelopt-nvfp4", llama / "modelopt-nvfp4.npz", "compressed-tensors"]
-    names = [*CT_FORMATS, "modelopt-nvfp4"]
+    # the Llama's state dict quantised in memory (quantize_state_dict) and saved as save_file would
+    tensors = read_safetensors(llama / "llama" / "model.safetensors")[0]
+    quantised, qc = nk.quantize_state_dict(tensors, "nvfp4")
+    (llama / "state-dict-nvfp4").mkdir()
+    write_safetensors(llama / "state-dict-nvfp4" / "model.safetensors", quantised)
+    config = json.loads((llama / "llama" / "config.json").read_text())
+    (llama / "state-dict-nvfp4" / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
+    args += [llama / "state-dict-nvfp4", llama / "state-dict-nvfp4.npz", "compressed-tensors"]
+    names = [*CT_FORMATS, "modelopt-nvfp4", "state-dict-nvfp4"]
     infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(names) :]]
     return {name: (info, np.load(llama / f"{name}.npz")) for name, info in zip(names, infos)}
 
@@ -161,6 +171,17 @@ def test_compressed_tensors_loads_a_converted_modelopt_checkpoint(ct_loaded):
         np.testing.assert_allclose(loaded[name], value, rtol=2**-7, atol=0, err_msg=name)
     source = read_safetensors(MODELOPT / "nvfp4" / "model.safetensors")[0]
     np.testing.assert_array_equal(loaded["lm_head.weight"], source["lm_head.weight"].astype(np.float32))
+
+
+def test_compressed_tensors_loads_a_quantised_state_dict(ct_loaded):
+    """``quantize_state_dict`` of the Llama's weights, saved with its config: transformers loads it
+    with no missing, unexpected or mismatched key, the same weights as the command's checkpoint."""
+    info, loaded = ct_loaded["state-dict-nvfp4"]
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    _, command = ct_loaded["nvfp4"]
+    assert sorted(loaded) == sorted(command)
+    for name in command:
+        np.testing.assert_array_equal(loaded[name], command[name], err_msg=name)
 
 
 MAKE_GPT_OSS = """

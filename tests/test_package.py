@@ -37,10 +37,10 @@ def test_import_compiles_nothing_and_skips_numba():
         import sys
         import neuron_kernels as nk
         nk.promote_type("bfloat16", "float16"); nk.format_info("float8_e4m3fn")
-        print("numba" in sys.modules)
+        print("numba" in sys.modules, "torch" in sys.modules)
     """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False"
+    assert r.stdout.strip() == "False False"  # torch is optional: the package never imports it itself
 
 
 def test_public_api_is_listed():

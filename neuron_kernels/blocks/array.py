@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,7 +25,15 @@ from .inputs import INPUT_DTYPES
 from .layout import BlockLayout
 from .rotation import rotate_in_place, rotation_signs
 
-__all__ = ["BlockArray", "MXArray", "result_buffer", "deliver"]
+__all__ = ["BlockArray", "MXArray", "TorchBlocks", "result_buffer", "deliver"]
+
+
+class TorchBlocks(NamedTuple):
+    """A block array as torch tensors (see :meth:`BlockArray.to_torch`)."""
+
+    qdata: Any
+    scale: Any
+    per_tensor_scale: Any
 
 
 def result_buffer(
@@ -215,6 +223,57 @@ class BlockArray:
             having = ", ".join(n for n, f in BLOCK_FORMATS.items() if f.x4)
             raise InvalidTypeError(f"{self.fmt} has no Neuron packed container; {having} do")
         return pack_x4(self.element_codes(), x4)
+
+    def to_torch(self) -> TorchBlocks:
+        """The block array as the CPU tensors torchao's ``NVFP4Tensor`` / ``MXTensor`` hold, sharing
+        this array's memory: ``qdata`` (4-bit codes packed two per byte as uint8, element 2i in the
+        low nibble; FP8 codes as ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``; FP6 and mxint8
+        codes one per byte as uint8), ``scale`` (``torch.float8_e8m0fnu`` for MX,
+        ``torch.float8_e4m3fn`` for NVFP4) and ``per_tensor_scale`` (a 0-d float32 tensor, or None).
+        Needs torch; rotated arrays are refused (torchao has no place for the rotation)."""
+        from ..interop.torch_tensors import _torch, to_torch
+
+        if self.rotation is not None:
+            raise InvalidValueError("a rotated block array has no torch form (torchao keeps no rotation)")
+        torch = _torch()
+        fmt = self.format
+        codes = self.codes.view(fmt.element_format.result_dtype) if fmt.element_bits == 8 else self.codes
+        pts = None if self.per_tensor_scale is None else torch.tensor(self.per_tensor_scale, dtype=torch.float32)
+        return TorchBlocks(to_torch(codes), to_torch(self.scales), pts)
+
+    def to_torchao(self, orig_dtype: Any = None) -> Any:
+        """The block array as torchao's own tensor subclass (needs torch and torchao): an
+        ``NVFP4Tensor`` for nvfp4, an ``MXTensor`` for mxfp8_e4m3, mxfp8_e5m2 and mxfp4_e2m1, for
+        blocks of the format's own size along the last axis (4-bit codes packed), whose
+        ``dequantize()`` gives this array's values. ``orig_dtype``: the torch dtype it reports
+        (``torch.float32`` by default)."""
+        from ..interop.torch_tensors import _torch
+
+        torch = _torch()
+        fmt = self.format
+        # torchao's element dtypes: FP4 packed two per byte, or torch's own dtype of the element
+        elem = torch.float4_e2m1fn_x2 if fmt.packable else getattr(torch, fmt.element, None)
+        if (
+            elem is None
+            or self.axis != len(self.shape) - 1
+            or self.block_rows != 1
+            or self.block_size != fmt.block_size
+            or (fmt.packable and not self.packed)
+        ):
+            raise InvalidValueError(
+                "torchao holds NVFP4 and the MX formats with FP8 or FP4 elements, in blocks of the format's own "
+                f"size along the last axis (4-bit codes packed); this array is {self!r}"
+            )
+        parts = self.to_torch()
+        orig = torch.float32 if orig_dtype is None else orig_dtype
+        if fmt.per_tensor_scale:
+            from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+            return NVFP4Tensor(parts.qdata, parts.scale, fmt.block_size, orig, parts.per_tensor_scale)
+        from torchao.prototype.mx_formats.mx_tensor import MXTensor  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+        return MXTensor(parts.qdata, parts.scale, elem, fmt.block_size, orig, KernelPreference.EMULATED, None, False)
 
     def with_codes(self, codes: np.ndarray) -> BlockArray:
         """The same blocks with other codes (of the same layout)."""

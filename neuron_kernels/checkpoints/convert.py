@@ -27,7 +27,7 @@ from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
 from ..io.stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
 from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint
-from .layouts import LAYOUTS, Output, StoredWeight, open_any, stored_weights
+from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, open_any, stored_weights
 from .layouts.modelopt import HF_QUANT_CONFIG
 from .selection import FLOATS, fused_groups
 
@@ -97,6 +97,7 @@ class _Item:
     specs: list[TensorSpec]
     fill: Callable[[dict[str, Any]], None]
     prepare: Callable[[], dict[str, float]] = lambda: {}
+    kept: str | None = None  # the input tensor copied as it is, if that is what the item is
 
     @property
     def nbytes(self) -> int:
@@ -162,7 +163,7 @@ def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: in
             sink.write(np.ascontiguousarray(piece))
             progress(piece.nbytes)
 
-    return _Item([spec], fill)
+    return _Item([spec], fill, kept=name)
 
 
 def _finish_folder(
@@ -219,6 +220,62 @@ def quantize_checkpoint(
     layout = LAYOUTS[layout_name]
     layout.check_format(fmt)
     ckpt, source = open_any(src)
+    plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options)
+    if layout.single_file:
+        _quantize_to_block_file(dst, plan.chosen, plan.reports, plan.resolve, chunk_bytes, progress)
+        return plan.reports
+    _write_shards(dst, plan.items(progress), max_shard_bytes)
+    _finish_folder(ckpt, dst, plan.config, True)
+    return plan.reports
+
+
+@dataclass
+class _Plan:
+    """What quantising a checkpoint into a layout does, decided before anything is written: one
+    report per input tensor, each tensor's job (None: kept), the per-tensor scales' resolver, the
+    weights converted as their bytes, and the layout's ``quantization_config``."""
+
+    layout: CheckpointLayout
+    reports: list[TensorReport]
+    chosen: list[tuple[str, ArrayEntry, BlockJob | None]]
+    resolve: _ScaleResolver
+    copies: dict[str, StoredWeight]
+    config: dict[str, Any]
+    chunk_bytes: int
+
+    def items(self, progress: Progress) -> list[_Item]:
+        """The output's tensors, in the input's order, and how to fill each."""
+        layout, items = self.layout, []
+        for (name, entry, job), report in zip(self.chosen, self.reports):
+            if job is None:
+                items.append(_copy_item(name, entry, progress, self.chunk_bytes))
+                continue
+            shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
+            w = self.copies.get(name)
+            outputs = layout.outputs(name, w.layout if w is not None else job.layout(shape))
+            report.outputs = tuple(s.name for s, _ in outputs)
+            if w is not None:
+                items.append(_converted_item(w, outputs, progress))
+                continue
+            items.append(
+                _quantize_item(name, entry, layout.transpose, outputs, report, self.resolve, self.chunk_bytes, progress)
+            )
+        return items
+
+
+def _plan(
+    ckpt: Checkpoint,
+    source: CheckpointLayout | None,
+    layout: CheckpointLayout,
+    fmt: str,
+    ignore: tuple[str, ...],
+    only: tuple[str, ...],
+    fuse: bool,
+    chunk_bytes: int,
+    options: dict[str, Any],
+) -> _Plan:
+    """The :class:`_Plan` of quantising ``ckpt`` (in the layout ``source``, or plain) into ``layout``
+    (see :func:`quantize_checkpoint`); every refusal is raised here, before anything is written."""
     stored = stored_weights(ckpt, source)
     if source is None:
         _refuse_unannounced(ckpt)
@@ -244,7 +301,7 @@ def quantize_checkpoint(
         w = by_name.get(name)
         if why:
             reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.layout.fmt})" if w else "")))
-        elif w is not None and _copies_bytes(w, layout, fmt, options):
+        elif w is not None and source is not None and _copies_bytes(w, layout, fmt, options):
             copies[name] = w
             how = f"bytes copied from {source.name}" + _dropped_note(w)
             reports.append(TensorReport(name, entry.shape, fmt, "converted", how))
@@ -254,33 +311,16 @@ def quantize_checkpoint(
     layout.fits(ckpt, [n for n, _, j in chosen if j is not None])
     if not any(j is not None for _, _, j in chosen):
         raise FileFormatError(
-            f"{src}: no tensor to quantise ({len(chosen)} kept; see --only / --ignore and docs/checkpoints.md "
+            f"{ckpt.path}: no tensor to quantise ({len(chosen)} kept; see --only / --ignore and docs/checkpoints.md "
             f'"Which tensors are quantised"); nothing written'
         )
     groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies) if fuse else {}
     for report in reports:
         report.fused_with = groups.get(report.name, ())
     resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes)
-    kept = [(n, e) for (n, e, j), r in zip(chosen, reports) if j is None]
-    if layout.single_file:
-        _quantize_to_block_file(dst, chosen, reports, resolve, chunk_bytes, progress)
-        return reports
-    items: list[_Item] = []
-    for (name, entry, job), report in zip(chosen, reports):
-        if job is None:
-            items.append(_copy_item(name, entry, progress, chunk_bytes))
-            continue
-        shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
-        w = copies.get(name)
-        outputs = layout.outputs(name, w.layout if w is not None else job.layout(shape))
-        report.outputs = tuple(s.name for s, _ in outputs)
-        if w is not None:
-            items.append(_converted_item(w, outputs, progress))
-            continue
-        items.append(_quantize_item(name, entry, layout.transpose, outputs, report, resolve, chunk_bytes, progress))
-    _write_shards(dst, items, max_shard_bytes)
-    _finish_folder(ckpt, dst, layout.config(fmt, kept), True)
-    return reports
+    kept = [(n, e) for (n, e, j) in chosen if j is None]
+    config = {} if layout.single_file else layout.config(fmt, kept)
+    return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes)
 
 
 #: The last name component of tensors that only quantised layouts hold.
