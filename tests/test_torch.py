@@ -74,6 +74,15 @@ def test_tensors_are_read_without_a_copy(torch, name):
             assert np.ascontiguousarray(a).tobytes() == tensor_bytes(torch, view)
 
 
+def test_packed_fp4_tensors_are_unpacked(torch):
+    codes = np.arange(256, dtype=np.uint8).reshape(4, 64)
+    t = torch.from_numpy(codes.copy()).view(torch.float4_e2m1fn_x2)
+    unpacked = np.stack((codes & 15, codes >> 4), axis=-1).reshape(4, 128).view(get_format("float4_e2m1fn").dtype)
+    got = nk.cast(t, "float32")
+    assert got.dtype == torch.float32 and tuple(got.shape) == (4, 128)
+    assert tensor_bytes(torch, got) == nk.cast(unpacked, "float32").tobytes()
+
+
 TARGETS = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float8_e8m0fnu": "float8_e8m0fnu",
            "float16": "float16", "float6_e2m3fn": "uint8", "float32": "float32"}  # fmt: skip
 

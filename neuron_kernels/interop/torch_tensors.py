@@ -3,8 +3,9 @@
 - :func:`from_torch`: a CPU tensor as a NumPy array that shares its memory (strides kept): float32,
   float64, float16 and the integers directly; bfloat16 and the float8 types (``float8_e4m3fn``,
   ``float8_e5m2``, the ``fnuz`` ones, ``float8_e8m0fnu``) reinterpreted as the ml_dtypes dtype of the
-  same bits. A tensor on another device, one that requires grad and a dtype the package does not
-  read are refused, naming what to do.
+  same bits; ``float4_e2m1fn_x2`` (two FP4 codes per byte) unpacked to one ``float4_e2m1fn`` code
+  per byte, the one input that is copied. A tensor on another device, one that requires grad and a
+  dtype the package does not read are refused, naming what to do.
 - :func:`to_torch`: a NumPy result as a tensor sharing its memory, in torch's dtype of the same
   format where torch has one, else its bytes as ``uint8`` (FP6, FP4 one code per byte,
   float8_e4m3, float8_e3m4, float8_e4m3b11fnuz, float8_e5m3fnu).
@@ -77,7 +78,11 @@ def from_torch(t: Any, what: str = "the input") -> np.ndarray:
     if name in TORCH_BITS:
         torch = _torch()
         return np.asarray(t.view(getattr(torch, TORCH_BITS[name])).numpy()).view(get_format(name).dtype)
-    readable = ", ".join((*_NATIVE, *TORCH_BITS))
+    if name == "float4_e2m1fn_x2":  # two FP4 codes per byte, element 2i in the low nibble: unpacked (a copy)
+        packed = np.asarray(t.view(_torch().uint8).numpy())
+        codes = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(*packed.shape[:-1], -1)
+        return codes.view(get_format("float4_e2m1fn").dtype)
+    readable = ", ".join((*_NATIVE, *TORCH_BITS, "float4_e2m1fn_x2"))
     raise InvalidTypeError(f"{what} is a torch tensor of dtype {t.dtype}, which the package does not read ({readable})")
 
 
