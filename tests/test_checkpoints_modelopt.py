@@ -191,3 +191,29 @@ def test_a_quantize_that_would_quantise_nothing_is_refused(tmp_path):
         "quantize", FIXTURES / "bf16", "out", "--format", "nvfp4", "--only", "nothing.matches",
         cwd=tmp_path, message="no tensor to quantise",
     )  # fmt: skip
+
+
+def test_compressed_tensors_w4a4_is_read_its_activation_scales_dropped(tmp_path):
+    """A compressed-tensors NVFP4 checkpoint with activations (W4A4: ``input_global_scale`` per
+    module, ``input_activations`` in the config, as llm-compressor's NVFP4 preset writes) is read:
+    its weights are those of the weight-only checkpoint, the activations' scales dropped and said."""
+    run("quantize", FIXTURES / "nvfp4", "w4a16", "--format", "nvfp4", cwd=tmp_path)
+    shutil.copytree(tmp_path / "w4a16", tmp_path / "w4a4")
+    tensors, metadata = read_safetensors(tmp_path / "w4a4" / "model.safetensors")
+    source = stored(FIXTURES / "nvfp4")
+    for name in producer_decoded("nvfp4"):
+        base = name[: -len(".weight")]
+        tensors[f"{base}.input_global_scale"] = (np.float32(1) / source[f"{base}.input_scale"]).reshape(1)
+    write_safetensors(tmp_path / "w4a4" / "model.safetensors", tensors, metadata)
+    config = json.loads((tmp_path / "w4a4" / "config.json").read_text())
+    group = config["quantization_config"]["config_groups"]["group_0"]
+    group["input_activations"] = {**group["weights"], "dynamic": "local", "observer": "static_minmax"}
+    (tmp_path / "w4a4" / "config.json").write_text(json.dumps(config))
+    r = run("dequantize", "w4a4", "plain", "--dtype", "float32", cwd=tmp_path)
+    assert "input_global_scale dropped" in r.stdout
+    run("dequantize", "w4a16", "plain16", "--dtype", "float32", cwd=tmp_path)
+    assert read_dir(tmp_path / "plain")[0].keys() == read_dir(tmp_path / "plain16")[0].keys()
+    for name, value in read_dir(tmp_path / "plain16")[0].items():
+        assert read_dir(tmp_path / "plain")[0][name].tobytes() == value.tobytes(), name
+    r = run("quantize", "w4a4", "again", "--format", "nvfp4", cwd=tmp_path)
+    assert "input_global_scale dropped" in r.stdout

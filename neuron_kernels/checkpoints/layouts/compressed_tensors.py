@@ -146,24 +146,30 @@ def _ct_weights(ckpt: Checkpoint) -> list[StoredWeight]:
             gname = f"{base}.weight_global_scale"
             if gname not in t:
                 raise FileFormatError(f"{ckpt.path}: {codes_name} has no {gname} beside it")
-            g = t[gname]
-            if g.dtype.name != "float32" or g.size != 1:
-                raise FileFormatError(f"{g.where}: must be one float32, found {g.dtype} of shape {g.shape}")
-            gs = np.float32(g.read_flat(0, 1)[0])
-            if not (np.isfinite(gs) and gs > 0):
-                raise FileFormatError(f"{g.where}: the global scale {gs} is not a positive finite number")
+            gs = _global_scale(t[gname])
             pts = float(np.float32(1) / gs)
             kept = exact.get(gname)
             if isinstance(kept, float) and np.float32(1) / np.float32(kept) == gs:
                 pts = kept
             parts.append(gname)
-        found.append(
-            StoredWeight(
-                f"{base}.weight", layout, pts, uint8_view(codes), uint8_view(scale), tuple(parts), f"{base}.weight"
-            )
-        )
+        iname = f"{base}.input_global_scale"
+        if iname in t:  # W4A4: the activations' global scale, not the weight's (dropped with it)
+            _global_scale(t[iname])
+            parts.append(iname)
+        weight = f"{base}.weight"
+        found.append(StoredWeight(weight, layout, pts, uint8_view(codes), uint8_view(scale), tuple(parts), weight))
     _ct_check_rest(ckpt, {p for w in found for p in w.parts}, bf.block_size)
     return found
+
+
+def _global_scale(g: ArrayEntry) -> np.float32:
+    """The one positive finite float32 of a global scale tensor."""
+    if g.dtype.name != "float32" or g.size != 1:
+        raise FileFormatError(f"{g.where}: must be one float32, found {g.dtype} of shape {g.shape}")
+    gs = np.float32(g.read_flat(0, 1)[0])
+    if not (np.isfinite(gs) and gs > 0):
+        raise FileFormatError(f"{g.where}: the global scale {gs} is not a positive finite number")
+    return gs
 
 
 #: Suffixes of the tensors compressed-tensors adds to a quantised module.
