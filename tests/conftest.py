@@ -85,6 +85,19 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "NEURON_KERNELS_COMPILED": "0", **extra}
 
 
+def import_runtime(module: str):
+    """``import module`` (its import-time warnings silenced), or :func:`runtime_missing` with why."""
+    import importlib
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        runtime_missing(f"{module} is not installed ({exc})")
+
+
 def runtime_missing(why: str) -> None:
     """Skip a test whose runtime (torch, transformers, compressed-tensors, torchao) is not
     installed, with the reason; fail it instead where ``NEURON_KERNELS_REQUIRE_RUNTIMES`` is set

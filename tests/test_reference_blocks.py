@@ -16,13 +16,12 @@ skipped, with the reason, when torch or torchao is not installed.
 from __future__ import annotations
 
 import math
-import warnings
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from .conftest import runtime_missing
+from .conftest import import_runtime
 from .reference_blocks import (
     BlockQuantRef,
     block_error_ref,
@@ -887,14 +886,7 @@ def test_rht_validation():
 
 def _torchao():
     """torch and torchao's nvfp4 module, or a skip with the reason."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import torch
-            from torchao.prototype.mx_formats import nvfp4_tensor
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        runtime_missing(f"torch/torchao not installed ({exc})")
-    return torch, nvfp4_tensor
+    return import_runtime("torch"), import_runtime("torchao.prototype.mx_formats.nvfp4_tensor")
 
 
 def torchao_inputs() -> list[np.ndarray]:

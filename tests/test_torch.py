@@ -8,7 +8,6 @@ torch and torchao come with the ``runtimes`` extra (CI installs it and fails the
 import json
 import re
 import shutil
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +20,12 @@ from neuron_kernels.interop import from_torch
 
 from .checkpoint_helpers import bits, read_dir, read_safetensors, write_safetensors
 from .cli_runner import run
-from .conftest import runtime_missing
+from .conftest import import_runtime
 
 
 @pytest.fixture(scope="module")
 def torch():
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import torch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        runtime_missing(f"torch is not installed ({exc})")
-    return torch
+    return import_runtime("torch")
 
 
 def values(shape=(8, 64), seed=0) -> np.ndarray:
@@ -121,12 +114,7 @@ def test_block_functions_take_tensors(torch, fmt, source):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8_e4m3", "mxfp4_e2m1"])
 def test_block_arrays_become_torchao_tensors_that_dequantise_alike(torch, fmt):
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import torchao.prototype.mx_formats  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        runtime_missing(f"torchao is not installed ({exc})")
+    import_runtime("torchao.prototype.mx_formats")
     q = nk.quantize(values((8, 128), seed=3), fmt)
     parts = q.to_torch()
     assert parts.scale.dtype == (torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu)
