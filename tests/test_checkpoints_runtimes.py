@@ -11,7 +11,8 @@ They run in the interpreter named by ``NEURON_KERNELS_RUNTIME_PYTHON`` (a virtua
   shared per-tensor scale of q/k/v and gate/up) to within the runtime's bfloat16 rounding
   (exactly, for MX); so does ModelOpt's NVFP4 checkpoint converted by the command (ModelOpt's own
   values, tests/fixtures/modelopt), and the Llama's state dict quantised by
-  ``quantize_state_dict`` and saved with its config (the command's weights);
+  ``quantize_state_dict`` and saved with its config (the command's weights); transformers' own
+  FP8 decoders read compressed-tensors FP8 and fine-grained FP8 checkpoints as the package does;
 - transformers builds a tiny gpt-oss; the command writes gpt-oss's MXFP4 layout; transformers
   (``Mxfp4Config(dequantize=True)``) loads it cleanly, its experts the package's bit for bit; the
   command dequantises it back to a checkpoint transformers loads cleanly, every tensor the
@@ -33,6 +34,7 @@ from neuron_kernels.checkpoints import fused_groups
 from .checkpoint_helpers import read_safetensors, write_safetensors
 from .cli_runner import run
 from .conftest import runtime_missing
+from .test_checkpoints_fp8 import make_ct_fp8, make_fp8
 from .test_checkpoints_modelopt import FIXTURES as MODELOPT
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -93,6 +95,9 @@ for checkpoint, out, kind in zip(args[0::3], args[1::3], args[2::3]):  # several
     if kind == "compressed-tensors":
         from transformers import CompressedTensorsConfig
         kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+    elif kind == "fp8":  # fine-grained FP8: transformers dequantises it on a CPU
+        from transformers import FineGrainedFP8Config
+        kwargs["quantization_config"] = FineGrainedFP8Config(dequantize=True)
     elif kind == "mxfp4":
         from transformers import Mxfp4Config
         kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
@@ -132,9 +137,16 @@ def ct_loaded(runtime, llama):
     config = json.loads((llama / "llama" / "config.json").read_text())
     (llama / "state-dict-nvfp4" / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
     args += [llama / "state-dict-nvfp4", llama / "state-dict-nvfp4.npz", "compressed-tensors"]
-    names = [*CT_FORMATS, "modelopt-nvfp4", "state-dict-nvfp4"]
+    # FP8 layouts the package reads (tests/test_checkpoints_fp8.py's encoders): compressed-tensors
+    # float-quantized (block strategy, bfloat16 scales) and fine-grained FP8 (128 x 128 blocks)
+    fp8_expected = {"ct-fp8": make_ct_fp8(llama / "ct-fp8", "block"), "fine-fp8": make_fp8(llama / "fine-fp8")}
+    args += [llama / "ct-fp8", llama / "ct-fp8.npz", "compressed-tensors"]
+    args += [llama / "fine-fp8", llama / "fine-fp8.npz", "fp8"]
+    names = [*CT_FORMATS, "modelopt-nvfp4", "state-dict-nvfp4", "ct-fp8", "fine-fp8"]
     infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(names) :]]
-    return {name: (info, np.load(llama / f"{name}.npz")) for name, info in zip(names, infos)}
+    loaded = {name: (info, np.load(llama / f"{name}.npz")) for name, info in zip(names, infos)}
+    loaded["fp8-expected"] = fp8_expected
+    return loaded
 
 
 @pytest.mark.parametrize("fmt", CT_FORMATS)
@@ -182,6 +194,21 @@ def test_compressed_tensors_loads_a_quantised_state_dict(ct_loaded):
     assert sorted(loaded) == sorted(command)
     for name in command:
         np.testing.assert_array_equal(loaded[name], command[name], err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["ct-fp8", "fine-fp8"])
+def test_the_producers_decoders_read_fp8_checkpoints_as_the_package_does(ct_loaded, llama, name):
+    """transformers' own FP8 decoders (compressed-tensors' decompression; its fine-grained FP8
+    dequantisation, which it applies on a CPU) give the package's values, rounded to bfloat16 (the
+    product of an FP8 code and its block's scale is exact in float32, so one rounding either way):
+    a check of the package's reading against the producers' code. Both load with no missing,
+    unexpected or mismatched key."""
+    info, loaded = ct_loaded[name]
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    ours = nk.load_checkpoint(llama / name)
+    for weight, value in ct_loaded["fp8-expected"][name].items():
+        assert np.array_equal(ours[weight], value), weight
+        np.testing.assert_array_equal(loaded[weight], ours[weight].astype(BF16).astype(np.float32), err_msg=weight)
 
 
 MAKE_GPT_OSS = """

@@ -22,12 +22,13 @@ import numpy as np
 from ..blocks.array import BlockArray
 from ..blocks.job import DEFAULT, BlockJob, block_job
 from ..blocks.stats import ErrorStats, QuantizationStats
+from ..casting import cast
 from ..dtypes import get_format
 from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
 from ..io.stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
 from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint
-from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, open_any, stored_weights
+from .layouts import LAYOUTS, CheckpointLayout, Output, ScaledWeight, StoredWeight, Weight, open_any, stored_weights
 from .layouts.modelopt import HF_QUANT_CONFIG
 from .selection import FLOATS, fused_groups
 
@@ -49,6 +50,8 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
     ``path``: a checkpoint folder or ``.safetensors`` file in any layout of :data:`LAYOUTS` (or
     plain), or the package's ``.npz`` file. ``names``: only these names (an iterable). Keys are
     the weights' names (``NAME.weight``; ``NAME`` for gpt-oss's experts) and the other tensors'.
+    The FP8 layouts' weights (float scales, no block format of the table) come as their exact
+    float32 values.
     NVFP4's per-tensor scale is the one quantised with when this package wrote the checkpoint,
     else ``1 / weight_global_scale`` in float32."""
     ckpt, layout = open_any(os.fspath(path))
@@ -58,7 +61,7 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
     for w in stored_weights(ckpt, layout):
         taken.update(w.parts)
         if wanted is None or w.name in wanted:
-            out[w.name] = w.block_array()
+            out[w.name] = w.block_array() if isinstance(w, StoredWeight) else w.values()
     for name, entry in ckpt.tensors.items():
         if name not in taken and (wanted is None or name in wanted):
             out[name] = np.array(entry.read())
@@ -300,13 +303,13 @@ def _plan(
         chosen.append((name, entry, None if why else block_job(fmt, len(entry.shape), **options)))
         w = by_name.get(name)
         if why:
-            reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.layout.fmt})" if w else "")))
+            reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.label})" if w else "")))
         elif w is not None and source is not None and _copies_bytes(w, layout, fmt, options):
             copies[name] = w
             how = f"bytes copied from {source.name}" + _dropped_note(w)
             reports.append(TensorReport(name, entry.shape, fmt, "converted", how))
         else:
-            how = f"dequantised from {w.layout.fmt}{_dropped_note(w)}" if w is not None else ""
+            how = f"dequantised from {w.label}{_dropped_note(w)}" if w is not None else ""
             reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how))
     layout.fits(ckpt, [n for n, _, j in chosen if j is not None])
     if not any(j is not None for _, _, j in chosen):
@@ -344,13 +347,13 @@ def _refuse_unannounced(ckpt: Checkpoint) -> None:
             )
 
 
-def _inputs(ckpt: Checkpoint, stored: list[StoredWeight]) -> tuple[dict[str, ArrayEntry], dict[str, StoredWeight]]:
+def _inputs(ckpt: Checkpoint, stored: list[Weight]) -> tuple[dict[str, ArrayEntry], dict[str, Weight]]:
     """The tensors to quantise or keep, in the checkpoint's order: each stored quantised weight
     as its exact float32 dequantisation (read piece by piece), its parts (scales) consumed; every
     other tensor as it is. Also the stored weights by their dequantised name."""
     by_part = {p: w for w in stored for p in w.parts}
     inputs: dict[str, ArrayEntry] = {}
-    by_name: dict[str, StoredWeight] = {}
+    by_name: dict[str, Weight] = {}
     for name, entry in ckpt.tensors.items():
         w = by_part.get(name)
         if w is None:
@@ -361,14 +364,14 @@ def _inputs(ckpt: Checkpoint, stored: list[StoredWeight]) -> tuple[dict[str, Arr
     return inputs, by_name
 
 
-def _dropped_note(w: StoredWeight) -> str:
+def _dropped_note(w: Weight) -> str:
     return f" ({', '.join(p.rpartition('.')[2] for p in w.dropped)} dropped)" if w.dropped else ""
 
 
-def _copies_bytes(w: StoredWeight, layout: Any, fmt: str, options: dict[str, Any]) -> bool:
+def _copies_bytes(w: Weight, layout: Any, fmt: str, options: dict[str, Any]) -> bool:
     """Whether a stored weight goes into ``layout`` as its bytes: already ``fmt`` in the blocks
     the layout stores. Options that would change its bytes are refused (they need it dequantised)."""
-    if w.layout.fmt != fmt or w.transpose != layout.transpose:
+    if not isinstance(w, StoredWeight) or w.layout.fmt != fmt or w.transpose != layout.transpose:
         return False
     neutral = {"axis": (-1, None), "pack": (True,), "rounding": ("nearest_even",), "rht": (False,)}
     given = {k: v for k, v in options.items() if v is not None and v is not DEFAULT and v not in neutral.get(k, ())}
@@ -537,7 +540,7 @@ def dequantize_checkpoint(
     by_part = {p: w for w in weights for p in w.parts}
     reports: list[TensorReport] = []
     items: list[_Item] = []
-    order: list[tuple[str, StoredWeight | None]] = [(w.name, w) for w in weights if not w.parts]
+    order: list[tuple[str, Weight | None]] = [(w.name, w) for w in weights if not w.parts]
     seen: set[str] = set()
     for name in ckpt.tensors:
         w = by_part.get(name)
@@ -552,20 +555,28 @@ def dequantize_checkpoint(
             items.append(_copy_item(name, entry, progress, chunk_bytes))
             reports.append(_report_kept(name, entry, "not quantised"))
             continue
-        shape = w.layout.shape
+        shape = w.shape
         out_shape = shape[:-2] + (shape[-1], shape[-2]) if w.transpose else shape
         spec = TensorSpec(w.out_name, out_dtype, out_shape)
         items.append(_Item([spec], _decode_fill(w, out_fmt.name, chunk_bytes, progress)))
         why = _dropped_note(w).strip()
-        reports.append(TensorReport(w.name, shape, w.layout.fmt, "dequantised", why, outputs=(w.out_name,)))
+        reports.append(TensorReport(w.name, shape, w.label, "dequantised", why, outputs=(w.out_name,)))
     _write_shards(dst, items, max_shard_bytes)
     _finish_folder(ckpt, dst, None, True)
     return reports
 
 
-def _decode_fill(w: StoredWeight, dtype: str, chunk_bytes: int, progress: Progress) -> Callable[[dict[str, Any]], None]:
+def _decode_fill(w: Weight, dtype: str, chunk_bytes: int, progress: Progress) -> Callable[[dict[str, Any]], None]:
     def fill(sinks: dict[str, Any]) -> None:
         sink = sinks[w.out_name]
+        if isinstance(w, ScaledWeight):  # its exact float32 values, rows at a time, then ``dtype``
+            entry = w.decoded_entry()
+            step = max(w.shape[-1], (chunk_bytes // 4) // w.shape[-1] * w.shape[-1])
+            for start in range(0, entry.size, step):
+                values = entry.read_flat(start, min(start + step, entry.size))
+                sink.write(values if dtype == "float32" else cast(values, dtype))
+                progress(values.size)
+            return
         if not w.transpose:
             for values, used in decoded_pieces(w.codes, w.scales, w.layout, w.per_tensor_scale, None, dtype,
                                                chunk_bytes):  # fmt: skip

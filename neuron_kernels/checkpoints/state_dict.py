@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from ..casting import cast
 from ..dtypes import get_format
 from ..errors import InvalidTypeError
 from ..interop import from_torch, is_torch, to_torch
 from ..io.files import ArrayEntry, FileFormatError
 from .convert import _plan, stored_weights
 from .folder import Checkpoint
-from .layouts import LAYOUTS, detect_layout
+from .layouts import LAYOUTS, StoredWeight, detect_layout
 from .selection import FLOATS
 
 __all__ = ["quantize_state_dict", "dequantize_state_dict"]
@@ -134,6 +135,10 @@ def dequantize_state_dict(
         if w is None:
             out[name] = state_dict[name] if torch_out else arrays[name]
         elif w.out_name not in out:
-            values = w.block_array().dequantize(out_fmt.name)
+            values = (
+                w.block_array().dequantize(out_fmt.name)
+                if isinstance(w, StoredWeight)
+                else cast(w.values(), out_fmt.name)
+            )
             out[w.out_name] = to_torch(values) if torch_out else values
     return out

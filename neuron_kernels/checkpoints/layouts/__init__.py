@@ -5,7 +5,8 @@ One module per layout, each holding its :class:`~.records.CheckpointLayout` reco
 - :mod:`.compressed_tensors`: ``compressed-tensors`` (vLLM, transformers);
 - :mod:`.gptoss`: ``mxfp4`` (transformers' MXFP4, the layout of the gpt-oss checkpoints);
 - :mod:`.npz`: ``npz``, the package's own file of block arrays;
-- :mod:`.modelopt`: ``modelopt`` (NVIDIA ModelOpt's NVFP4 and MXFP8), read only.
+- :mod:`.modelopt`: ``modelopt`` (NVIDIA ModelOpt's NVFP4 and MXFP8), read only;
+- :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8), read only.
 
 :data:`WRITABLE` names the layouts ``--layout`` takes (those that store a format).
 """
@@ -16,16 +17,18 @@ import os
 
 from ...io.files import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
-from . import compressed_tensors, gptoss, modelopt, npz
-from .records import CheckpointLayout, Output, StoredWeight
+from . import compressed_tensors, finegrained_fp8, gptoss, modelopt, npz
+from .records import CheckpointLayout, Output, ScaledWeight, StoredWeight, Weight
 
 __all__ = [
-    "LAYOUTS", "WRITABLE", "CheckpointLayout", "StoredWeight", "Output", "detect_layout", "open_any", "stored_weights",
+    "LAYOUTS", "WRITABLE", "CheckpointLayout", "StoredWeight", "ScaledWeight", "Weight", "Output", "detect_layout",
+    "open_any", "stored_weights",
 ]  # fmt: skip
 
 #: Every checkpoint layout, by the name ``--layout`` takes.
 LAYOUTS: dict[str, CheckpointLayout] = {
-    layout.name: layout for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz.LAYOUT, modelopt.LAYOUT)
+    layout.name: layout
+    for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz.LAYOUT, modelopt.LAYOUT, finegrained_fp8.LAYOUT)
 }
 
 #: The layouts the package writes, by name (the others it reads only).
@@ -56,7 +59,7 @@ def open_any(path: str) -> tuple[Checkpoint, CheckpointLayout | None]:
     return ckpt, detect_layout(ckpt)
 
 
-def stored_weights(ckpt: Checkpoint, layout: CheckpointLayout | None) -> list[StoredWeight]:
+def stored_weights(ckpt: Checkpoint, layout: CheckpointLayout | None) -> list[Weight]:
     """The quantised weights of ``ckpt`` in ``layout`` (none for a plain checkpoint); a folder that
     says it is in a layout but holds none of its weights is refused."""
     weights = layout.weights(ckpt) if layout is not None else []

@@ -6,6 +6,10 @@ Per quantised ``NAME.weight``, ``NAME.weight_packed`` uint8 [..., out, in/2],
 uint8 (e8m0) [..., out, in/32] for ``mxfp4_e2m1``; ``NAME.weight`` float8_e4m3fn [..., out, in]
 and ``NAME.weight_scale`` uint8 [..., out, in/32] for ``mxfp8_e4m3``. Which tensors are
 quantised: :func:`neuron_kernels.checkpoints.selection.tensor_decision`.
+
+Read only: ``float-quantized`` (FP8 with float scales, tensor / channel / block / group
+strategies; :class:`~.records.ScaledWeight`), and the W4A4 form of NVFP4, whose
+``input_global_scale`` is the activations' (dropped with the weight).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from .records import (
     CheckpointLayout,
     Output,
     StoredWeight,
+    Weight,
     expect_tensor,
+    scaled_weight,
     stored_codes_dtype,
     stored_scales_dtype,
     uint8_view,
@@ -112,7 +118,7 @@ def _ct_format(ckpt: Checkpoint) -> str:
     }
     formats.discard(None)
     formats.discard("mixed-precision")
-    known = {v: k for k, v in _CT_FORMATS.items()}
+    known = {v: k for k, v in _CT_FORMATS.items()} | {_FLOAT_QUANTIZED: _FLOAT_QUANTIZED}
     if len(formats) != 1 or next(iter(formats)) not in known:
         raise FileFormatError(
             f"{ckpt.path}: compressed-tensors format {sorted(map(str, formats))} is not one this package reads "
@@ -121,12 +127,63 @@ def _ct_format(ckpt: Checkpoint) -> str:
     return known[next(iter(formats))]
 
 
-def _ct_weights(ckpt: Checkpoint) -> list[StoredWeight]:
+#: compressed-tensors' FP8 format (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK), read only.
+_FLOAT_QUANTIZED = "float-quantized"
+
+
+def _ct_fp8_block(ckpt: Checkpoint, rows: int, cols: int) -> tuple[int, int]:
+    """The block of one ``weight_scale`` entry of an FP8 weight of [rows, cols], by the config's
+    ``strategy``: tensor, channel, block (``block_structure``) or group (``group_size``)."""
+    groups = [g for g in ((ckpt.quantization_config or {}).get("config_groups") or {}).values() if isinstance(g, dict)]
+    weights = [g.get("weights") for g in groups if isinstance(g.get("weights"), dict)]
+    if len({json.dumps(w, sort_keys=True) for w in weights}) != 1:
+        raise FileFormatError(f"{ckpt.path}: float-quantized with {len(weights)} different weight schemes; one is read")
+    w = weights[0]
+    if w.get("num_bits") != 8 or w.get("type") != "float":
+        raise FileFormatError(
+            f"{ckpt.path}: float-quantized weights of {w.get('num_bits')} bits, {w.get('type')}; 8-bit float is read"
+        )
+    strategy = w.get("strategy")
+    if strategy == "tensor":
+        return rows, cols
+    if strategy == "channel":
+        return 1, cols
+    if strategy == "block" and isinstance(w.get("block_structure"), list) and len(w["block_structure"]) == 2:
+        return int(w["block_structure"][0]), int(w["block_structure"][1])
+    if strategy == "group" and isinstance(w.get("group_size"), int):
+        return 1, w["group_size"]
+    raise FileFormatError(
+        f"{ckpt.path}: float-quantized strategy {strategy!r} (block_structure {w.get('block_structure')!r}, "
+        f"group_size {w.get('group_size')!r}) is not one this package reads (tensor, channel, block, group)"
+    )
+
+
+def _ct_fp8_weights(ckpt: Checkpoint) -> list[Weight]:
+    t = ckpt.tensors
+    found: list[Weight] = []
+    for name, scale in t.items():
+        if not name.endswith(".weight_scale"):
+            continue
+        base = name[: -len(".weight_scale")]
+        codes = t.get(f"{base}.weight")
+        if codes is None:
+            raise FileFormatError(f"{ckpt.path}: {name} has no {base}.weight beside it")
+        rows, cols = codes.shape[-2:] if len(codes.shape) >= 2 else (0, 0)
+        block = _ct_fp8_block(ckpt, rows, cols)
+        parts = (f"{base}.weight", name) + tuple(f"{base}.{p}" for p in ("input_scale",) if f"{base}.{p}" in t)
+        found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, "fp8 (float-quantized)"))
+    _ct_check_rest(ckpt, {p for w in found for p in w.parts}, 1)
+    return found
+
+
+def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
     fmt = _ct_format(ckpt)
+    if fmt == _FLOAT_QUANTIZED:
+        return _ct_fp8_weights(ckpt)
     bf = BLOCK_FORMATS[fmt]
     t = ckpt.tensors
     exact = json.loads(ckpt.metadata.get(PTS_KEY, "{}"))
-    found = []
+    found: list[Weight] = []
     for name, scale in t.items():
         if not name.endswith(".weight_scale"):
             continue

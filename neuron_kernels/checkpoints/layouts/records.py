@@ -17,7 +17,7 @@ import numpy as np
 
 from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
-from ...formats import BlockFormat
+from ...formats import FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import Checkpoint
 from ..selection import tensor_decision
@@ -25,6 +25,10 @@ from ..selection import tensor_decision
 __all__ = [
     "CheckpointLayout",
     "StoredWeight",
+    "ScaledWeight",
+    "Weight",
+    "scaled_weight",
+    "FP8_CODES",
     "Output",
     "uint8_view",
     "expect_tensor",
@@ -103,6 +107,98 @@ class StoredWeight:
 
         return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read)
 
+    @property
+    def label(self) -> str:
+        """What the weight is stored as, as reports say it: its block format."""
+        return self.layout.fmt
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.layout.shape
+
+
+@dataclass(frozen=True)
+class ScaledWeight:
+    """A weight stored as float8_e4m3fn codes times a float scale per block of ``block`` = (rows,
+    cols) elements of its last two axes (the whole matrix for one scale per tensor, (1, in) per
+    channel, (1, g) per group): the FP8 layouts (fine-grained FP8, compressed-tensors
+    ``float-quantized``), whose float scales no block format of the table holds. Read as its exact
+    float32 values: ``float32(code) * float32(scale)``, one rounding (none for 16-bit scales: the
+    product of an FP8 and a bfloat16 or float16 value fits in float32); partial edge blocks take the
+    scale of their block, as the producers' padding gives them."""
+
+    name: str
+    shape: tuple[int, ...]
+    codes: ArrayEntry
+    scales: ArrayEntry
+    block: tuple[int, int]
+    parts: tuple[str, ...]
+    out_name: str
+    label: str
+    transpose: bool = False
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        return tuple(p for p in self.parts if p.rpartition(".")[2] in _NOT_WEIGHT_PARTS)
+
+    def decoded_entry(self) -> ArrayEntry:
+        """The exact float32 values as an :class:`ArrayEntry` read piece by piece."""
+        from ...casting import cast
+
+        rows, cols = self.shape[-2], self.shape[-1]
+        bm, bn = self.block
+        srows, scols = -(-rows // bm), -(-cols // bn)
+        codes, scales = self.codes, self.scales
+
+        def read(start: int, stop: int) -> np.ndarray:
+            r0, r1 = start // cols, -(-stop // cols)
+            flat_rows = np.arange(r0, r1, dtype=np.int64)
+            grid_rows = (flat_rows // rows) * srows + (flat_rows % rows) // bm
+            g0 = int(grid_rows.min()) if flat_rows.size else 0
+            g1 = int(grid_rows.max()) + 1 if flat_rows.size else 0
+            grid = np.asarray(scales.read_flat(g0 * scols, g1 * scols)).astype(np.float32).reshape(g1 - g0, scols)
+            per_element = np.repeat(grid[grid_rows - g0], bn, axis=1)[:, :cols]
+            values = cast(np.asarray(codes.read_flat(r0 * cols, r1 * cols)).reshape(r1 - r0, cols), "float32")
+            values *= per_element
+            return values.reshape(-1)[start - r0 * cols : stop - r0 * cols]
+
+        return ArrayEntry(codes.path, self.out_name, self.shape, np.dtype(np.float32), read)
+
+    def values(self) -> np.ndarray:
+        """The whole weight's exact float32 values (read into memory)."""
+        return self.decoded_entry().read()
+
+
+#: The dtype of the FP8 layouts' codes, and those of their scales.
+FP8_CODES = FORMATS["float8_e4m3fn"].result_dtype
+FP8_SCALES = tuple(FORMATS[n].result_dtype for n in ("float32", "bfloat16", "float16"))
+
+#: A quantised weight as a checkpoint stores it.
+Weight = StoredWeight | ScaledWeight
+
+
+def scaled_weight(
+    name: str, codes: ArrayEntry, scales: ArrayEntry, block: tuple[int, int], parts: tuple[str, ...], label: str
+) -> ScaledWeight:
+    """The :class:`ScaledWeight` of ``codes`` (float8_e4m3fn, 2 or more axes) and ``scales`` (a float32,
+    bfloat16 or float16 grid of ``block``-sized blocks of the last two axes), refusing what does not fit."""
+    if codes.dtype != FP8_CODES or len(codes.shape) < 2:
+        raise FileFormatError(
+            f"{codes.where}: FP8 weights must be float8_e4m3fn with 2 or more axes, found {codes.dtype} of shape "
+            f"{codes.shape}"
+        )
+    if scales.dtype not in FP8_SCALES:
+        raise FileFormatError(f"{scales.where}: FP8 scales must be float32, bfloat16 or float16, found {scales.dtype}")
+    rows, cols = codes.shape[-2:]
+    bm, bn = block
+    grid = codes.shape[:-2] + (-(-rows // bm), -(-cols // bn))
+    if scales.shape != grid and not (grid[-2:] == (1, 1) and scales.size == int(np.prod(grid))):
+        raise FileFormatError(
+            f"{scales.where}: a scale grid of shape {scales.shape} does not fit the weight {codes.shape} in blocks "
+            f"of {bm}x{bn} (expected {grid})"
+        )
+    return ScaledWeight(name, codes.shape, codes, scales, block, parts, name, label)
+
 
 #: (tensor spec, what fills it: "codes", "scales" or "per_tensor") of one quantised weight.
 Output = tuple[TensorSpec, str]
@@ -128,7 +224,7 @@ class CheckpointLayout:
     outputs: Callable[[str, BlockLayout], list[Output]]
     config: Callable[[str, list[tuple[str, ArrayEntry]]], dict[str, Any]]
     detect: Callable[[Checkpoint], bool]
-    weights: Callable[[Checkpoint], list[StoredWeight]]
+    weights: Callable[[Checkpoint], list[Weight]]
     suffix: str | None = None
     decide: Callable[..., str | None] = tensor_decision
     transpose: bool = False

@@ -1,0 +1,72 @@
+"""The ``fp8`` layout (fine-grained FP8: DeepSeek-V3/R1, Qwen3-*-FP8, GLM, MiniMax, Kimi), read only.
+
+Recognised by config.json's ``quantization_config`` with ``quant_method: "fp8"`` and
+``weight_block_size: [rows, cols]`` (128 x 128 in the published checkpoints; read from the config,
+never derived from the shapes). Per quantised ``NAME.weight``: ``NAME.weight`` float8_e4m3fn
+[..., out, in] and ``NAME.weight_scale_inv`` float32, bfloat16 or float16 [..., ceil(out / rows),
+ceil(in / cols)], a multiplier despite its name: a value is ``code * scale_inv[i // rows, j //
+cols]``, partial edge blocks included (DeepSeek's 576-row ``kv_a_proj_with_mqa``). A static
+``activation_scheme``'s ``NAME.input_scale`` goes with its weight (dropped on conversion).
+"""
+
+from __future__ import annotations
+
+from ...io.files import FileFormatError
+from ..folder import Checkpoint
+from .records import FP8_CODES, CheckpointLayout, Weight, scaled_weight
+
+__all__ = ["LAYOUT"]
+
+
+def _block(ckpt: Checkpoint) -> tuple[int, int]:
+    qc = ckpt.quantization_config or {}
+    block = qc.get("weight_block_size")
+    if (
+        not isinstance(block, (list, tuple))
+        or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise FileFormatError(
+            f"{ckpt.path}: quantization_config (quant_method fp8) needs weight_block_size, two positive integers "
+            f"(the block of each weight_scale_inv entry), found {block!r}"
+        )
+    return block[0], block[1]
+
+
+def _detect(ckpt: Checkpoint) -> bool:
+    qc = ckpt.quantization_config
+    return qc is not None and qc.get("quant_method") == "fp8"
+
+
+def _weights(ckpt: Checkpoint) -> list[Weight]:
+    block = _block(ckpt)
+    t = ckpt.tensors
+    found: list[Weight] = []
+    for name, scale in t.items():
+        if not name.endswith(".weight_scale_inv"):
+            continue
+        base = name[: -len("_scale_inv")]
+        if base not in t:
+            raise FileFormatError(f"{ckpt.path}: {name} has no {base} beside it")
+        module = base[: -len(".weight")]
+        parts = (base, name) + tuple(f"{module}.{p}" for p in ("input_scale",) if f"{module}.{p}" in t)
+        found.append(scaled_weight(base, t[base], scale, block, parts, f"fp8 ({block[0]}x{block[1]} blocks)"))
+    claimed = {p for w in found for p in w.parts}
+    for name, entry in t.items():
+        if name not in claimed and (entry.dtype == FP8_CODES or name.endswith(("_scale_inv", "input_scale"))):
+            raise FileFormatError(
+                f"{ckpt.path}: {name} ({entry.dtype}) belongs to no FP8 weight with its weight_scale_inv; a runtime "
+                f"would not read it"
+            )
+    return found
+
+
+LAYOUT = CheckpointLayout(
+    "fp8",
+    "fine-grained FP8 (quant_method fp8; weight, weight_scale_inv per block): read only",
+    (),
+    lambda name, layout: [],
+    lambda fmt, kept: {},
+    _detect,
+    _weights,
+)
