@@ -1,6 +1,7 @@
 """NVIDIA ModelOpt checkpoints in (docs/checkpoints.md "Layouts the package reads"), on fixtures
 ModelOpt itself wrote (tests/fixtures/modelopt, made by scripts/make_modelopt_fixtures.py from a
-tiny bfloat16 Llama with ModelOpt 0.47's NVFP4 and MXFP8 default configs):
+tiny bfloat16 Llama with ModelOpt 0.47's NVFP4, MXFP8, FP8, FP8 per-channel and FP8 128 x 128
+block (weight-only) presets):
 
 - the package reads them, and each weight's dequantisation equals ModelOpt's own ``dequantize``
   bit for bit (in float32);
@@ -29,6 +30,8 @@ from .test_checkpoints_bad_input import fails
 
 FIXTURES = Path(__file__).parent / "fixtures" / "modelopt"
 FORMATS = {"nvfp4": "nvfp4", "mxfp8": "mxfp8_e4m3"}
+#: The FP8 family, read as exact float32 values: per tensor, per output row, per 128 x 128 block.
+FP8_ALGOS = ("fp8", "fp8_pc_pt", "fp8_pb_wo")
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
@@ -69,7 +72,31 @@ def test_modelopt_checkpoints_read_as_modelopt_decodes_them(algo):
         np.testing.assert_array_equal(value.view(np.uint8), source[name].view(np.uint8))
 
 
-@pytest.mark.parametrize("algo", list(FORMATS))
+@pytest.mark.parametrize("algo", FP8_ALGOS)
+def test_modelopt_fp8_checkpoints_read_as_modelopt_decodes_them(algo):
+    expected = producer_decoded(algo)
+    source = stored(FIXTURES / algo)
+    assert sorted(k for k, v in source.items() if v.dtype == E4M3) == sorted(expected)
+    scales = {source[k + "_scale"].shape for k in expected}
+    if algo == "fp8":
+        assert scales == {()}
+    elif algo == "fp8_pc_pt":
+        assert all(source[k + "_scale"].shape == source[k].shape[:1] for k in expected)
+    else:  # 4-D, one scale per 128 x 128 block, partial edge blocks included (192 and 320 wide)
+        grids = {k: tuple(-(-n // 128) for n in source[k].shape) for k in expected}
+        assert all(source[k + "_scale"].shape == (grids[k][0], 1, grids[k][1], 1) for k in expected)
+        assert {(2, 2), (3, 2), (2, 3)} == set(grids.values())
+    loaded = load_checkpoint(FIXTURES / algo)
+    assert not any(k.endswith("_scale") for k in loaded)
+    for name, value in expected.items():
+        assert loaded[name].dtype == np.float32
+        np.testing.assert_array_equal(bits(loaded[name]), bits(value), err_msg=name)
+    for name, value in loaded.items():
+        if name not in expected:
+            np.testing.assert_array_equal(value.view(np.uint8), source[name].view(np.uint8))
+
+
+@pytest.mark.parametrize("algo", [*FORMATS, *FP8_ALGOS])
 def test_dequantize_writes_the_plain_checkpoint(algo, tmp_path):
     shutil.copytree(FIXTURES / algo, tmp_path / "in")
     r = run("dequantize", "in", "out", "--dtype", "float32", cwd=tmp_path)
@@ -79,12 +106,13 @@ def test_dequantize_writes_the_plain_checkpoint(algo, tmp_path):
     source = stored(tmp_path / "in")
     assert set(out) == {k for k in source if not k.endswith(("weight_scale", "weight_scale_2", "input_scale"))}
     for name, value in expected.items():
-        np.testing.assert_array_equal(bits(unsigned_zero(out[name])), bits(value), err_msg=name)
+        ours = unsigned_zero(out[name]) if algo == "nvfp4" else out[name]
+        np.testing.assert_array_equal(bits(ours), bits(value), err_msg=name)
     assert not (tmp_path / "out" / "hf_quant_config.json").exists()
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "quantization_config" not in config
-    if algo == "nvfp4":
-        assert "input_scale dropped" in r.stdout
+    assert ("input_scale dropped" in r.stdout) == any(k.endswith("input_scale") for k in source)
+    assert algo not in ("nvfp4", "fp8") or "input_scale dropped" in r.stdout
 
 
 def test_modelopt_nvfp4_converts_to_compressed_tensors_byte_for_byte(tmp_path):
@@ -132,6 +160,24 @@ def test_another_format_quantises_the_exact_dequantisation(tmp_path):
         np.testing.assert_array_equal(out[name].scales, want.scales, err_msg=name)
 
 
+def test_an_fp8_block_checkpoint_quantises_to_nvfp4_from_its_exact_values(tmp_path):
+    r = run("quantize", FIXTURES / "fp8_pb_wo", "nv", "--format", "nvfp4", cwd=tmp_path)
+    assert "7 tensor(s) quantised" in r.stdout and "dequantised from ModelOpt FP8_PB_WO" in r.stdout
+    out = load_checkpoint(tmp_path / "nv")
+    exact = producer_decoded("fp8_pb_wo")
+    # fused layers share one per-tensor scale, from the amax of the group (docs/checkpoints.md)
+    groups = [("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)]
+    names = {p: n for n in exact for g in groups for p in g if f".{p}." in n}
+    for group in groups:
+        pts = nk.quantize(np.concatenate([exact[names[p]] for p in group]), "nvfp4").per_tensor_scale
+        for p in group:
+            name = names[p]
+            want = nk.quantize(exact[name], "nvfp4", per_tensor_scale=pts)
+            assert out[name].per_tensor_scale == pts, name
+            np.testing.assert_array_equal(out[name].codes, want.codes, err_msg=name)
+            np.testing.assert_array_equal(out[name].scales, want.scales, err_msg=name)
+
+
 def test_options_that_would_change_copied_bytes_are_refused(tmp_path):
     fails(
         "quantize", FIXTURES / "nvfp4", "out", "--format", "nvfp4", "--scale-mode", "nearest",
@@ -160,7 +206,7 @@ Q_PROJ = "model.layers.0.self_attn.q_proj"
 @pytest.mark.parametrize(
     "hf, tensors, message",
     [
-        (lambda c: c["quantization"].update(quant_algo="FP8_PB_WO"), None, "quant_algo 'FP8_PB_WO' is not one"),
+        (lambda c: c["quantization"].update(quant_algo="NVFP4_AWQ"), None, "quant_algo 'NVFP4_AWQ' is not one"),
         (lambda c: c["quantization"].update(quant_algo="MIXED_PRECISION"), None, "'MIXED_PRECISION' is not one"),
         (lambda c: c["quantization"].update(group_size=32), None, "group_size 32"),
         (lambda c: c.update(producer={"name": "someone"}), None, "not written by ModelOpt"),
@@ -172,6 +218,23 @@ Q_PROJ = "model.layers.0.self_attn.q_proj"
 )
 def test_what_the_package_does_not_read_is_refused(tmp_path, hf, tensors, message):
     folder = _variant(tmp_path, hf=hf, tensors=tensors)
+    for command in (("dequantize", folder, "out"), ("quantize", folder, "out", "--format", "mxfp4_e2m1")):
+        fails(*command, cwd=tmp_path, message=message)
+
+
+PB_SCALE = f"{Q_PROJ}.weight_scale"
+
+
+@pytest.mark.parametrize(
+    "tensors, message",
+    [
+        (lambda t: t.update({PB_SCALE: np.ones((2, 1, 1, 1), np.float32)}), "does not fit the weight"),
+        (lambda t: t.update({PB_SCALE: t[PB_SCALE].astype(np.float16)}), "must be float32"),
+        (lambda t: t.update({"extra.weight": t[f"{Q_PROJ}.weight"]}), "extra.weight (float8_e4m3fn) belongs to no"),
+    ],
+)
+def test_fp8_checkpoints_the_package_does_not_read_are_refused(tmp_path, tensors, message):
+    folder = _variant(tmp_path, algo="fp8_pb_wo", tensors=tensors)
     for command in (("dequantize", folder, "out"), ("quantize", folder, "out", "--format", "mxfp4_e2m1")):
         fails(*command, cwd=tmp_path, message=message)
 

@@ -11,8 +11,8 @@ processed in bounded memory. One module per job:
 - :mod:`.layouts`: one record per layout (:class:`CheckpointLayout`, all of them in
   :data:`LAYOUTS`), one module each: ``compressed-tensors`` (vLLM, transformers), ``mxfp4``
   (transformers' MXFP4, the layout of the gpt-oss checkpoints), ``npz`` (the package's own file
-  of block arrays, :mod:`neuron_kernels.io.blockfile`), ``modelopt`` (NVIDIA ModelOpt's NVFP4 and
-  MXFP8, read only);
+  of block arrays, :mod:`neuron_kernels.io.blockfile`), ``modelopt`` (NVIDIA ModelOpt's NVFP4,
+  MXFP8 and FP8, read only), ``fp8`` (fine-grained FP8, read only);
 - :mod:`.convert`: :func:`quantize_checkpoint` (from a plain checkpoint or a quantised one of any
   layout read: converted byte for byte to the same format, else dequantised exactly and
   quantised), :func:`dequantize_checkpoint`, :func:`load_checkpoint`.

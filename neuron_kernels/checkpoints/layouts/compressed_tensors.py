@@ -33,6 +33,7 @@ from .records import (
     Weight,
     expect_tensor,
     scaled_weight,
+    scales_and_codes,
     stored_codes_dtype,
     stored_scales_dtype,
     uint8_view,
@@ -161,13 +162,8 @@ def _ct_fp8_block(ckpt: Checkpoint, rows: int, cols: int) -> tuple[int, int]:
 def _ct_fp8_weights(ckpt: Checkpoint) -> list[Weight]:
     t = ckpt.tensors
     found: list[Weight] = []
-    for name, scale in t.items():
-        if not name.endswith(".weight_scale"):
-            continue
-        base = name[: -len(".weight_scale")]
-        codes = t.get(f"{base}.weight")
-        if codes is None:
-            raise FileFormatError(f"{ckpt.path}: {name} has no {base}.weight beside it")
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale"):
+        name = f"{base}.weight_scale"
         rows, cols = codes.shape[-2:] if len(codes.shape) >= 2 else (0, 0)
         block = _ct_fp8_block(ckpt, rows, cols)
         parts = (f"{base}.weight", name) + tuple(f"{base}.{p}" for p in ("input_scale",) if f"{base}.{p}" in t)

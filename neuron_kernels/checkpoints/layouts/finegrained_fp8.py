@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ...io.files import FileFormatError
 from ..folder import Checkpoint
-from .records import FP8_CODES, CheckpointLayout, Weight, scaled_weight
+from .records import FP8_CODES, CheckpointLayout, Weight, scaled_weight, scales_and_codes
 
 __all__ = ["LAYOUT"]
 
@@ -42,15 +42,10 @@ def _weights(ckpt: Checkpoint) -> list[Weight]:
     block = _block(ckpt)
     t = ckpt.tensors
     found: list[Weight] = []
-    for name, scale in t.items():
-        if not name.endswith(".weight_scale_inv"):
-            continue
-        base = name[: -len("_scale_inv")]
-        if base not in t:
-            raise FileFormatError(f"{ckpt.path}: {name} has no {base} beside it")
-        module = base[: -len(".weight")]
+    for module, scale, codes in scales_and_codes(ckpt, "weight_scale_inv"):
+        base, name = f"{module}.weight", f"{module}.weight_scale_inv"
         parts = (base, name) + tuple(f"{module}.{p}" for p in ("input_scale",) if f"{module}.{p}" in t)
-        found.append(scaled_weight(base, t[base], scale, block, parts, f"fp8 ({block[0]}x{block[1]} blocks)"))
+        found.append(scaled_weight(base, codes, scale, block, parts, f"fp8 ({block[0]}x{block[1]} blocks)"))
     claimed = {p for w in found for p in w.parts}
     for name, entry in t.items():
         if name not in claimed and (entry.dtype == FP8_CODES or name.endswith(("_scale_inv", "input_scale"))):

@@ -1,5 +1,6 @@
 """The ``modelopt`` layout (NVIDIA ModelOpt's Hugging Face checkpoints, the published FP4 ones
-among them), read only: NVFP4 (W4A4 and W4A16) and MXFP8.
+among them), read only: NVFP4 (W4A4 and W4A16), MXFP8 and the FP8 family (per tensor, per channel,
+per 128x128 block).
 
 Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "quantization":
 {"quant_algo": ..., "group_size": ..., "exclude_modules": [...]}}``) or by config.json's
@@ -12,15 +13,22 @@ Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "qu
   ``code * float32(weight_scale) * weight_scale_2``), and for W4A4 ``NAME.input_scale`` one
   float32 (the activations', not the weight's: a dequantised or converted checkpoint drops it);
 - ``MXFP8``: ``NAME.weight`` float8_e4m3fn [..., out, in], ``NAME.weight_scale`` uint8 (e8m0)
-  [..., out, in/32].
+  [..., out, in/32];
+- ``FP8`` / ``FP8_PER_CHANNEL_PER_TOKEN`` / ``FP8_PB_WO`` (ModelOpt writes the last in lowercase):
+  ``NAME.weight`` float8_e4m3fn [..., out, in] and ``NAME.weight_scale`` float32, a multiplier
+  (``code * weight_scale``): one value for ``FP8``, one per output row ([out]) for the per-channel
+  form, and one per 128 x 128 block for ``FP8_PB_WO``, exported 4-D as [ceil(out / 128), 1,
+  ceil(in / 128), 1] (the config records no block size: 128 is ModelOpt's preset, and what vLLM's
+  ``ModelOptFp8PbWoLinearMethod`` assumes); ``FP8``'s ``NAME.input_scale`` is the activations'.
 
 KV-cache scales (``k_scale``, ``v_scale``) belong to the attention's projections and are dropped
-with them. Any other ``quant_algo`` (FP8, FP8_PB_WO, MIXED_PRECISION, the AWQ and SVDQuant
-variants, ...) is refused by name.
+with them. Any other ``quant_algo`` (MIXED_PRECISION, the AWQ and SVDQuant variants, the
+``FP8_PB_REAL`` form, ...) is refused by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -30,7 +38,18 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
 from ...io.files import FileFormatError
 from ..folder import Checkpoint, json_file
-from .records import CheckpointLayout, StoredWeight, expect_tensor, stored_codes_dtype, stored_scales_dtype, uint8_view
+from .records import (
+    FP8_CODES,
+    CheckpointLayout,
+    StoredWeight,
+    Weight,
+    expect_tensor,
+    scaled_weight,
+    scales_and_codes,
+    stored_codes_dtype,
+    stored_scales_dtype,
+    uint8_view,
+)
 
 __all__ = ["LAYOUT", "HF_QUANT_CONFIG", "modelopt_config"]
 
@@ -38,6 +57,10 @@ HF_QUANT_CONFIG = "hf_quant_config.json"
 
 #: The block format of each ``quant_algo`` the package reads.
 _ALGORITHMS = {"NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "MXFP8": "mxfp8_e4m3"}
+#: The FP8 ``quant_algo``s: each weight_scale entry's block of [rows, cols], by its name.
+_FP8_ALGORITHMS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel", "FP8_PB_WO": "block"}
+#: FP8_PB_WO's block (ModelOpt's preset; vLLM assumes it too, the config does not say).
+_FP8_PB_WO_BLOCK = (128, 128)
 #: Tensors a ModelOpt quantised module holds besides ``weight``.
 _PARTS = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale", "pre_quant_scale", "output_scale")
 
@@ -75,10 +98,12 @@ def _format_of(ckpt: Checkpoint) -> tuple[str, dict[str, Any]]:
     quant = modelopt_config(ckpt)
     assert quant is not None
     algo = str(quant.get("quant_algo") or "").upper()
+    if algo in _FP8_ALGORITHMS:
+        return algo, quant
     if algo not in _ALGORITHMS:
         raise FileFormatError(
             f"{ckpt.path}: ModelOpt quant_algo {quant.get('quant_algo')!r} is not one this package reads "
-            f"({', '.join(_ALGORITHMS)})"
+            f"({', '.join([*_ALGORITHMS, *_FP8_ALGORITHMS])})"
         )
     fmt = _ALGORITHMS[algo]
     group = quant.get("group_size")
@@ -105,18 +130,58 @@ def _scalar(ckpt: Checkpoint, name: str) -> float:
     return float(value)
 
 
-def _weights(ckpt: Checkpoint) -> list[StoredWeight]:
+def _fp8_weights(ckpt: Checkpoint, algo: str) -> list[Weight]:
+    """The weights of an FP8 ``quant_algo``: float8_e4m3fn codes times a float32 multiplier per
+    tensor, output row or 128 x 128 block."""
+    found: list[Weight] = []
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale"):
+        name = f"{base}.weight_scale"
+        expect_tensor(scale, "float32", scale.shape, "the FP8 scales")
+        rows, cols = codes.shape[-2:] if len(codes.shape) >= 2 else (0, 0)
+        strategy = _FP8_ALGORITHMS[algo]
+        if strategy == "tensor":
+            block = (rows, cols)
+        elif strategy == "channel":
+            # [..., out] per output row: the grid [..., out, 1] in the same order.
+            block = (1, cols)
+            if scale.shape == codes.shape[:-1]:
+                scale = dataclasses.replace(scale, shape=(*scale.shape, 1))
+        else:
+            # [out/128, 1, in/128, 1] as exported: the grid [out/128, in/128] in the same order.
+            block = _FP8_PB_WO_BLOCK
+            if len(scale.shape) == 4 and scale.shape[1] == scale.shape[3] == 1:
+                scale = dataclasses.replace(scale, shape=(scale.shape[0], scale.shape[2]))
+        parts = (f"{base}.weight", name, *_not_weight_parts(ckpt, base))
+        found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, f"ModelOpt {algo}"))
+    _check_rest(ckpt, found, algo)
+    return found
+
+
+def _not_weight_parts(ckpt: Checkpoint, base: str) -> list[str]:
+    """The activation and KV-cache scales of the module ``base`` (dropped with its weight)."""
+    return [f"{base}.{p}" for p in ("input_scale", "k_scale", "v_scale") if f"{base}.{p}" in ckpt.tensors]
+
+
+def _check_rest(ckpt: Checkpoint, found: list[Weight], what: str) -> None:
+    """Refuse a ModelOpt tensor (by its name) or an FP8 tensor that belongs to no weight read."""
+    claimed = {p for w in found for p in w.parts}
+    for name, entry in ckpt.tensors.items():
+        if name not in claimed and (name.rpartition(".")[2] in _PARTS or entry.dtype == FP8_CODES):
+            raise FileFormatError(
+                f"{ckpt.path}: {name} ({entry.dtype}) belongs to no quantised weight this package reads (ModelOpt "
+                f"{what}); a module with it is quantised in a way it does not read"
+            )
+
+
+def _weights(ckpt: Checkpoint) -> list[Weight]:
     fmt, _ = _format_of(ckpt)
+    if fmt in _FP8_ALGORITHMS:
+        return _fp8_weights(ckpt, fmt)
     bf = BLOCK_FORMATS[fmt]
     t = ckpt.tensors
-    found = []
-    for name, scale in t.items():
-        if not name.endswith(".weight_scale"):
-            continue
-        base = name[: -len(".weight_scale")]
-        codes = t.get(f"{base}.weight")
-        if codes is None:
-            raise FileFormatError(f"{ckpt.path}: {name} has no {base}.weight beside it")
+    found: list[Weight] = []
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale"):
+        name = f"{base}.weight_scale"
         expect_tensor(codes, stored_codes_dtype(bf).name, codes.shape, "the codes")
         if len(codes.shape) < 2:
             raise FileFormatError(f"{codes.where}: quantised codes need 2 or more axes, found shape {codes.shape}")
@@ -131,22 +196,16 @@ def _weights(ckpt: Checkpoint) -> list[StoredWeight]:
                 raise FileFormatError(f"{ckpt.path}: {base}.weight has no {second} beside it")
             pts = _scalar(ckpt, second)
             parts.append(second)
-        parts += [f"{base}.{p}" for p in ("input_scale", "k_scale", "v_scale") if f"{base}.{p}" in t]
+        parts += _not_weight_parts(ckpt, base)
         weight = f"{base}.weight"
         found.append(StoredWeight(weight, layout, pts, uint8_view(codes), uint8_view(scale), tuple(parts), weight))
-    claimed = {p for w in found for p in w.parts}
-    for name in t:
-        if name not in claimed and name.rpartition(".")[2] in _PARTS:
-            raise FileFormatError(
-                f"{ckpt.path}: {name} belongs to no quantised weight this package reads (ModelOpt {fmt}); "
-                f"a module with it is quantised in a way it does not read"
-            )
+    _check_rest(ckpt, found, fmt)
     return found
 
 
 LAYOUT = CheckpointLayout(
     "modelopt",
-    "NVIDIA ModelOpt (hf_quant_config.json; weight, weight_scale, weight_scale_2): read only",
+    "NVIDIA ModelOpt (hf_quant_config.json; NVFP4, MXFP8, FP8 per tensor, channel or block): read only",
     (),
     lambda name, layout: [],
     lambda fmt, kept: {},

@@ -9,7 +9,7 @@ a checkpoint and where a stored weight's codes and scales are (:class:`StoredWei
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "Output",
     "uint8_view",
     "expect_tensor",
+    "scales_and_codes",
     "stored_codes_dtype",
     "stored_scales_dtype",
 ]
@@ -267,6 +268,22 @@ def uint8_view(entry: ArrayEntry, shape: tuple[int, ...] | None = None) -> Array
         shape=entry.shape if shape is None else shape,
         _reader=lambda a, b: base(a, b).view(np.uint8),
     )
+
+
+def scales_and_codes(
+    ckpt: Checkpoint, scale_suffix: str, codes_suffix: str = "weight"
+) -> Iterator[tuple[str, ArrayEntry, ArrayEntry]]:
+    """``(module, scale, codes)`` for each tensor ``MODULE.<scale_suffix>`` of the checkpoint, with
+    the tensor ``MODULE.<codes_suffix>`` beside it; a scale without its codes is refused."""
+    t = ckpt.tensors
+    for name, scale in t.items():
+        if not name.endswith(f".{scale_suffix}"):
+            continue
+        module = name[: -len(scale_suffix) - 1]
+        codes = t.get(f"{module}.{codes_suffix}")
+        if codes is None:
+            raise FileFormatError(f"{ckpt.path}: {name} has no {module}.{codes_suffix} beside it")
+        yield module, scale, codes
 
 
 def expect_tensor(entry: ArrayEntry, dtype: str, shape: tuple[int, ...], what: str) -> None:
