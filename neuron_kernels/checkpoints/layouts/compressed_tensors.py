@@ -180,14 +180,8 @@ def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
     t = ckpt.tensors
     exact = json.loads(ckpt.metadata.get(PTS_KEY, "{}"))
     found: list[Weight] = []
-    for name, scale in t.items():
-        if not name.endswith(".weight_scale"):
-            continue
-        base = name[: -len(".weight_scale")]
-        codes_name = f"{base}.{_ct_codes(bf)}"
-        if codes_name not in t:
-            raise FileFormatError(f"{ckpt.path}: {name} has no {codes_name} beside it")
-        codes = t[codes_name]
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale", _ct_codes(bf)):
+        name, codes_name = f"{base}.weight_scale", f"{base}.{_ct_codes(bf)}"
         if not codes.shape:
             raise FileFormatError(f"{codes.where}: a 0-d tensor cannot hold block codes")
         shape = codes.shape[:-1] + (codes.shape[-1] * (2 if bf.packable else 1),)
