@@ -46,10 +46,11 @@ def tensors_of_a_model(rng) -> dict[str, np.ndarray]:
     }
 
 
+#: The Linear weights of a Llama among them (config.json says llama): the router-like, expert and
+#: odd names are no module of a Llama and are kept, as is the output head.
 QUANTISED = {
     "model.layers.0.self_attn.q_proj.weight",
     "model.layers.0.self_attn.o_proj.weight",
-    "model.layers.0.mlp.experts.down.weight",
     "model.layers.0.mlp.up_proj.weight",
     "model.layers.1.self_attn.k_proj.weight",
 }
@@ -162,7 +163,7 @@ def test_layout_config(ckpt, written, layout, fmt):
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "llama" and config["hidden_size"] == 64
     qc = config["quantization_config"]
-    kept = ["model.layers.0.mlp.gate", "model.layers.0.mlp.router", "model.layers.0.mlp.odd_proj", "lm_head"]
+    kept = ["lm_head"]  # the Linear modules kept (the gate, router and odd names are no modules of a Llama)
     names = {"nvfp4": "nvfp4-pack-quantized", "mxfp4_e2m1": "mxfp4-pack-quantized", "mxfp8_e4m3": "mxfp8-quantized"}
     assert (qc["quant_method"], qc["format"], qc["quantization_status"]) == (
         "compressed-tensors",
@@ -222,7 +223,9 @@ def test_npz_layout_and_single_file_input(ckpt, tmp_path):
     d, t = ckpt
     one = tmp_path / "one.safetensors"
     save_file({k: v for k, v in t.items()}, one)
-    r = run("quantize", one, "q.npz", "--layout", "npz", "--format", "nvfp4", "--scale-search", "mse", cwd=tmp_path)
+    only = [a for p in ("*.q_proj", "*.o_proj", "*.up_proj", "*.k_proj") for a in ("--only", p)]  # no config: say
+    r = run("quantize", one, "q.npz", "--layout", "npz", "--format", "nvfp4", "--scale-search", "mse", *only,
+            cwd=tmp_path)  # fmt: skip
     for name in QUANTISED:
         got = nk.load_blocks(tmp_path / "q.npz", name=name)
         want = nk.quantize(t[name], "nvfp4", scale_search="mse")
@@ -237,7 +240,9 @@ def test_npz_layout_and_single_file_input(ckpt, tmp_path):
         want = nk.quantize(t[name], "nvfp4", scale_search="mse").dequantize()
         np.testing.assert_array_equal(bits(got[name]), bits(want))
     # a single .safetensors file into a folder layout: one shard, no index, a config of its own
-    run("quantize", one, "ct", "--format", "mxfp8_e4m3", cwd=tmp_path)
+    r = run("quantize", one, "ct", "--format", "mxfp8_e4m3", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "--only" in r.stderr and not (tmp_path / "ct").exists()  # no config: not guessed
+    run("quantize", one, "ct", "--format", "mxfp8_e4m3", *only, cwd=tmp_path)
     assert sorted(os.listdir(tmp_path / "ct")) == ["config.json", "model.safetensors"]
     assert (
         json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["format"] == "mxfp8-quantized"
@@ -248,14 +253,14 @@ def test_ignore_and_only(ckpt, tmp_path):
     d, t = ckpt
     r = run(
         "quantize", d / "model", "ig", "--format", "mxfp8_e4m3", "--ignore", "*.k_proj", "--ignore",
-        "*experts*", cwd=tmp_path,
+        "*up_proj", cwd=tmp_path,
     )  # fmt: skip
     got, _ = read_dir(tmp_path / "ig")
     assert "model.layers.1.self_attn.k_proj.weight_scale" not in got
     assert got["model.layers.1.self_attn.k_proj.weight"].dtype == BF16
-    assert "--ignore *.k_proj" in r.stdout and "--ignore *experts*" in r.stdout
+    assert "--ignore *.k_proj" in r.stdout and "--ignore *up_proj" in r.stdout
     ignore = json.loads((tmp_path / "ig" / "config.json").read_text())["quantization_config"]["ignore"]
-    assert "model.layers.1.self_attn.k_proj" in ignore
+    assert {"model.layers.1.self_attn.k_proj", "model.layers.0.mlp.up_proj"} <= set(ignore)
     run(
         "quantize",
         d / "model",

@@ -131,10 +131,10 @@ def ct_loaded(runtime, llama):
     args += [llama / "modelopt-nvfp4", llama / "modelopt-nvfp4.npz", "compressed-tensors"]
     # the Llama's state dict quantised in memory (quantize_state_dict) and saved as save_file would
     tensors = read_safetensors(llama / "llama" / "model.safetensors")[0]
-    quantised, qc = nk.quantize_state_dict(tensors, "nvfp4")
+    config = json.loads((llama / "llama" / "config.json").read_text())
+    quantised, qc = nk.quantize_state_dict(tensors, "nvfp4", config=config)  # its modules from the config
     (llama / "state-dict-nvfp4").mkdir()
     write_safetensors(llama / "state-dict-nvfp4" / "model.safetensors", quantised)
-    config = json.loads((llama / "llama" / "config.json").read_text())
     (llama / "state-dict-nvfp4" / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
     args += [llama / "state-dict-nvfp4", llama / "state-dict-nvfp4.npz", "compressed-tensors"]
     # FP8 layouts the package reads (tests/test_checkpoints_fp8.py's encoders): compressed-tensors

@@ -13,8 +13,9 @@ import contextlib
 import json
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,12 @@ from ..dtypes import get_format
 from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
 from ..io.stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
+from .architecture import Architecture, architecture_of, transformers_available
 from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint
 from .layouts import LAYOUTS, CheckpointLayout, Output, ScaledWeight, StoredWeight, Weight, open_any, stored_weights
 from .layouts.modelopt import HF_QUANT_CONFIG
-from .selection import FLOATS, fused_groups
+from .runtimes import runtime_notes
+from .selection import FLOATS, fused_groups, ignored_modules, module_decision
 
 __all__ = [
     "TensorReport",
@@ -88,6 +91,16 @@ class TensorReport:
     stats: QuantizationStats | None = None
     outputs: tuple[str, ...] = ()
     fused_with: tuple[str, ...] = ()
+
+
+class Reports(list[TensorReport]):
+    """The reports of a quantisation, with ``notes`` (what runtimes are known to load wrong from
+    it, :func:`~.runtimes.runtime_notes`) and ``architecture`` (where the modules came from, or None)."""
+
+    def __init__(self, reports: list[TensorReport], notes: list[str], architecture: Architecture | None) -> None:
+        super().__init__(reports)
+        self.notes = notes
+        self.architecture = architecture
 
 
 @dataclass
@@ -202,11 +215,12 @@ def quantize_checkpoint(
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
     fuse: bool = True,
+    modules: str = "auto",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     chunk_bytes: int = 256 << 20,
     progress: Progress = lambda _: None,
     **options: Any,
-) -> list[TensorReport]:
+) -> Reports:
     """Quantise the checkpoint ``src`` into ``dst`` (already a temporary path: an empty folder, or
     the ``.npz`` file of the ``npz`` layout) in the layout ``layout_name``.
 
@@ -217,19 +231,25 @@ def quantize_checkpoint(
     would be quantised, are refused (:class:`FileFormatError`).
 
     ``options`` are those of :func:`neuron_kernels.quantize` (blocks run along the last axis).
+    Which tensors are quantised follows the model's modules (:func:`~.selection.module_decision`),
+    taken from transformers or the package's table (``modules``: ``auto``, ``transformers`` or
+    ``table``; :mod:`.architecture`); a checkpoint of an architecture neither knows is refused
+    unless ``only`` says which tensors to quantise.
     With ``fuse`` (the default), the shards of each fused layer (:func:`fused_groups`) quantised
     with a per-tensor scale from the amax share one scale, from the amax over all of them.
-    Returns one :class:`TensorReport` per input tensor, in order."""
+    Returns one :class:`TensorReport` per input tensor, in order (a :class:`Reports`: with the
+    runtimes' notes and the architecture the decisions came from)."""
     layout = LAYOUTS[layout_name]
     layout.check_format(fmt)
     ckpt, source = open_any(src)
-    plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options)
+    plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options, modules)
+    result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
         _quantize_to_block_file(dst, plan.chosen, plan.reports, plan.resolve, chunk_bytes, progress)
-        return plan.reports
+        return result
     _write_shards(dst, plan.items(progress), max_shard_bytes)
     _finish_folder(ckpt, dst, plan.config, True)
-    return plan.reports
+    return result
 
 
 @dataclass
@@ -245,6 +265,8 @@ class _Plan:
     copies: dict[str, StoredWeight]
     config: dict[str, Any]
     chunk_bytes: int
+    arch: Architecture | None = None
+    notes: list[str] = field(default_factory=list)
 
     def items(self, progress: Progress) -> list[_Item]:
         """The output's tensors, in the input's order, and how to fill each."""
@@ -276,6 +298,8 @@ def _plan(
     fuse: bool,
     chunk_bytes: int,
     options: dict[str, Any],
+    modules: str = "auto",
+    arch: Architecture | None = None,
 ) -> _Plan:
     """The :class:`_Plan` of quantising ``ckpt`` (in the layout ``source``, or plain) into ``layout``
     (see :func:`quantize_checkpoint`); every refusal is raised here, before anything is written."""
@@ -297,9 +321,13 @@ def _plan(
     reports: list[TensorReport] = []
     chosen: list[tuple[str, ArrayEntry, BlockJob | None]] = []
     inputs, by_name = _inputs(ckpt, stored)
+    if arch is None and layout.decide is module_decision:
+        arch = architecture_of(ckpt.config, inputs, modules)
+        if arch is None and not only:
+            raise FileFormatError(_unknown_architecture(ckpt, modules))
     copies: dict[str, StoredWeight] = {}
     for name, entry in inputs.items():
-        why = layout.decide(name, entry.dtype, entry.shape, probe.block_size, ignore, only)
+        why = layout.decide(name, entry.dtype, entry.shape, probe.block_size, ignore, only, arch=arch)
         chosen.append((name, entry, None if why else block_job(fmt, len(entry.shape), **options)))
         w = by_name.get(name)
         if why:
@@ -313,17 +341,35 @@ def _plan(
             reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how))
     layout.fits(ckpt, [n for n, _, j in chosen if j is not None])
     if not any(j is not None for _, _, j in chosen):
+        why = Counter(r.reason for r in reports).most_common(3)
         raise FileFormatError(
-            f"{ckpt.path}: no tensor to quantise ({len(chosen)} kept; see --only / --ignore and docs/checkpoints.md "
-            f'"Which tensors are quantised"); nothing written'
+            f"{ckpt.path}: no tensor to quantise ({len(chosen)} kept, "
+            + "; ".join(f"{n}: {reason}" for reason, n in why)
+            + (f"; modules from {arch.source}" if arch is not None else "")
+            + '; see --only / --ignore and docs/checkpoints.md "Which tensors are quantised"); nothing written'
         )
     groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies) if fuse else {}
     for report in reports:
         report.fused_with = groups.get(report.name, ())
     resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes)
     kept = [(n, e) for (n, e, j) in chosen if j is None]
-    config = {} if layout.single_file else layout.config(fmt, kept)
-    return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes)
+    ignored = ignored_modules(kept, arch, inputs)
+    config = {} if layout.single_file else layout.config(fmt, kept, ignored)
+    notes = runtime_notes(layout.name, fmt, arch, [n for n, _, j in chosen if j is not None])
+    return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, notes)
+
+
+def _unknown_architecture(ckpt: Checkpoint, modules: str) -> str:
+    model_type = (ckpt.config or {}).get("model_type")
+    what = "no config.json with a model_type" if not isinstance(model_type, str) else f"model_type {model_type!r}"
+    where = {"table": "the package's table", "transformers": "transformers"}.get(
+        modules, "transformers" + ("" if transformers_available() else " (not installed)") + " or the package's table"
+    )
+    return (
+        f"{ckpt.path}: {what}, an architecture {where} does not know, so which tensors are Linear weights "
+        f"cannot be told; say which to quantise with --only PATTERN (and keep some with --ignore PATTERN; in "
+        f"memory: only=, or the model= or config= it comes from)"
+    )
 
 
 #: The last name component of tensors that only quantised layouts hold.

@@ -1,11 +1,12 @@
 """Which tensors of a checkpoint are quantised, and which quantised tensors share a scale.
 
-Each layout has its rule: for compressed-tensors and npz (:func:`tensor_decision`),
-floating-point tensors named ``*.weight`` with two or more dimensions whose last dimension is a
-multiple of the block size, except names matching the default exclusions
-(:data:`DEFAULT_EXCLUDES`) and the caller's ``ignore`` patterns, or only those matching ``only``
-patterns; for mxfp4 (:func:`expert_decision`), gpt-oss's expert parameters only. Everything else
-is copied bit for bit. The shards of a layer runtimes fuse (:data:`FUSED_SHARDS`) share one
+Each layout has its rule: for compressed-tensors and npz (:func:`module_decision`), the weights
+of the model's Linear modules (:mod:`.architecture` says which modules those are), except the
+output head, the modules runtimes keep plain (:data:`RUNTIME_PLAIN`) and the caller's ``ignore``
+patterns, or only those matching ``only`` patterns; for a checkpoint of an architecture the
+package does not know, with ``only``, the tensors matching it (:func:`tensor_decision`); for
+mxfp4 (:func:`expert_decision`), gpt-oss's expert parameters only. Everything else is copied bit
+for bit. The shards of a layer runtimes fuse (:data:`FUSED_SHARDS`) share one
 per-tensor scale (:func:`fused_groups`).
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..io.files import ArrayEntry
+from .architecture import normalise
 
 __all__ = [
     "DEFAULT_EXCLUDES",
@@ -27,7 +29,10 @@ __all__ = [
     "expert_decision",
     "fused_groups",
     "is_expert",
+    "ignored_modules",
     "kept_modules",
+    "module_decision",
+    "RUNTIME_PLAIN",
     "tensor_decision",
 ]
 
@@ -53,8 +58,10 @@ def tensor_decision(
     block_size: int,
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
+    arch: Any = None,
 ) -> str | None:
-    """None if the tensor is quantised, else why it is kept.
+    """None if the tensor is quantised, else why it is kept: the rule by name alone, for a
+    checkpoint of an architecture the package does not know (``arch`` is not read).
 
     Quantised: a float32, float16, bfloat16 or float64 tensor named ``*.weight`` with two or more
     dimensions whose last is a multiple of ``block_size``, whose name (or module name) matches
@@ -124,6 +131,7 @@ def expert_decision(
     block_size: int,
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
+    arch: Any = None,
 ) -> str | None:
     """The ``mxfp4`` layout's rule (gpt-oss's): None if the tensor is quantised, else why it is kept.
 
@@ -156,6 +164,117 @@ def kept_modules(kept: list[tuple[str, ArrayEntry]]) -> list[str]:
         and e.dtype.name in FLOATS + ("float8_e4m3fn", "float8_e5m2")
         and _matches(name, ("*embed*", "*norm*")) is None
     ]
+
+
+# ---- from the model's modules -----------------------------------------------------------------------
+
+#: Modules that runtimes build as plain (unquantised) Linear layers whatever the checkpoint's
+#: config says, so a quantised weight there would not load: shell patterns of checkpoint module
+#: names -> why. From vLLM's model definitions (``vllm/model_executor/models/``): the MoE routers
+#: are built with ``quant_config=None`` (``mixtral.py``, ``qwen2_moe.py``, ``qwen3_moe.py``,
+#: ``deepseek_v2.py``, ``gpt_oss.py``) and Qwen2-MoE's ``shared_expert_gate`` as an unquantised
+#: Linear (``qwen2_moe.py``).
+RUNTIME_PLAIN: dict[str, str] = {
+    "*.mlp.gate": "the MoE router, which vLLM builds unquantised (quant_config=None)",
+    "*.block_sparse_moe.gate": "the MoE router, which vLLM builds unquantised (quant_config=None)",
+    "*.mlp.router": "the MoE router, which vLLM builds unquantised (quant_config=None)",
+    "*.shared_expert_gate": "Qwen2-MoE's shared-expert gate, which vLLM builds as an unquantised Linear",
+}
+
+#: The kinds of module whose ``weight`` is quantised (see :mod:`.architecture`).
+QUANTISABLE = ("linear", "expert", "head")
+_KIND_TEXT = {
+    "embedding": "an embedding", "conv1d": "a Conv1D (GPT-2's Linear stored [in, out], which runtimes do not quantise)",
+    "conv": "a convolution", "router": "a MoE router", "norm": "a norm", "experts": "stacked expert parameters",
+    "other": "not a Linear",
+}  # fmt: skip
+
+
+def runtime_plain(module: str) -> str | None:
+    """Why runtimes keep ``module`` (a checkpoint module name) plain, or None."""
+    for pattern, why in RUNTIME_PLAIN.items():
+        if fnmatch.fnmatchcase(module, pattern):
+            return why
+    return None
+
+
+def module_decision(
+    name: str,
+    dtype: Any,
+    shape: tuple[int, ...],
+    block_size: int,
+    ignore: tuple[str, ...] = (),
+    only: tuple[str, ...] = (),
+    arch: Any = None,
+) -> str | None:
+    """None if the tensor is quantised, else why it is kept: the compressed-tensors and npz rule.
+
+    With ``arch`` (an :class:`~.architecture.Architecture`): quantised, the ``weight`` of a
+    Linear module of the model (an expert's projection included), float, two or more dimensions,
+    the last a multiple of ``block_size``, unless a runtime keeps the module plain
+    (:data:`RUNTIME_PLAIN`) or ``ignore`` names it; the output head only where ``only`` names it;
+    with ``only``, the Linear weights it names. Never an embedding, a Conv1D, a router or a norm,
+    whatever its name. Without ``arch``, the caller's ``only`` decides by name
+    (:func:`tensor_decision`)."""
+    if arch is None:
+        return tensor_decision(name, dtype, shape, block_size, ignore, only)
+    module, _, param = name.rpartition(".")
+    kind = arch.kind(module)
+    if kind is None:
+        return f"no module {module or name} in {arch.source}"
+    if kind not in QUANTISABLE:
+        return _KIND_TEXT.get(kind, kind)
+    if param != "weight":
+        return f"the {param} of a Linear"
+    why = _not_a_float(dtype)
+    if why is not None:
+        return why
+    if len(shape) < 2:
+        return f"{len(shape)}-D"
+    plain = runtime_plain(module)
+    if plain is not None:
+        return plain
+    if only:
+        if _matches(name, only) is None:
+            return "not matched by --only"
+    elif kind == "head":
+        return "the output head (kept in higher precision; --only names it to quantise it)"
+    hit = _matches(name, ignore)
+    if hit is not None:
+        return f"--ignore {hit}"
+    if shape[-1] % block_size:
+        return f"last axis {shape[-1]} is not a multiple of the block size {block_size}"
+    return None
+
+
+def ignored_modules(kept: list[tuple[str, ArrayEntry]], arch: Any, names: Any = ()) -> list[str]:
+    """compressed-tensors' ``ignore``: every Linear module left in higher precision, so that no
+    runtime quantises on load what the file holds plain. With ``arch``: each kept tensor's module
+    that the model has as a Linear (or a runtime builds as one: :data:`RUNTIME_PLAIN`), under
+    its checkpoint name and, where transformers renames it, the model's name too; and the
+    model's Linear modules with no tensor in the file (a tied ``lm_head``). Without ``arch``:
+    :func:`kept_modules`. ``names``: every tensor of the checkpoint."""
+    if arch is None:
+        return kept_modules(kept)
+    out: dict[str, None] = {}
+    present: set[str] = set()
+    for name, _ in kept:
+        module, _, param = name.rpartition(".")
+        if param != "weight":
+            continue
+        kind = arch.kind(module)
+        if kind in QUANTISABLE or kind == "router" or (kind is not None and runtime_plain(module) is not None):
+            out[module] = None
+            out[arch.model_name(module)] = None
+    for name in names:
+        module = name.rpartition(".")[0]
+        present.update((module, arch.model_name(module)))
+    for linear in arch.linears:
+        if normalise(linear) != linear:
+            continue  # a layer's or an expert's: such modules are in the file (a tied module is never numbered)
+        if linear not in present and not any(n.startswith(linear + ".") for n in present):
+            out[linear] = None
+    return list(out)
 
 
 # ---- fused layers ----------------------------------------------------------------------------------

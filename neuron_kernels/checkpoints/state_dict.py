@@ -20,6 +20,7 @@ from ..dtypes import get_format
 from ..errors import InvalidTypeError
 from ..interop import from_torch, is_torch, to_torch
 from ..io.files import ArrayEntry, FileFormatError
+from .architecture import from_model
 from .convert import _plan, stored_weights
 from .folder import Checkpoint
 from .layouts import LAYOUTS, StoredWeight, detect_layout
@@ -83,6 +84,9 @@ def quantize_state_dict(
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
     fuse: bool = True,
+    model: Any = None,
+    config: Mapping[str, Any] | None = None,
+    modules: str = "auto",
     **options: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the quantised state dict, its ``quantization_config``): each weight the checkpoint rule
@@ -91,14 +95,23 @@ def quantize_state_dict(
     else NumPy arrays. ``layout``, ``ignore``, ``only``, ``fuse`` and ``options`` are those of
     ``neuron-kernels quantize`` (:func:`~.convert.quantize_checkpoint`); the package's ``npz``
     layout is a file, not a state dict. NVFP4's exact per-tensor scales, which the command keeps in
-    the shard's metadata, are not part of the result (``1 / weight_global_scale`` reads back)."""
+    the shard's metadata, are not part of the result (``1 / weight_global_scale`` reads back).
+
+    Which tensors are Linear weights comes from ``model`` (the torch module whose state dict this
+    is: its modules' types), else from ``config`` (the model's config.json as a dict, through
+    transformers or the package's table, ``modules`` as the command's ``--modules``); with
+    neither, ``only`` must say which tensors to quantise."""
     target = LAYOUTS.get(layout)
     if target is None or target.single_file or not target.formats:
         writable = [n for n, lay in LAYOUTS.items() if lay.formats and not lay.single_file]
         raise FileFormatError(f"layout {layout!r} is not one a state dict can take ({', '.join(writable)})")
     target.check_format(fmt)
     arrays, torch_out = _arrays(state_dict)
-    plan = _plan(_checkpoint(arrays, None), None, target, fmt, ignore, only, fuse, 256 << 20, options)
+    if config is not None and not isinstance(config, Mapping):
+        raise InvalidTypeError(f"config must be a dict (config.json's contents), got {type(config).__name__}")
+    arch = from_model(model, arrays, f"the model given ({type(model).__name__})") if model is not None else None
+    ckpt = _checkpoint(arrays, None if config is None else dict(config))
+    plan = _plan(ckpt, None, target, fmt, ignore, only, fuse, 256 << 20, options, modules, arch)
     out: dict[str, Any] = {}
     for item in plan.items(lambda _: None):
         if item.kept is not None:  # as it was: the caller's own tensor

@@ -151,6 +151,14 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         "--only", action="append", metavar="PATTERN", help="quantise only tensors matching this pattern (repeatable)"
     )
     q.add_argument(
+        "--modules",
+        choices=["auto", "transformers", "table"],
+        default="auto",
+        help="where a checkpoint's modules (which tensors are Linear weights) come from: its model built by "
+        "transformers on the meta device, or the package's table of architectures; auto: transformers where "
+        "installed, else the table (docs/checkpoints.md)",
+    )
+    q.add_argument(
         "--no-fuse",
         action="store_true",
         help="a per-tensor scale of its own for each shard of a layer runtimes fuse (q/k/v, gate/up, ...); "

@@ -5,7 +5,7 @@ Per quantised ``NAME.weight``, ``NAME.weight_packed`` uint8 [..., out, in/2],
 [1] (= 1 / per-tensor scale) for ``nvfp4``; ``NAME.weight_packed`` and ``NAME.weight_scale``
 uint8 (e8m0) [..., out, in/32] for ``mxfp4_e2m1``; ``NAME.weight`` float8_e4m3fn [..., out, in]
 and ``NAME.weight_scale`` uint8 [..., out, in/32] for ``mxfp8_e4m3``. Which tensors are
-quantised: :func:`neuron_kernels.checkpoints.selection.tensor_decision`.
+quantised: :func:`neuron_kernels.checkpoints.selection.module_decision`.
 
 Read only: ``float-quantized`` (FP8 with float scales, tensor / channel / block / group
 strategies; :class:`~.records.ScaledWeight`), and the W4A4 form of NVFP4, whose
@@ -25,7 +25,7 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import PTS_KEY, Checkpoint
-from ..selection import fused_groups, kept_modules, tensor_decision
+from ..selection import fused_groups, module_decision, tensor_decision
 from .records import (
     CheckpointLayout,
     Output,
@@ -62,7 +62,7 @@ def _ct_outputs(name: str, layout: BlockLayout) -> list[Output]:
     return out
 
 
-def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
+def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
     bf = BLOCK_FORMATS[fmt]
     weights = {
         "num_bits": bf.element_bits,
@@ -89,7 +89,7 @@ def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
         "format": _CT_FORMATS[fmt],
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
-        "ignore": kept_modules(kept),
+        "ignore": ignore,
         "kv_cache_scheme": None,
         "global_compression_ratio": None,
     }
@@ -283,5 +283,6 @@ LAYOUT = CheckpointLayout(
     _ct_config,
     _ct_detect,
     _ct_weights,
+    decide=module_decision,
     fits=_ct_fits,
 )

@@ -61,7 +61,7 @@ LAYOUT = CheckpointLayout(
     "fine-grained FP8 (quant_method fp8; weight, weight_scale_inv per block): read only",
     (),
     lambda name, layout: [],
-    lambda fmt, kept: {},
+    lambda fmt, kept, ignore: {},
     _detect,
     _weights,
 )

@@ -46,7 +46,7 @@ def _expert_modules(names: Any) -> set[str]:
     return {n.rpartition(".")[0] for n in names}
 
 
-def _gptoss_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
+def _gptoss_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
     """gpt-oss's ``modules_to_not_convert``, and the experts modules kept in bfloat16 (by --ignore)."""
     experts = sorted(_expert_modules(n for n, _ in kept if is_expert(n)))
     return {"quant_method": "mxfp4", "modules_to_not_convert": list(GPTOSS_NOT_CONVERTED) + experts}

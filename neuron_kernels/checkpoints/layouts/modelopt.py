@@ -208,7 +208,7 @@ LAYOUT = CheckpointLayout(
     "NVIDIA ModelOpt (hf_quant_config.json; NVFP4, MXFP8, FP8 per tensor, channel or block): read only",
     (),
     lambda name, layout: [],
-    lambda fmt, kept: {},
+    lambda fmt, kept, ignore: {},
     _detect,
     _weights,
 )

@@ -1,7 +1,7 @@
 """The ``npz`` layout: the package's own file of block arrays (:mod:`neuron_kernels.blocks.file`).
 
 It holds the quantised weights only (block arrays); which tensors are quantised:
-:func:`neuron_kernels.checkpoints.selection.tensor_decision`.
+:func:`neuron_kernels.checkpoints.selection.module_decision`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from ...formats import BLOCK_FORMATS
 from ...io.blockfile import read_block_file
 from ...io.files import ArrayEntry, FileFormatError
 from ..folder import Checkpoint
+from ..selection import module_decision
 from .records import CheckpointLayout, StoredWeight
 
 __all__ = ["LAYOUT"]
@@ -38,7 +39,7 @@ def _npz_weights(ckpt: Checkpoint) -> list[StoredWeight]:
     return found
 
 
-def _no_config(fmt: str, kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
+def _no_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
     return {}
 
 
@@ -51,4 +52,5 @@ LAYOUT = CheckpointLayout(
     _npz_detect,
     _npz_weights,
     suffix=SUFFIX,
+    decide=module_decision,
 )

@@ -210,20 +210,22 @@ class CheckpointLayout:
     """One checkpoint layout (see the module docstring).
 
     ``formats``: the block formats it stores; ``outputs(name, layout)``: the tensors a quantised
-    weight becomes; ``config(fmt, kept)``: the ``quantization_config`` given the (name, entry) of
-    the tensors kept; ``detect(ckpt)``: whether a checkpoint is in this layout; ``weights(ckpt)``:
-    its quantised weights (raising :class:`FileFormatError` where the checkpoint is not what its
-    config promises); ``suffix``: the layout is one file with this suffix (the package's), not a
-    folder of shards; ``decide``: its rule of which tensors are quantised (:func:`tensor_decision`
-    or :func:`expert_decision`); ``transpose``: a quantised [..., in, out] tensor is stored as
-    [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised)``: raises if the layout cannot
+    weight becomes; ``config(fmt, kept, ignore)``: the ``quantization_config`` given the (name,
+    entry) of the tensors kept and the Linear modules left plain (:func:`ignored_modules`);
+    ``detect(ckpt)``: whether a checkpoint is in this layout; ``weights(ckpt)``: its quantised
+    weights (raising :class:`FileFormatError` where the checkpoint is not what its config
+    promises); ``suffix``: the layout is one file with this suffix (the package's), not a folder
+    of shards; ``decide``: its rule of which tensors are quantised (:func:`module_decision`,
+    :func:`tensor_decision` or :func:`expert_decision`; called with ``arch=``, the checkpoint's
+    :class:`~..architecture.Architecture` or None); ``transpose``: a quantised [..., in, out]
+    tensor is stored as [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised)``: raises if the layout cannot
     express the checkpoint so that its runtime loads it."""
 
     name: str
     help: str
     formats: tuple[str, ...]
     outputs: Callable[[str, BlockLayout], list[Output]]
-    config: Callable[[str, list[tuple[str, ArrayEntry]]], dict[str, Any]]
+    config: Callable[[str, list[tuple[str, ArrayEntry]], list[str]], dict[str, Any]]
     detect: Callable[[Checkpoint], bool]
     weights: Callable[[Checkpoint], list[Weight]]
     suffix: str | None = None

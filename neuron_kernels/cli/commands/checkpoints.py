@@ -42,6 +42,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             ignore=tuple(args.ignore or ()),
             only=tuple(args.only or ()),
             fuse=not args.no_fuse,
+            modules=args.modules,
             max_shard_bytes=args.max_shard_size,
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
@@ -75,6 +76,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         print(f"one per-tensor scale (fused in the runtime): {', '.join(group)}")
     for name, why in ckpt.skipped:
         print(f"not copied: {name}: {why}")
+    if reports.architecture is not None:
+        print(f"Linear modules from {reports.architecture.source}")
+    for note in reports.notes:
+        print(f"note: {note}")
     return 0
 
 
