@@ -190,11 +190,11 @@ def test_what_is_kept_and_ignored(matrix, tmp_path):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_table_decides_as_transformers_does(matrix, arch, tmp_path):
-    """``--modules table`` (the package without transformers) writes the same checkpoint, config
-    included, as the modules transformers builds."""
+    """The table (the default, which the matrix loads) writes the same checkpoint, config
+    included, as the modules transformers builds (``--modules transformers``)."""
     r = matrix[arch]["mxfp8_e4m3"][0]
     src, out = r.args[1], r.args[2]
-    t = run("quantize", src, tmp_path / "t", "--format", "mxfp8_e4m3", "--modules", "table", cwd=tmp_path,
+    t = run("quantize", src, tmp_path / "t", "--format", "mxfp8_e4m3", "--modules", "transformers", cwd=tmp_path,
             check=False)  # fmt: skip
     assert t.returncode == r.returncode, t.stderr
     if r.returncode:

@@ -250,7 +250,8 @@ def module_decision(
 def ignored_modules(kept: list[tuple[str, ArrayEntry]], arch: Any, names: Any = ()) -> list[str]:
     """compressed-tensors' ``ignore``: every Linear module left in higher precision, so that no
     runtime quantises on load what the file holds plain. With ``arch``: each kept tensor's module
-    that the model has as a Linear (or a runtime builds as one: :data:`RUNTIME_PLAIN`), under
+    that the model has as a Linear (or a runtime builds as one: :data:`RUNTIME_PLAIN`), or that
+    the model does not have (a weight of two or more dimensions no module claims), under
     its checkpoint name and, where transformers renames it, the model's name too; and the
     model's Linear modules with no tensor in the file (a tied ``lm_head``). Without ``arch``:
     :func:`kept_modules`. ``names``: every tensor of the checkpoint."""
@@ -258,19 +259,20 @@ def ignored_modules(kept: list[tuple[str, ArrayEntry]], arch: Any, names: Any = 
         return kept_modules(kept)
     out: dict[str, None] = {}
     present: set[str] = set()
-    for name, _ in kept:
+    for name, entry in kept:
         module, _, param = name.rpartition(".")
         if param != "weight":
             continue
         kind = arch.kind(module)
-        if kind in QUANTISABLE or kind == "router" or (kind is not None and runtime_plain(module) is not None):
+        unplaced = kind is None and len(entry.shape) >= 2  # no module the model has: ignored, to be safe
+        if unplaced or kind in QUANTISABLE or kind == "router" or (kind is not None and runtime_plain(module)):
             out[module] = None
             out[arch.model_name(module)] = None
     for name in names:
         module = name.rpartition(".")[0]
         present.update((module, arch.model_name(module)))
     for linear in arch.linears:
-        if normalise(linear) != linear:
+        if "*" in normalise(linear):
             continue  # a layer's or an expert's: such modules are in the file (a tied module is never numbered)
         if linear not in present and not any(n.startswith(linear + ".") for n in present):
             out[linear] = None

@@ -155,8 +155,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         choices=["auto", "transformers", "table"],
         default="auto",
         help="where a checkpoint's modules (which tensors are Linear weights) come from: its model built by "
-        "transformers on the meta device, or the package's table of architectures; auto: transformers where "
-        "installed, else the table (docs/checkpoints.md)",
+        "transformers on the meta device, or the package's table of architectures; auto: the table for the "
+        "model types it holds, else transformers where installed (docs/checkpoints.md)",
     )
     q.add_argument(
         "--no-fuse",
