@@ -251,3 +251,20 @@ def test_quantize_state_dict_takes_the_modules_of_the_model(matrix):
         np.testing.assert_array_equal(raw, written[name].reshape(-1).view(np.uint8), err_msg=name)
     assert qc["ignore"] == ["lm_head"]
     assert qc == json.loads((out / "config.json").read_text())["quantization_config"]
+
+
+def test_a_config_unlike_the_tables_goes_to_transformers():
+    """DeepSeek-V2-Lite's shape of DeepSeek (no ``q_lora_rank``: ``q_proj`` where the table's tiny
+    model has ``q_a_proj``): the table has no module for ``q_proj``, so the model transformers
+    builds from this config decides (a Linear); the table alone keeps it, as a weight of no module."""
+    from .conftest import import_runtime
+
+    import_runtime("transformers")
+    config = {"model_type": "deepseek_v3", "q_lora_rank": None, "num_hidden_layers": 2, "hidden_size": 64,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "kv_lora_rank": 32, "qk_rope_head_dim": 32,
+              "qk_nope_head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4, "moe_intermediate_size": 64,
+              "intermediate_size": 128, "vocab_size": 128, "n_group": 1, "topk_group": 1}  # fmt: skip
+    names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight"]
+    arch = architecture_of(config, names)
+    assert arch.source.startswith("transformers") and arch.kind("model.layers.0.self_attn.q_proj") == "linear"
+    assert architecture_of(config, names, "table").kind("model.layers.0.self_attn.q_proj") is None

@@ -157,7 +157,8 @@ def llama_state_dict(torch) -> dict:
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8_e4m3"])
 def test_quantize_state_dict_is_what_the_command_writes(torch, fmt, tmp_path):
     state = llama_state_dict(torch)
-    quantised, config = nk.quantize_state_dict(state, fmt)
+    llama_config = json.loads((LLAMA / "config.json").read_text())
+    quantised, config = nk.quantize_state_dict(state, fmt, config=llama_config)  # its modules from the config
     run("quantize", LLAMA, "out", "--format", fmt, cwd=tmp_path)
     written = read_dir(tmp_path / "out")[0]
     assert sorted(quantised) == sorted(written)
@@ -168,7 +169,7 @@ def test_quantize_state_dict_is_what_the_command_writes(torch, fmt, tmp_path):
     assert quantised["lm_head.weight"] is state["lm_head.weight"]  # kept tensors: the caller's own
     # NumPy in, NumPy out, the same bytes
     arrays = {k: from_torch(v) for k, v in state.items()}
-    numpy_out, _ = nk.quantize_state_dict(arrays, fmt)
+    numpy_out, _ = nk.quantize_state_dict(arrays, fmt, config=llama_config)
     assert all(np.asarray(numpy_out[k]).tobytes() == v.tobytes() for k, v in written.items())
     # and back: what `dequantize` writes from the state dict saved as save_file would (without the
     # exact NVFP4 per-tensor scales the command keeps in its shards' metadata: 1 / weight_global_scale)
@@ -194,6 +195,8 @@ def test_bad_state_dicts_are_refused(torch):
             nk.quantize_state_dict(bad, "nvfp4")
     with pytest.raises(nk.FileFormatError, match="layout 'npz' is not one a state dict can take"):
         nk.quantize_state_dict(state, "nvfp4", layout="npz")
+    with pytest.raises(nk.FileFormatError, match="only=, or the model= or config= it comes from"):
+        nk.quantize_state_dict(state, "nvfp4")  # which tensors are Linear weights cannot be told
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -9,7 +9,9 @@ modules), not from tensor names, so the package does too. :func:`architecture_of
   CI; its names have every numeric component as ``*``. The default for the model types it
   holds: importing torch and transformers would cost a conversion about 340 MiB of memory and
   seconds of start-up, for the same decisions;
-- for other model types (or with ``modules="transformers"``), where transformers (and torch)
+- for other model types, or where the table's model has no module for a weight of the checkpoint
+  (a config unlike the tiny one the table was made from: DeepSeek-V2-Lite's ``q_proj`` without
+  ``q_lora_rank``), or with ``modules="transformers"``, where transformers (and torch)
   are importable, from the model itself: its class built from the config on the meta device (no
   weights, no memory), each checkpoint tensor's name mapped to the model's parameter as
   transformers' loader maps it (its renamings and expert merges), and the owning module's type.
@@ -235,8 +237,17 @@ def architecture_of(config: dict[str, Any] | None, names: Any, modules: str = "a
         raise ValueError(f"modules must be one of {', '.join(MODULES_SOURCES)}, not {modules!r}")
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         return None
+    names = list(names)
     if modules != "transformers":
         arch = _from_table(config)
-        if arch is not None or modules == "table":
+        if modules == "table" or arch is not None and not _unplaced(arch, names):
             return arch
-    return _from_transformers(config, list(names)) if transformers_available() else None
+        # a weight the table's model has no module for (a config unlike the table's tiny one):
+        # transformers, where installed, builds this very config
+        live = _from_transformers(config, names) if transformers_available() else None
+        return live if live is not None else arch
+    return _from_transformers(config, names) if transformers_available() else None
+
+
+def _unplaced(arch: Architecture, names: list[str]) -> bool:
+    return any(n.endswith(".weight") and arch.kind(n.rpartition(".")[0]) is None for n in names)
