@@ -192,10 +192,8 @@ _KIND_TEXT = {
 
 def runtime_plain(module: str) -> str | None:
     """Why runtimes keep ``module`` (a checkpoint module name) plain, or None."""
-    for pattern, why in RUNTIME_PLAIN.items():
-        if fnmatch.fnmatchcase(module, pattern):
-            return why
-    return None
+    hit = _matches(module, tuple(RUNTIME_PLAIN))
+    return None if hit is None else RUNTIME_PLAIN[hit]
 
 
 def module_decision(
@@ -234,14 +232,11 @@ def module_decision(
     plain = runtime_plain(module)
     if plain is not None:
         return plain
-    if only:
-        if _matches(name, only) is None:
-            return "not matched by --only"
-    elif kind == "head":
+    if kind == "head" and not only:
         return "the output head (kept in higher precision; --only names it to quantise it)"
-    hit = _matches(name, ignore)
-    if hit is not None:
-        return f"--ignore {hit}"
+    why = _patterns_keep(name, ignore, only, ())
+    if why is not None:
+        return why
     if shape[-1] % block_size:
         return f"last axis {shape[-1]} is not a multiple of the block size {block_size}"
     return None
