@@ -232,7 +232,7 @@ def quantize_checkpoint(
 
     ``options`` are those of :func:`neuron_kernels.quantize` (blocks run along the last axis).
     Which tensors are quantised follows the model's modules (:func:`~.selection.module_decision`),
-    taken from transformers or the package's table (``modules``: ``auto``, ``transformers`` or
+    taken from the package's table or transformers (``modules``: ``auto``, ``transformers`` or
     ``table``; :mod:`.architecture`); a checkpoint of an architecture neither knows is refused
     unless ``only`` says which tensors to quantise.
     With ``fuse`` (the default), the shards of each fused layer (:func:`fused_groups`) quantised
