@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -162,6 +163,24 @@ def _npy_header(fh: BinaryIO, where: str) -> tuple[tuple[int, ...], bool, np.dty
     return tuple(int(n) for n in shape), bool(fortran), dtype
 
 
+def _mapped(path: str, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+    """``count`` elements of ``dtype`` at byte ``offset`` of ``path``, read-only through a memory map.
+
+    The map of one piece lives as long as the array viewing it, so pages read are released piece by
+    piece. The file is opened by descriptor, not as a Python file object: numpy's ``memmap`` opens one
+    before entering its ``with``, and an interrupt landing between the two (Ctrl-C during a long
+    stream) leaves an unclosed file reported as a traceback at exit."""
+    if count == 0:
+        return np.empty(0, dtype)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        view = mmap.mmap(fd, offset - start + count * dtype.itemsize, access=mmap.ACCESS_READ, offset=start)
+    finally:
+        os.close(fd)
+    return np.frombuffer(view, dtype, count, offset - start)
+
+
 def _npy_entry(path: str, name: str | None, start: int, end: int) -> ArrayEntry:
     """The .npy array stored in ``path`` at bytes ``[start, end)`` (a whole file or a stored member)."""
     where = path if name is None else f"{path}[{name}]"
@@ -180,10 +199,10 @@ def _npy_entry(path: str, name: str | None, start: int, end: int) -> ArrayEntry:
     def read(start: int, stop: int) -> np.ndarray:
         if fortran:  # rare: C-order pieces are strided in the file; read it once, whole
             if not cache:
-                f_order = np.memmap(path, dtype, "r", offset=data, shape=shape[::-1]).T
+                f_order = _mapped(path, dtype, data, count).reshape(shape[::-1]).T
                 cache.append(np.ascontiguousarray(f_order).reshape(-1))
             return cache[0][start:stop]
-        return np.memmap(path, dtype, "r", offset=data + start * dtype.itemsize, shape=(stop - start,))
+        return _mapped(path, dtype, data + start * dtype.itemsize, stop - start)
 
     return ArrayEntry(path, name, shape, dtype, read, None if fortran else data)
 
@@ -302,7 +321,7 @@ def _raw_entry(path: str, name: str | None, shape: tuple[int, ...], dtype: np.dt
     """An array stored as raw C-order bytes at ``offset`` of ``path``, read through memory maps."""
 
     def read(start: int, stop: int) -> np.ndarray:
-        return np.memmap(path, dtype, "r", offset=offset + start * dtype.itemsize, shape=(stop - start,))
+        return _mapped(path, dtype, offset + start * dtype.itemsize, stop - start)
 
     return ArrayEntry(path, name, shape, dtype, read, offset)
 
