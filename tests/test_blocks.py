@@ -1226,3 +1226,27 @@ def test_rht_signs_must_be_a_vector():
 def test_per_tensor_scale_string_default_is_refused(fmt):
     with pytest.raises(ValueError, match="per_tensor_scale|no per-tensor scale"):
         nk.quantize(X2, fmt, per_tensor_scale="default")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "fmt, policy",
+    [
+        ("nvfp4", {}),
+        ("nvfp4", {"four_over_six": "mse"}),
+        ("nvfp4", {"four_over_six": "mae", "per_tensor_scale": 0.01}),
+        ("nvfp4", {"scale_search": "mse"}),
+        ("mxfp4_e2m1", {"scale_search": "mse"}),
+        ("mxfp8_e4m3", {}),
+        ("mxfp6_e2m3", {"scale_search": "mse"}),
+    ],
+    ids=str,
+)
+def test_rows_across_the_grouped_and_flat_loops(dtype, fmt, policy):
+    """Rows of 3 x 64 + 1 whole blocks and a partial one: the element loop over runs of 64 blocks
+    (kernels/blocks/flat.py) and the policies' groups of up to 64 blocks (kernels/blocks/policies.py)
+    cross their bounds, and the partial block takes the per-block loops; all against the reference."""
+    length = 193 * nk.BLOCK_FORMATS[fmt].block_size + 5
+    x = np.tile(policy_data(3), (1, length // 48 + 1))[:, :length]  # the special blocks among them
+    with np.errstate(over="ignore"):
+        check(x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype), fmt, **policy)

@@ -37,6 +37,12 @@ Modules, one per job:
   per-block element loops;
 - :mod:`.tiles`: the tile kernels (1-D blocks along another axis, 2-D blocks), one task loop for
   both;
+- :mod:`.flat`: the quantising row kernels' element loop over runs of whole blocks of 16
+  (multipliers spread per element, one long loop in vector registers), the specialised binding
+  of the per-block loops of :mod:`.rows`, which serve every other block length;
+- :mod:`.policies`: the scale policies evaluated for up to 64 blocks at once (one float64 lane
+  per block and candidate, each summed in the shared loop's order), the specialised binding of
+  :func:`~.rows._row_scales` for nearest-even rounding of float32 and 16-bit sources;
 - :mod:`.rotation`: the random Hadamard rotation, and the row kernels of the rotated input, which
   run the row kernels' scale loop and element loops on each block rotated into a scratch row;
 - :mod:`.errors`: the error statistics, every element folded by one helper;

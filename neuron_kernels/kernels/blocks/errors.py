@@ -106,7 +106,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         length = x.shape[1]
         nb = (length + size - 1) // size
         bytes_ = np.empty(nb, np.uint32)
-        cands, errs = _policy_scratch()
+        cands, errs, _ = _policy_scratch()
         for r in range(t0, t1):
             xr = x[r]
             _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)

@@ -105,7 +105,7 @@ def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: 
         buf = np.empty(size, np.uint32)
         t64 = np.empty(16, np.float64)
         byte = np.empty(1, np.uint32)
-        cands, errs = _policy_scratch()
+        scratch = _policy_scratch()
         t = t0
         while t < t1:
             r = t // nb
@@ -120,7 +120,7 @@ def _rotated_tasks(source: Source, el: Element, sc: Scale, block: Any, per_row: 
                 base = idx0 + r * length + l0
                 for g in range(0, n, 16):
                     _rotate_group(xr, l0 + g, buf, g, signs, t64, kind, source.codec, False)
-                scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, cands, errs)
+                scales_of(buf, np.int64(0), np.int64(1), n, base, byte, mode, policy, pts, key, scratch)
                 sr[j] = byte[0]
                 block(buf, np.uint64(0), np.uint64(n), dr, np.uint64(l0), base, byte[0], pts, key_lo, key_hi)
             t = (r + 1) * nb

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_and, u32_or, u32_shl, u32_shr, u32_sub
+from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_amax_abs, u32_and, u32_or, u32_shl, u32_shr, u32_sub
 from .. import codec as C
-from .elements import _dequantized, _fixed, _scaled, _stream
+from .elements import _dequantized, _fixed, _load, _scaled, _stream
 from .spec import CEIL, EVEN, FOUR_SIX_MAE, FOUR_SIX_MSE, NEURON, PLAIN, RCEIL
 
 
@@ -20,6 +20,24 @@ def _bit_length(v):  # pragma: no cover - compiled
         v >>= 1
         n += 1
     return n
+
+
+@jit(inline="always")
+def _row_amax(xr, l0, l1, kind, codec, v16, v32, v64):  # pragma: no cover - compiled
+    """The largest |x| pattern of ``xr[l0:l1]``; one vector reduction for a float32 block of 16,
+    32 or 64 (``v16, v32, v64``: these lengths, compile-time constants, for float32 rows; else 0)."""
+    n = l1 - l0
+    if v32 != 0 and n == v32:
+        return _load(u32_amax_abs(xr, l0, v32), kind, codec)
+    if v16 != 0 and n == v16:
+        return _load(u32_amax_abs(xr, l0, v16), kind, codec)
+    if v64 != 0 and n == v64:
+        return _load(u32_amax_abs(xr, l0, v64), kind, codec)
+    amax = np.uint32(0)
+    for i in range(l0, l1):
+        a = u32_and(_load(xr[i], kind, codec), 0x7FFFFFFF)
+        amax = a if a > amax else amax
+    return amax
 
 
 @jit

@@ -1,0 +1,117 @@
+"""Scale policies (four-over-six, the MSE search) evaluated in vector registers: the specialised
+binding of the policies' scale loop, for the kernels users train and quantise with (rounding to
+nearest even, float32 and 16-bit float sources, blocks of at most :data:`MAX_SIZE`).
+
+The shared loop (:func:`~.rows._row_scales`) sums the error of one block under one candidate
+scale at a time, element after element, in float64: a chain of dependent additions with the
+format's constants read at run time. Here ``GROUP`` consecutive blocks are evaluated together.
+Their values are laid out element-major (``values[i, g]``: element ``i`` of block ``g``), and
+candidate ``k`` of block ``g`` accumulates in lane ``g`` of ``sums[k]``. Each lane still adds its
+block's errors from its first element to its last, starting at 0.0, exactly as the shared loop
+does, so every sum is the same float64 number and every choice is the same. But the ``GROUP``
+chains are independent, so they are one vector addition per element and candidate. The
+candidates themselves come from the same helpers (:func:`~.scales._candidate`,
+:func:`~.scales._multiplier`), so the choice is bit for bit the shared loop's; blocks past the
+last whole group, partial blocks and longer blocks go to the shared loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..._jit import f32_from_bits, jit
+from .. import codec as C
+from .elements import _dequantized, _load, _scaled
+from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _scale_byte
+from .spec import FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source
+
+#: The most blocks evaluated together, one float64 lane each. Their count is a run-time value:
+#: LLVM unrolls a loop of a constant 8 iterations before its vectoriser sees it.
+GROUP = 64
+#: The longest block the grouped loop takes (its scratch holds MAX_SIZE x GROUP values).
+MAX_SIZE = 64
+#: The most candidates a policy compares (the plain scale and four alternatives).
+MAX_CANDIDATES = 5
+
+
+@jit(inline="always")
+def _group_scratch():  # pragma: no cover - compiled
+    """The scratch of :func:`grouped_scales`, made once per kernel call: candidate bytes, their
+    multipliers and scales (float32), the error sums (float64), the values element-major and each
+    block's amax pattern."""
+    shape = (MAX_CANDIDATES, GROUP)
+    return (
+        np.empty(shape, np.uint32),
+        np.empty(shape, np.float32),
+        np.empty(shape, np.float32),
+        np.empty(shape, np.float64),
+        np.empty((MAX_SIZE, GROUP), np.uint32),
+        np.empty(GROUP, np.uint32),
+    )
+
+
+def groups_policies(source: Source, el: Element) -> bool:
+    """Whether kernels of this source and element rounding evaluate their policies grouped:
+    nearest-even rounding (the stochastic bits and the directed encoder stay on the shared loop)
+    of float32 patterns or 16-bit float codes."""
+    return el.mode == C.NEAREST_EVEN and source.vector
+
+
+def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int]) -> Any:
+    """``scales(xr, j, ng, size, mode, policy, pts, out, scratch)``: the scale bytes of the
+    ``ng`` (at most ``GROUP``) whole blocks ``[j, j + ng)`` of the row ``xr`` (``size`` <= :data:`MAX_SIZE`) under the
+    policy ``policy`` (not ``PLAIN``) into ``out[j:]``, the source, element and scale format
+    compiled in (``vlens``: the vector lengths of the amax, see :func:`~.rows._row_amax`)."""
+    kind, codec, e8m0 = source.kind, source.codec, sc.e8m0
+    fixed = el.codec.specials == C.FIXED
+    v16, v32, v64 = vlens
+
+    @jit(inline="always")
+    def scales(xr, j, ng, size, mode, policy, pts, out, scratch):  # pragma: no cover - compiled
+        cands, muls, steps, sums, values, amaxes = scratch
+        count = 5 if (policy == SEARCH_MSE) & (not e8m0) else 2
+        squared = policy != FOUR_SIX_MAE
+        for g in range(ng):
+            l0 = np.uint64((j + g) * size)
+            amax = _row_amax(xr, l0, l0 + np.uint64(size), kind, codec, v16, v32, v64)
+            byte = _scale_byte(amax, mode, pts, sc, e8m0)
+            amaxes[g] = amax
+            cands[0, g] = byte
+            for k in range(count - 1):
+                valid, cand = _candidate(k, byte, policy, amax, pts, sc)
+                cands[k + 1, g] = cand if valid else byte
+            for k in range(count):
+                mul, step = _multiplier(cands[k, g], pts, sc, e8m0)
+                muls[k, g] = mul
+                steps[k, g] = step
+            for i in range(size):
+                values[i, g] = _load(xr[l0 + np.uint64(i)], kind, codec)
+        for k in range(count):
+            for g in range(ng):
+                sums[k, g] = 0.0
+        for i in range(size):
+            for k in range(count):
+                if squared:
+                    for g in range(ng):
+                        u = values[i, g]
+                        v = _scaled(u, muls[k, g], e8m0)
+                        d = np.float64(_dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
+                        d = d - np.float64(f32_from_bits(u))
+                        sums[k, g] += d * d
+                else:
+                    for g in range(ng):
+                        u = values[i, g]
+                        v = _scaled(u, muls[k, g], e8m0)
+                        d = np.float64(_dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
+                        sums[k, g] += abs(d - np.float64(f32_from_bits(u)))
+        for g in range(ng):
+            chosen = cands[0, g]
+            if _policy_scale(chosen, amaxes[g], policy, pts, sc):
+                best = sums[0, g]
+                for k in range(1, count):
+                    if sums[k, g] < best:
+                        best, chosen = sums[k, g], cands[k, g]
+            out[j + g] = chosen
+
+    return scales
