@@ -42,7 +42,10 @@ print(json.dumps({k: hashlib.sha256(v).hexdigest() for k, v in out.items()}))
 
 
 def main() -> int:
+    start = time.perf_counter()
     import neuron_kernels
+
+    imported = time.perf_counter() - start
     from neuron_kernels import _jit
     from neuron_kernels.warmup import COMPILED_SOURCES, run_task, warmup_tasks
 
@@ -54,6 +57,15 @@ def main() -> int:
     print(f"package: {here}; compiled tiers: {[level for level, _, _ in tiers] or 'none'}")
     if not tiers:
         problems.append("no compiled tier for this machine")
+    import numpy as np
+
+    x = np.linspace(-4, 4, 4096, dtype=np.float32).reshape(16, 256)
+    firsts = []
+    for fmt in ("mxfp8_e4m3", "nvfp4"):
+        start = time.perf_counter()
+        neuron_kernels.quantize(x, fmt)
+        firsts.append(f"quantize {fmt} {time.perf_counter() - start:.2f} s")
+    print(f"import neuron_kernels {imported:.2f} s; first calls: {', '.join(firsts)} (timings are reported, not checked)")
     start = time.perf_counter()
     tasks = warmup_tasks(None, COMPILED_SOURCES)
     for task in tasks:
