@@ -1250,3 +1250,30 @@ def test_rows_across_the_grouped_and_flat_loops(dtype, fmt, policy):
     x = np.tile(policy_data(3), (1, length // 48 + 1))[:, :length]  # the special blocks among them
     with np.errstate(over="ignore"):
         check(x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype), fmt, **policy)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "fmt, options",
+    [
+        ("nvfp4", {"axis": 0}),
+        ("nvfp4", {"axis": 0, "block_size": 5, "rounding": "stochastic", "seed": 3}),  # pairs of rows share bytes
+        ("nvfp4", {"axis": 0, "four_over_six": "mse"}),
+        ("mxfp8_e4m3", {"axis": 0}),
+        ("mxfp4_e2m1", {"block_shape": (8, 32)}),  # codes packed along the columns, an odd width
+        ("nvfp4", {"block_shape": (16, 16), "scale_search": "mse"}),
+        ("mxfp6_e2m3", {"block_shape": (4, 3), "rounding": "stochastic", "seed": 4}),
+    ],
+    ids=str,
+)
+def test_tiles_across_column_chunks(dtype, fmt, options):
+    """Tile kernels (a block axis other than the last, 2-D tiles) work through a row of tiles in
+    chunks of about CHUNK_COLUMNS columns (kernels/blocks/tiles.py): rows of two chunks and an odd
+    remainder cross their bounds; every output against the reference."""
+    from neuron_kernels.kernels.blocks.tiles import CHUNK_COLUMNS
+
+    width = 2 * CHUNK_COLUMNS + 35
+    x = np.tile(policy_data(5), (1, width // 48 + 1))[:37, :width].copy()
+    with np.errstate(over="ignore"):
+        x[:, CHUNK_COLUMNS - 1 : CHUNK_COLUMNS + 1] *= 300.0  # large values on both sides of a bound
+        check(x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype), fmt, **options)

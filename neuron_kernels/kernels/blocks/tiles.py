@@ -10,47 +10,52 @@ import numpy as np
 
 from ..._jit import jit, u32_and
 from .. import codec as C
-from .elements import _code, _dequantized, _load, _nibble, _put_nibble, _scaled, _stream, _value
+from .elements import _code, _dequantized, _load, _nibble, _nibble_pair, _put_nibble, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
 from .spec import FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
 
 
-@jit
-def _tile_amax(x, a, r0, r1, cols, amax, src):  # pragma: no cover - compiled
-    """The largest |x| pattern of each tile of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols``
-    wide) into ``amax``."""
+@jit(inline="always")
+def _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec):  # pragma: no cover - compiled
+    """The largest |x| pattern of each tile ``[j0, j1)`` of the row of tiles ``x[a, r0:r1, :]``
+    (tiles ``cols`` wide) into ``amax[j]``, the source's ``kind`` and ``codec`` compiled in where
+    they are constants (the plain kernels': then the loop over a row is vectorised)."""
     width = x.shape[2]
-    amax[:] = 0
+    amax[j0:j1] = 0
     if cols == 1:
         for rr in range(r0, r1):
-            for cc in range(width):
-                v = u32_and(C.load(x[a, rr, cc], src.kind, src.codec), 0x7FFFFFFF)
+            xrow = x[a, rr]  # one view per row, unsigned indices: the loop is vectorised
+            for cc in range(np.uint64(j0), np.uint64(j1)):
+                v = u32_and(_load(xrow[cc], kind, codec), 0x7FFFFFFF)
                 amax[cc] = v if v > amax[cc] else amax[cc]
     else:
         for rr in range(r0, r1):
-            for j in range(amax.size):
+            for j in range(j0, j1):
                 m = amax[j]
                 for cc in range(j * cols, min(j * cols + cols, width)):
-                    v = u32_and(C.load(x[a, rr, cc], src.kind, src.codec), 0x7FFFFFFF)
+                    v = u32_and(_load(x[a, rr, cc], kind, codec), 0x7FFFFFFF)
                     m = v if v > m else m
                 amax[j] = m
 
 
-@jit
-def _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
-    """:func:`_tile_scales` of the kernels without scale policies (``policy`` ignored)."""
-    _tile_amax(x, a, r0, r1, cols, amax, src)
-    for j in range(amax.size):
+@jit(inline="always")
+def _tile_plain_scales(x, a, r0, r1, cols, j0, j1, amax, bytes_, mode, pts, kind, codec, sc):  # pragma: no cover
+    """:func:`_tile_scales` of the kernels without scale policies, inlined with the source's
+    ``kind`` compiled in."""
+    _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec)
+    for j in range(j0, j1):
         bytes_[j] = _scale_byte(amax[j], mode, pts, sc, sc.e8m0)
 
 
 @jit
-def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc):  # pragma: no cover
-    """Scale bytes of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols`` wide) into ``bytes_``;
-    ``amax`` is scratch of one entry per tile."""
+def _tile_scales(
+    x, a, r0, r1, cols, j0, j1, amax, bytes_, mode, policy, pts, key, idx0, src, el, sc
+):  # pragma: no cover
+    """Scale bytes of the tiles ``[j0, j1)`` of the row of tiles ``x[a, r0:r1, :]`` (tiles ``cols``
+    wide) into ``bytes_[j]``; ``amax`` is scratch of one entry per tile."""
     width = x.shape[2]
-    _tile_amax(x, a, r0, r1, cols, amax, src)
-    for j in range(amax.size):
+    _tile_amax(x, a, r0, r1, cols, j0, j1, amax, src.kind, src.codec)
+    for j in range(j0, j1):
         m = amax[j]
         byte = _scale_byte(m, mode, pts, sc, sc.e8m0)
         if _policy_scale(byte, m, policy, pts, sc):
@@ -65,6 +70,11 @@ def _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0,
                     if err < best:
                         best, byte = err, cand
         bytes_[j] = byte
+
+
+#: About how many columns a tile kernel's chunk spans (see :func:`_tile_tasks`): 32 rows of them
+#: in float32 are 128 KiB.
+CHUNK_COLUMNS = 1024
 
 
 def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: int) -> Any:
@@ -83,6 +93,13 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     policies = sc.policies  # constants of the closure: numba compiles only the branches taken
     nan_code = el.nan_code
 
+    @jit(inline="always")
+    def _tile_code(xrow, cc, col_mul, col_scale, base, key_lo, key_hi):  # pragma: no cover - compiled
+        """The code of ``xrow[cc]`` with its column's multiplier; the NaN code under a NaN scale."""
+        rnd = C.random_bits(key_lo, key_hi, base + np.int64(cc)) if stochastic else np.uint32(0)
+        code = _code(_scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], e8m0), rnd, el, rmode, fixed)
+        return nan_code if col_scale[cc] != col_scale[cc] else code
+
     @jit
     def run(x, dst, scales, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover
         key_lo, key_hi = _stream(key)
@@ -92,38 +109,59 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
         col_mul = np.empty(width, np.float32)
         col_scale = np.empty(width, np.float32)
         rnd = np.uint32(0)
+        span = max(2, (CHUNK_COLUMNS // cols) & ~1)  # tiles per chunk
         for t in range(t0, t1):
             a = t // nrt
             i = t - a * nrt
             r0 = i * rows
             r1 = min(r0 + rows, height)
-            if policies:
-                _tile_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
-            else:
-                _tile_plain_scales(x, a, r0, r1, cols, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
-            for j in range(nct):
-                if quantize:
-                    scales[a, i, j] = bytes_[j]
-                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
-                for cc in range(j * cols, min(j * cols + cols, width)):
-                    col_mul[cc] = mul
-                    col_scale[cc] = scale
-            for rr in range(r0, r1):
-                for cc in range(width):
-                    if stochastic:
-                        rnd = C.random_bits(key_lo, key_hi, idx0 + (a * height + rr) * width + cc)
-                    v = _scaled(_load(x[a, rr, cc], kind, source.codec), col_mul[cc], e8m0)
+            # Chunks of whole tiles about CHUNK_COLUMNS wide (an even number of tiles: a packed
+            # pair of columns never straddles two), so that the scale loop leaves the chunk's
+            # elements in cache for the element loop.
+            for j0 in range(0, nct, span):
+                j1 = min(j0 + span, nct)
+                c0, c1 = j0 * cols, min(j1 * cols, width)
+                if policies:
+                    _tile_scales(x, a, r0, r1, cols, j0, j1, amax, bytes_, mode, policy, pts, key, idx0, source, el, sc)
+                else:
+                    _tile_plain_scales(x, a, r0, r1, cols, j0, j1, amax, bytes_, mode, pts, kind, source.codec, sc)
+                for j in range(j0, j1):
                     if quantize:
-                        code = _code(v, rnd, el, rmode, fixed)
-                        code = nan_code if col_scale[cc] != col_scale[cc] else code  # a NaN scale: NaN codes
-                        if pack == PACK_NONE:
-                            dst[a, rr, cc] = code
-                        elif pack == PACK_COLS:
-                            _put_nibble(dst, (a, rr, cc >> 1), code, cc & 1)
-                        else:
-                            _put_nibble(dst, (a, rr >> 1, cc), code, rr & 1)
+                        scales[a, i, j] = bytes_[j]
+                    mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
+                    col_mul[j * cols : j * cols + cols] = mul  # slice fills: vectorised
+                    col_scale[j * cols : j * cols + cols] = scale
+                # One view per row and unsigned indices: the element loops are vectorised.
+                u0, u1 = np.uint64(c0), np.uint64(c1)
+                for rr in range(r0, r1):
+                    xrow = x[a, rr]
+                    base = idx0 + (a * height + rr) * width
+                    if not quantize:
+                        drow = dst[a, rr]
+                        for cc in range(u0, u1):
+                            if stochastic:
+                                rnd = C.random_bits(key_lo, key_hi, base + np.int64(cc))
+                            v = _scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], e8m0)
+                            drow[cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
+                    elif pack == PACK_COLS:
+                        drow = dst[a, rr]
+                        for k in range(u0 >> np.uint64(1), u1 >> np.uint64(1)):
+                            lo = _tile_code(xrow, k + k, col_mul, col_scale, base, key_lo, key_hi)
+                            hi = _tile_code(xrow, k + k + np.uint64(1), col_mul, col_scale, base, key_lo, key_hi)
+                            drow[k] = _nibble_pair(lo, hi)
+                        if u1 & np.uint64(1):  # the last column of an odd width
+                            last = u1 - np.uint64(1)
+                            code = _tile_code(xrow, last, col_mul, col_scale, base, key_lo, key_hi)
+                            _put_nibble(drow, last >> np.uint64(1), code, 0)
                     else:
-                        dst[a, rr, cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
+                        high = rr & 1 if pack != PACK_NONE else 0
+                        drow = dst[a, rr >> 1] if pack != PACK_NONE else dst[a, rr]
+                        for cc in range(u0, u1):
+                            code = _tile_code(xrow, cc, col_mul, col_scale, base, key_lo, key_hi)
+                            if pack == PACK_NONE:
+                                drow[cc] = code
+                            else:
+                                _put_nibble(drow, cc, code, high)
 
     return run
 
