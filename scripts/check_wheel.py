@@ -65,7 +65,8 @@ def main() -> int:
         start = time.perf_counter()
         neuron_kernels.quantize(x, fmt)
         firsts.append(f"quantize {fmt} {time.perf_counter() - start:.2f} s")
-    print(f"import neuron_kernels {imported:.2f} s; first calls: {', '.join(firsts)} (timings are reported, not checked)")
+    calls = ", ".join(firsts)
+    print(f"import neuron_kernels {imported:.2f} s; first calls: {calls} (timings are reported, not checked)")
     start = time.perf_counter()
     tasks = warmup_tasks(None, COMPILED_SOURCES)
     for task in tasks:

@@ -291,10 +291,6 @@ class LazyBlockArray:
         )
 
 
-#: The error sums of a row or a chunk (count, signal, noise, max abs, max rel, saturated, flushed).
-_N_SUMS = 7
-
-
 def _row_sums_block(
     x: np.ndarray, codes: np.ndarray, scales: np.ndarray, q: LazyBlockArray, block_id: Any = None
 ) -> Any:
@@ -325,7 +321,7 @@ def _piece_totals(
 def _from_rows(sums: np.ndarray) -> QuantizationStats:
     stats = ErrorStats()
     if sums.size:
-        stats.add_row_sums(sums.reshape(-1, _N_SUMS))
+        stats.add_row_sums(sums.reshape(-1, sums.shape[-1]))
     return stats.result()
 
 
@@ -379,6 +375,8 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
     x = da.asarray(x).rechunk(q.chunks)
     codes, scales = q.codes, q.scales
     if by_rows(q):
+        from ..kernels.blocks import N_SUMS  # the error sums of a row, as the kernels store them
+
         last = x.ndim - 1
         if len(q.chunks[last]) > 1:
             x, codes, scales = (a.rechunk({last: a.shape[last]}) for a in (x, codes, scales))
@@ -389,7 +387,7 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
             codes,
             scales,
             q.spec,
-            chunks=x.chunks[:-1] + ((_N_SUMS,),),
+            chunks=x.chunks[:-1] + ((N_SUMS,),),
             dtype=np.float64,
             meta=np.empty((0,) * x.ndim, np.float64),
         )
