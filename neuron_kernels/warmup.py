@@ -206,9 +206,8 @@ def build_compiled_tier(
     import sys
     import tempfile
 
-    from numba.core.caching import UserProvidedCacheLocator
-
-    from ._jit import _PACKAGE_ROOT, CPU_LEVELS, MANIFEST, compiled_tag
+    from ._jit import CPU_LEVELS, MANIFEST, PACKAGE_ROOT, compiled_tag
+    from ._jit.numba_internals import cache_subpath
 
     if level not in CPU_LEVELS:
         raise InvalidValueError(f"unknown CPU level {level!r}; accepted: {', '.join(CPU_LEVELS)}")
@@ -218,21 +217,21 @@ def build_compiled_tier(
         env = {**os.environ, "NUMBA_CACHE_DIR": cache, "NUMBA_CPU_NAME": level, "NUMBA_CPU_FEATURES": ""}
         env["NEURON_KERNELS_COMPILED"] = "0"
         # the processes compile this copy of the package, whatever else is installed
-        paths = [os.path.dirname(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")]
+        paths = [os.path.dirname(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
         script = (
             "import json, sys\n"
-            "from numba.core.registry import cpu_target\n"
+            "from neuron_kernels._jit.numba_internals import host_magic\n"
             "from neuron_kernels.warmup import warmup\n"
             "tasks = [tuple(t) for t in json.loads(sys.argv[1])]\n"
             "compiled, _ = warmup(tasks, None if sys.argv[2] == 'None' else int(sys.argv[2]))\n"
-            "magic = list(cpu_target.target_context.codegen().magic_tuple())\n"
+            "magic = list(host_magic())\n"
             "print(json.dumps({'compiled': compiled, 'magic': magic}))\n"
         )
         done = subprocess.run(
             [sys.executable, "-c", script, json.dumps(tasks), str(processes)],
             env=env,
-            cwd=os.path.dirname(_PACKAGE_ROOT),  # `python -c` puts its folder first on the path
+            cwd=os.path.dirname(PACKAGE_ROOT),  # `python -c` puts its folder first on the path
             capture_output=True,
             text=True,
             check=False,
@@ -242,15 +241,15 @@ def build_compiled_tier(
         result = json.loads(done.stdout.strip().splitlines()[-1])
         shutil.rmtree(folder, ignore_errors=True)
         kernels = 0
-        for here, subfolders, files in os.walk(_PACKAGE_ROOT):
+        for here, subfolders, files in os.walk(PACKAGE_ROOT):
             subfolders[:] = [d for d in subfolders if not d.startswith(("__pycache__", "_compiled"))]
             py = [f for f in files if f.endswith(".py")]
             if not py:
                 continue
-            built = os.path.join(cache, UserProvidedCacheLocator.get_suitable_cache_subpath(os.path.join(here, py[0])))
+            built = os.path.join(cache, cache_subpath(os.path.join(here, py[0])))
             if not os.path.isdir(built):
                 continue
-            target = os.path.join(folder, os.path.relpath(here, _PACKAGE_ROOT))
+            target = os.path.join(folder, os.path.relpath(here, PACKAGE_ROOT))
             os.makedirs(target, exist_ok=True)
             for name in os.listdir(built):
                 if name.endswith((".nbi", ".nbc")):
