@@ -44,6 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from .api import cast, fake_quantize, quantization_error, quantize
+from .blocks.nibbles import pack
 from .dtypes import get_format
 from .errors import InvalidValueError
 from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS
@@ -374,10 +375,7 @@ def numpy_reference_nvfp4(
     inv = np.float32(1.0) / s32 if per_tensor_scale is None else (np.float32(1.0) / np.float32(per_tensor_scale)) / s32
     v = np.clip(blocks * inv, np.float32(-6.0), np.float32(6.0))
     codes = v.astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(v.shape[:-2] + (-1,))[..., :length]
-    if codes.shape[-1] % 2:
-        codes = np.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, 1)])
-    packed = (codes[..., 0::2] & np.uint8(0xF)) | (codes[..., 1::2] << np.uint8(4))
-    return packed, s.view(np.uint8)[..., 0]
+    return pack(codes, -1), s.view(np.uint8)[..., 0]
 
 
 def torchao_peer(

@@ -57,9 +57,9 @@ def codec_functions_compiled(tmp_path, *steps: str) -> list[str]:
     lines = "\n".join(f"{step}\nprint(','.join(used()) or '-')" for step in steps)
     r = run_python(
         "import ml_dtypes, numpy as np, neuron_kernels as nk\n"
-        "from neuron_kernels.kernels import codec as C\n"
-        "used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, C.load,\n"
-        "    C._f64_rest, C._f64_to_f32_odd, C._f64_to_f32_truncated, C._f16_to_f32) if f.signatures)\n" + lines,
+        "from neuron_kernels.kernels import codec as C, narrowing as N, sources as S\n"
+        "used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, S.load,\n"
+        "    N.f64_rest, N.f64_to_f32_odd, N.f64_to_f32_truncated, S.f16_to_f32) if f.signatures)\n" + lines,
         env={"NUMBA_CACHE_DIR": str(tmp_path)},
     )
     assert r.returncode == 0, r.stderr
@@ -76,7 +76,7 @@ def test_a_cast_compiles_only_its_own_path(tmp_path):
         'nk.cast(np.ones(8), "float8_e8m0fnu", rounding="stochastic", seed=1)',
     )
     assert first == "encode"
-    assert second == "_f64_rest,_f64_to_f32_truncated,encode,encode_e8m0"
+    assert second == "encode,encode_e8m0,f64_rest,f64_to_f32_truncated"
 
 
 def test_a_block_kernel_compiles_only_its_own_path(tmp_path):
@@ -195,6 +195,8 @@ def test_works_without_a_writable_cache(tmp_path):
 
 _DOUBLING_LOAD = """
 
+from .._jit import u32_add
+
 _load_as_it_was = load
 
 
@@ -205,8 +207,8 @@ def load(x, source, c):  # pragma: no cover - compiled
 
 
 def test_cache_follows_edits_of_inlined_helpers(tmp_path):
-    """A block kernel (defined in kernels/blocks/rows.py) of float16 input inlines codec's ``load``:
-    after an edit of codec.py that leaves rows.py as it was, the cached kernel must not run the
+    """A block kernel (defined in kernels/blocks/rows.py) of float16 input inlines the sources' ``load``:
+    after an edit of sources.py that leaves rows.py as it was, the cached kernel must not run the
     old ``load``; after edits of docstrings and comments only, it still comes from the cache."""
     pkg = tmp_path / "site"
     shutil.copytree(
@@ -249,7 +251,8 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     unchanged, log = fake_quantize()
     assert unchanged == before
     assert re.search(r"data loaded from .*rows\._row_fake_quantize", log), log
-    codec.write_text(codec.read_text() + _DOUBLING_LOAD)
+    sources = pkg / "neuron_kernels" / "kernels" / "sources.py"
+    sources.write_text(sources.read_text() + _DOUBLING_LOAD)
     assert kernel_file.stat().st_mtime_ns == kernel_stat.st_mtime_ns
     after, log = fake_quantize()
     assert after == [2 * v for v in before], log  # powers of two scale MX blocks exactly

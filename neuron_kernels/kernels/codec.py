@@ -1,8 +1,10 @@
 """The generic encoder and decoder: float32 bit patterns <-> the codes of every float format.
 
 One encoder and one decoder, written once over the parameters of the format table and
-specialised per (source, target, rounding, saturate) by :func:`make_cast_kernel`, which closes over
-plain ints only (so every specialisation is cached on disk on its own).
+specialised per (source, target, rounding, saturate) by :func:`~.casts.make_cast_kernel`, which
+closes over plain ints only (so every specialisation is cached on disk on its own). Where the
+float32 patterns come from is :mod:`.sources`; the random bits of stochastic rounding are
+:mod:`.hashing`'s.
 
 Encoding (float32 pattern ``u`` -> code), for a target with ``M`` mantissa bits and bias ``B``::
 
@@ -26,20 +28,17 @@ encoder (:func:`encode_e8m0`: ties to the even code).
 
 from __future__ import annotations
 
-from functools import cache
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from .._jit import (
-    f16_to_f32_bits,
     f32_bits,
     f32_from_bits,
     i32_positive,
     jit,
     u32_add,
     u32_and,
-    u32_mul,
     u32_or,
     u32_shl,
     u32_shr,
@@ -50,28 +49,8 @@ from ..errors import InvalidValueError
 from ..formats import SPECIALS, Format
 from ..modes import ROUNDING_MODES
 
-__all__ = [
-    "Codec",
-    "NO_CODEC",
-    "codec_of",
-    "mode_id",
-    "encode",
-    "encode_e8m0",
-    "decode",
-    "round_significand",
-    "random_bits",
-    "load",
-    "loader",
-    "storer",
-    "Store",
-    "make_cast_kernel",
-    "copy_items",
-    "pack_nibbles",
-    "unpack_nibbles",
-    "look_up_items",
-]
+__all__ = ["Codec", "NO_CODEC", "codec_of", "mode_id", "encode", "encode_e8m0", "decode", "round_significand"]
 
-# Specials kinds (Format.specials), as ints for the kernels, in the order of formats.SPECIALS.
 IEEE, FN, FNUZ, NONE, E8M0, FIXED = (SPECIALS.index(k) for k in ("ieee", "fn", "fnuz", "none", "e8m0", "fixed"))
 
 # Rounding modes, as ints for the kernels: their position in ROUNDING_MODES.
@@ -81,31 +60,9 @@ TOWARD_POSITIVE, TOWARD_NEGATIVE = MODE_IDS["toward_positive"], MODE_IDS["toward
 STOCHASTIC = MODE_IDS["stochastic"]
 
 
-def source_of_codes(fmt: Format) -> int:
-    """The source kind of arrays of codes of ``fmt``: the fast paths of bfloat16 (a shift) and
-    float16 (the hardware conversion), else the generic decoder."""
-    return {"bfloat16": SOURCE_BF16, "float16": SOURCE_F16}.get(fmt.name, SOURCE_CODES)
-
-
 def mode_id(rounding: str) -> int:
     """The kernels' id of a rounding mode of ``ROUNDING_MODES``."""
     return MODE_IDS[rounding]
-
-
-# Where a kernel's float32 patterns come from / go to.
-SOURCE_F32 = 0  # a float32 (or tfloat32/float32r) array
-SOURCE_F64_NEAREST = 1  # float64, rounded to float32 to nearest even first (the block formats' reading)
-SOURCE_F64_ODD = 2  # float64, rounded to float32 "to odd": one correct rounding follows
-SOURCE_CODES = 3  # codes of a small format, decoded exactly
-SOURCE_INT = 4  # integers, converted to float32 (round to nearest even): for float32 targets
-SOURCE_F64_SPLIT = 5  # float64 truncated to float32, the rest kept as 32 more bits (stochastic rounding)
-SOURCE_BF16 = 6  # bfloat16 codes: the top half of a float32 pattern
-SOURCE_F16 = 7  # float16 codes: the hardware conversion, NaN payloads kept
-SOURCE_INT_ODD = 8  # integers, rounded to float32 "to odd" (exactly, see _int_to_f32_odd): one correct rounding follows
-TARGET_F32 = 0
-TARGET_F64 = 1
-TARGET_CODES = 2
-ELEMENTWISE, PACK_NIBBLES, UNPACK_NIBBLES = 0, 1, 2
 
 
 class Codec(NamedTuple):
@@ -327,343 +284,3 @@ def decode(c, f):  # pragma: no cover - compiled
     if specials == FNUZ:
         v = 0xFFC00000 if c == sign_bit else v
     return v
-
-
-@jit
-def _mix32(x):  # pragma: no cover - compiled
-    """A 32-bit integer hash with good avalanche (xorshift-multiply, as in 'lowbias32')."""
-    x = u32_xor(x, u32_shr(x, 16))
-    x = u32_mul(x, 0x7FEB352D)
-    x = u32_xor(x, u32_shr(x, 15))
-    x = u32_mul(x, 0x846CA68B)
-    return u32_xor(x, u32_shr(x, 16))
-
-
-@jit
-def _f64_to_f32_odd(x):  # pragma: no cover - compiled
-    """float64 -> float32 pattern rounded to odd: truncate, then set the last bit if inexact.
-
-    A later rounding to at most 21 significand bits then equals one correct rounding of ``x``
-    in every mode. Beyond float32's range this gives the largest finite float32 (odd), which
-    is past every target's overflow threshold.
-    """
-    y = np.float32(x)
-    b = f32_bits(y)
-    back = np.float64(y)
-    b = u32_sub(b, 1) if abs(back) > abs(x) else b
-    return u32_or(b, 1) if (back != x) & (x == x) else b
-
-
-@jit
-def _int_to_f32_odd(x):  # pragma: no cover - compiled
-    """Integer -> float32 pattern rounded to odd, with no rounding on the way: a magnitude below
-    2^53 is a float64 as it is; from 2^53 on, float32's ulp is at least 2^30, so the bits below
-    2^21 only decide the odd bit, and the rest (at most 43 significant bits) is a float64."""
-    neg = x < 0
-    m = np.uint64(0) - np.uint64(x) if neg else np.uint64(x)
-    low = m & np.uint64(0x1FFFFF)
-    if m < np.uint64(1 << 53):
-        b = _f64_to_f32_odd(np.float64(m))
-    else:
-        b = u32_or(_f64_to_f32_odd(np.float64(m - low)), low != np.uint64(0))
-    return u32_or(b, 0x80000000) if neg else b
-
-
-@jit
-def _f64_to_f32_truncated(x):  # pragma: no cover - compiled
-    """float64 -> float32 pattern rounded toward zero; +-inf from 2^128 on (past every target's
-    largest value, as float32's own infinity is); NaN as numpy converts it."""
-    y = np.float32(x)
-    b = f32_bits(y)
-    b = u32_sub(b, 1) if abs(np.float64(y)) > abs(x) else b
-    return u32_or(u32_and(b, 0x80000000), 0x7F800000) if abs(x) >= 2.0**128 else b
-
-
-@jit
-def _f64_rest(x, u):  # pragma: no cover - compiled
-    """The part of ``|x|`` below its truncation ``u`` (:func:`_f64_to_f32_truncated`), as a 32-bit
-    fraction of the float32 ulp at ``u``: ``floor(2^32 * (|x| - |u|) / ulp)``. The difference is
-    exact in float64 and the scaling is by a power of two, so this is exact; 0 for inf and NaN.
-    A non-zero ``x`` that truncates to zero gets at least 1 (a sticky bit, too small to change any
-    rounding) so that e8m0, which has no zero, can tell it from zero."""
-    e1 = max(u32_and(u32_shr(u, 23), 0xFF), 1)
-    # times 2^(182 - e1) (ulp = 2^(e1 - 150)), as two float32 powers of two (each exponent in
-    # [-36, 91]): exact, and branch-free where ldexp is a library call per element
-    k = 182 - np.int64(e1)
-    half = k >> 1
-    p1 = np.float64(f32_from_bits(u32_shl(np.uint32(127 + half), 23)))
-    p2 = np.float64(f32_from_bits(u32_shl(np.uint32(127 + k - half), 23)))
-    rest = (abs(x) - abs(np.float64(f32_from_bits(u)))) * p1 * p2
-    bits = np.uint32(rest) if (rest >= 0.0) & (rest < 4294967296.0) else np.uint32(0)
-    return u32_or(bits, 1) if (u32_and(u, 0x7FFFFFFF) == 0) & (x != 0) else bits
-
-
-@jit
-def random_bits(key_lo, key_hi, idx):  # pragma: no cover - compiled
-    """32 random bits for element ``idx`` of an array: a hash of (key, idx), nothing else.
-
-    With the key (:func:`neuron_kernels._random.stream_key` of the seed) split into 32-bit halves
-    ``key_lo``/``key_hi`` and ``idx`` into ``idx_lo``/``idx_hi``:
-    ``mix32(((mix32(idx_lo ^ key_lo) + idx_hi) mod 2^32) ^ key_hi)``.
-    Stochastic rounding rounds a magnitude up when these bits, read as an unsigned integer, are
-    below ``floor(2^32 * f)``, ``f`` being the discarded fraction of an ulp.
-    """
-    h = _mix32(u32_xor(np.uint32(idx & 0xFFFFFFFF), key_lo))
-    return _mix32(u32_xor(u32_add(h, np.uint32((idx >> 32) & 0xFFFFFFFF)), key_hi))
-
-
-@jit
-def load(x, source, c):  # pragma: no cover - compiled
-    """The float32 pattern of one source item of kind ``source`` (``SOURCE_*``; codes are decoded
-    with the source's :class:`Codec` ``c``), the kind a run-time value: the block kernels' shared
-    helpers read every source of a row type with it. A cast kernel calls its :func:`loader`."""
-    if source == SOURCE_F32:
-        return x
-    if source == SOURCE_F64_NEAREST or source == SOURCE_INT:
-        return f32_bits(np.float32(x))
-    if source == SOURCE_F64_ODD:
-        return _f64_to_f32_odd(x)
-    if source == SOURCE_INT_ODD:
-        return _int_to_f32_odd(x)
-    if source == SOURCE_F64_SPLIT:
-        return _f64_to_f32_truncated(x)
-    if source == SOURCE_BF16:
-        return u32_shl(x, 16)
-    if source == SOURCE_F16:
-        return _f16_to_f32(x)
-    return decode(x, c)
-
-
-@jit
-def _f16_to_f32(x):  # pragma: no cover - compiled
-    """float16 code -> float32 pattern, exact: the hardware conversion, except that a NaN keeps
-    its payload bits as they are (the conversion would make a signalling NaN quiet)."""
-    h = u32_and(x, 0xFFFF)
-    nan = u32_or(u32_or(u32_shl(u32_and(h, 0x8000), 16), 0x7F800000), u32_shl(u32_and(h, 0x3FF), 13))
-    return nan if u32_and(h, 0x7FFF) > np.uint32(0x7C00) else f16_to_f32_bits(h)
-
-
-class Store(NamedTuple):
-    """What a kernel makes of a float32 pattern: the source and target kinds, the target's
-    :class:`Codec`, the rounding mode id and saturation."""
-
-    source: int
-    target: int
-    codec: Codec
-    mode: int
-    saturate: bool
-
-
-# The loaders and storers of the cast kernels: one small function per source kind and per kind of
-# target, which :func:`loader` and :func:`storer` pick where a kernel is made. A kernel then
-# compiles the path it takes and no other: a call's first cast compiles in half the time of one
-# that types every source kind and every target (the decoder, the float64 paths, both encoders).
-
-
-@jit
-def _load_pattern(x, c):  # pragma: no cover - compiled
-    return x
-
-
-@jit
-def _load_rounded(x, c):  # pragma: no cover - compiled
-    return f32_bits(np.float32(x))
-
-
-@jit
-def _load_f64_odd(x, c):  # pragma: no cover - compiled
-    return _f64_to_f32_odd(x)
-
-
-@jit
-def _load_int_odd(x, c):  # pragma: no cover - compiled
-    return _int_to_f32_odd(x)
-
-
-@jit
-def _load_f64_truncated(x, c):  # pragma: no cover - compiled
-    return _f64_to_f32_truncated(x)
-
-
-@jit
-def _load_bf16(x, c):  # pragma: no cover - compiled
-    return u32_shl(x, 16)
-
-
-@jit
-def _load_f16(x, c):  # pragma: no cover - compiled
-    return _f16_to_f32(x)
-
-
-_LOADERS = {
-    SOURCE_F32: _load_pattern,
-    SOURCE_F64_NEAREST: _load_rounded,
-    SOURCE_INT: _load_rounded,
-    SOURCE_F64_ODD: _load_f64_odd,
-    SOURCE_INT_ODD: _load_int_odd,
-    SOURCE_F64_SPLIT: _load_f64_truncated,
-    SOURCE_BF16: _load_bf16,
-    SOURCE_F16: _load_f16,
-    SOURCE_CODES: decode,
-}
-
-
-def loader(source: int) -> Any:
-    """The compiled ``(x, codec) -> float32 pattern`` of one source item of kind ``source``
-    (``SOURCE_*``; codes are decoded with the source's :class:`Codec`)."""
-    return _LOADERS[source]
-
-
-@jit
-def _store_pattern(x, u, rnd, how):  # pragma: no cover - compiled
-    return u
-
-
-@jit
-def _store_f64(x, u, rnd, how):  # pragma: no cover - compiled
-    return np.float64(f32_from_bits(u))
-
-
-@jit
-def _store_f64_of_int(x, u, rnd, how):  # pragma: no cover - compiled
-    return np.float64(x)
-
-
-@jit
-def _store_code(x, u, rnd, how):  # pragma: no cover - compiled
-    return u32_shl(encode(u, rnd, np.uint32(0), how.codec, how.mode, how.saturate), how.codec.shift)
-
-
-@jit
-def _store_code_split(x, u, rnd, how):  # pragma: no cover - compiled
-    return u32_shl(encode(u, rnd, _f64_rest(x, u), how.codec, how.mode, how.saturate), how.codec.shift)
-
-
-@jit
-def _store_e8m0(x, u, rnd, how):  # pragma: no cover - compiled
-    return encode_e8m0(u, rnd, np.uint32(0), how.mode, how.saturate)
-
-
-@jit
-def _store_e8m0_split(x, u, rnd, how):  # pragma: no cover - compiled
-    return encode_e8m0(u, rnd, _f64_rest(x, u), how.mode, how.saturate)
-
-
-def storer(how: Store) -> Any:
-    """The compiled ``(x, u, rnd, how) -> target item`` of the float32 pattern ``u`` (``x`` is the
-    source item it came from, ``rnd`` the random bits of stochastic rounding), as :class:`Store`
-    ``how`` says: the pattern itself, a float64, or a code (float64 sources split for stochastic
-    rounding also pass on the bits below the float32 truncation)."""
-    if how.target == TARGET_F32:
-        return _store_pattern
-    if how.target == TARGET_F64:
-        return _store_f64_of_int if how.source == SOURCE_INT else _store_f64
-    split = how.source == SOURCE_F64_SPLIT
-    if how.codec.specials == E8M0:
-        return _store_e8m0_split if split else _store_e8m0
-    return _store_code_split if split else _store_code
-
-
-@cache
-def make_cast_kernel(
-    source: int,
-    src_codec: Codec,
-    target: int,
-    dst_codec: Codec,
-    mode: int,
-    saturate: bool,
-    layout: int = ELEMENTWISE,
-) -> Any:
-    """Kernel ``(src, dst, key, start)`` casting 1-D arrays.
-
-    ``source`` is one of ``SOURCE_*`` (codes need ``src_codec``), ``target`` one of ``TARGET_*``
-    (codes need ``dst_codec``; :data:`NO_CODEC` where there is none). Codes and float32 patterns
-    are passed as unsigned-int views, float64 and integers as they are. ``layout``:
-    ``ELEMENTWISE``; ``PACK_NIBBLES`` (two 4-bit codes per output byte, element 2k in the low
-    nibble); ``UNPACK_NIBBLES`` (the reverse). ``key`` seeds the stochastic rounding: element
-    ``start + i`` uses the hash of (key, start + i), so results do not depend on how the array
-    was split.
-    """
-    stochastic = mode == STOCHASTIC
-    how = Store(source, target, dst_codec, mode, bool(saturate))
-    load_item, store_item = loader(source), storer(how)
-
-    # One loop per kernel, chosen here rather than inside the kernel: with a single call site
-    # LLVM inlines the helpers into the loop and vectorises it (inlining them in numba's IR
-    # instead triples the compile time for the same machine code).
-    if layout == ELEMENTWISE:
-
-        @jit
-        def kernel(src, dst, key, start):  # pragma: no cover - compiled
-            key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
-            rnd = np.uint32(0)
-            for i in range(src.size):
-                if stochastic:
-                    rnd = random_bits(key_lo, key_hi, start + i)
-                u = load_item(src[i], src_codec)
-                dst[i] = store_item(src[i], u, rnd, how)
-
-    elif layout == PACK_NIBBLES:
-
-        @jit
-        def kernel(src, dst, key, start):  # pragma: no cover - compiled
-            key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
-            rnd_lo = np.uint32(0)
-            rnd_hi = np.uint32(0)
-            for k in range(dst.size):
-                if stochastic:
-                    rnd_lo = random_bits(key_lo, key_hi, start + 2 * k)
-                    rnd_hi = random_bits(key_lo, key_hi, start + 2 * k + 1)
-                a = src[2 * k]
-                b = src[2 * k + 1]
-                lo = store_item(a, load_item(a, src_codec), rnd_lo, how)
-                hi = store_item(b, load_item(b, src_codec), rnd_hi, how)
-                dst[k] = u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
-
-    else:
-
-        @jit
-        def kernel(src, dst, key, start):  # pragma: no cover - compiled
-            key_lo, key_hi = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
-            rnd_lo = np.uint32(0)
-            rnd_hi = np.uint32(0)
-            for k in range(src.size):
-                if stochastic:
-                    rnd_lo = random_bits(key_lo, key_hi, start + 2 * k)
-                    rnd_hi = random_bits(key_lo, key_hi, start + 2 * k + 1)
-                a = u32_and(src[k], 0xF)
-                b = u32_shr(u32_and(src[k], 0xFF), 4)
-                dst[2 * k] = store_item(a, load_item(a, src_codec), rnd_lo, how)
-                dst[2 * k + 1] = store_item(b, load_item(b, src_codec), rnd_hi, how)
-
-    return kernel
-
-
-@jit
-def copy_items(src, dst, key, start):  # pragma: no cover - compiled
-    """Item by item with C conversion semantics (integer to integer: wrap, as numpy does)."""
-    for i in range(src.size):
-        dst[i] = src[i]
-
-
-@jit
-def pack_nibbles(src, dst, key, start):  # pragma: no cover - compiled
-    """4-bit codes (one per byte) to bytes of two, element 2k in the low nibble; bits kept as they are."""
-    for k in range(dst.size):
-        dst[k] = u32_or(u32_and(src[2 * k], 0xF), u32_shl(u32_and(src[2 * k + 1], 0xF), 4))
-
-
-@jit
-def unpack_nibbles(src, dst, key, start):  # pragma: no cover - compiled
-    """The inverse of :func:`pack_nibbles`."""
-    for k in range(src.size):
-        dst[2 * k] = u32_and(src[k], 0xF)
-        dst[2 * k + 1] = u32_shr(u32_and(src[k], 0xFF), 4)
-
-
-@jit
-def look_up_items(src, table, dst):  # pragma: no cover - compiled
-    """``dst[i] = table[src[i]]``: a cast of codes through the table of its results for every
-    code (see :func:`neuron_kernels.kernels.compiled._by_table`)."""
-    for i in range(src.size):
-        dst[i] = table[src[i]]

@@ -33,12 +33,6 @@ _ALL_MODES = ROUNDING_MODES
 _F32_LIKE = ("float32", "float32r", "tfloat32")
 
 
-def _codec() -> Any:
-    from . import codec
-
-    return codec
-
-
 def _element(fmt: Format) -> Format:
     return FORMATS[fmt.element] if fmt.kind == "packed" else fmt  # type: ignore[index]
 
@@ -101,7 +95,9 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
             table = tables.get(key_)
             if table is None:
                 table = tables[key_] = _table(s_el, t_el, *key_)
-            _codec().look_up_items(view_in(src), table, view_out(dst))
+            from . import casts
+
+            casts.look_up_items(view_in(src), table, view_out(dst))
             return
         key = stream_key(options.seed or 0)
         kernel_for(options)(view_in(src), view_out(dst), key, start)
@@ -124,8 +120,9 @@ def _by_table(source: Format, target: Format) -> bool:
         return False  # a copy moves the bits, NaN payloads included
     if source.itemsize == 1:
         return target.itemsize <= 2
-    c = _codec()
-    return source.itemsize == 2 and target.itemsize == 1 and c.source_of_codes(source) != c.SOURCE_BF16
+    from . import sources
+
+    return source.itemsize == 2 and target.itemsize == 1 and sources.source_of_codes(source) != sources.SOURCE_BF16
 
 
 def _table(s_el: Format, t_el: Format, rounding: str, saturate: bool) -> np.ndarray:
@@ -156,8 +153,9 @@ def _plan(
     """What computes ``source -> target`` for one rounding mode and saturation: ``("copy", ())``
     (items moved as they are, or integers converted), ``("pack", ())`` / ``("unpack", ())`` (4-bit
     codes in and out of bytes, bits unchanged), or ``("codec", (src_kind, src_codec, tgt_kind,
-    tgt_codec, mode, saturate, layout))``: the arguments of :func:`~.codec.make_cast_kernel`."""
-    c = _codec()
+    tgt_codec, mode, saturate, layout))``: the arguments of :func:`~.casts.make_cast_kernel`."""
+    from . import casts, codec, sources
+
     if s_el.name == t_el.name and not saturate:
         # The same values in another container: move the bits (NaN payloads included).
         if fp4_in == fp4_out:
@@ -165,31 +163,37 @@ def _plan(
         return ("unpack", ()) if fp4_in else ("pack", ())
     if s_el.kind == "int" and t_el.kind == "int":
         return "copy", ()
-    mode = c.mode_id(rounding)
+    mode = codec.mode_id(rounding)
     if s_el.kind == "int":
         # to a float32 target, numpy's conversion; to a narrower one, one rounding of the integer
         # (ml_dtypes 0.7.0), through float32 rounded to odd
         narrower = t_el.name not in ("float32", "float32r", "float64")
-        src_kind, src_codec = (c.SOURCE_INT_ODD if narrower else c.SOURCE_INT), c.NO_CODEC
+        src_kind, src_codec = (sources.SOURCE_INT_ODD if narrower else sources.SOURCE_INT), codec.NO_CODEC
     elif s_el.name in _F32_LIKE:
-        src_kind, src_codec = c.SOURCE_F32, c.NO_CODEC
+        src_kind, src_codec = sources.SOURCE_F32, codec.NO_CODEC
     elif s_el.name == "float64":
         # Every mode rounds the float64 value once (as ml_dtypes 0.7.0 and numpy's float16 do),
         # which rounding to float32 "to odd" first preserves. Stochastic rounding needs every bit
         # below the target's ulp (to 2^-32 of it), which a float32 rounded to odd loses.
-        src_kind = c.SOURCE_F64_SPLIT if rounding == "stochastic" else c.SOURCE_F64_ODD
-        src_codec = c.NO_CODEC
+        src_kind = sources.SOURCE_F64_SPLIT if rounding == "stochastic" else sources.SOURCE_F64_ODD
+        src_codec = codec.NO_CODEC
         if target.name == "float64":
             return "copy", ()
     else:
-        src_kind, src_codec = c.source_of_codes(s_el), c.codec_of(s_el)
+        src_kind, src_codec = sources.source_of_codes(s_el), codec.codec_of(s_el)
     if t_el.name in ("float32", "float32r"):
-        tgt_kind, tgt_codec = c.TARGET_F32, c.NO_CODEC
+        tgt_kind, tgt_codec = casts.TARGET_F32, codec.NO_CODEC
     elif t_el.name == "float64":
-        tgt_kind, tgt_codec = c.TARGET_F64, c.NO_CODEC
+        tgt_kind, tgt_codec = casts.TARGET_F64, codec.NO_CODEC
     else:
-        tgt_kind, tgt_codec = c.TARGET_CODES, c.codec_of(t_el)
-    layout = c.UNPACK_NIBBLES if fp4_in and not fp4_out else c.PACK_NIBBLES if fp4_out and not fp4_in else c.ELEMENTWISE
+        tgt_kind, tgt_codec = casts.TARGET_CODES, codec.codec_of(t_el)
+    layout = (
+        casts.UNPACK_NIBBLES
+        if fp4_in and not fp4_out
+        else casts.PACK_NIBBLES
+        if fp4_out and not fp4_in
+        else casts.ELEMENTWISE
+    )
     if fp4_in and fp4_out:
         return "copy", ()
     return "codec", (src_kind, src_codec, tgt_kind, tgt_codec, mode, bool(saturate), layout)
@@ -205,11 +209,12 @@ def _build(
     rounding: str,
     saturate: bool,
 ) -> Any:
-    c = _codec()
+    from . import casts, nibbles
+
     how, args = _plan(source, target, s_el, t_el, fp4_in, fp4_out, rounding, saturate)
     if how == "codec":
-        return c.make_cast_kernel(*args)
-    return {"copy": c.copy_items, "pack": c.pack_nibbles, "unpack": c.unpack_nibbles}[how]
+        return casts.make_cast_kernel(*args)
+    return {"copy": casts.copy_items, "pack": nibbles.pack_nibbles, "unpack": nibbles.unpack_nibbles}[how]
 
 
 def _ufunc_dtype(fmt: Format) -> str:

@@ -1,8 +1,7 @@
 """The elements of a block: the scaled value (:func:`_scaled`), its code under the rounding mode
 (:func:`_code`; :func:`_nearest_even` in float arithmetic), the value a code or a scaled element
-comes back as (:func:`_value`, :func:`_dequantized`), the source loader (:func:`_load`), and 4-bit
-codes two per byte (:func:`_nibble_pair`, :func:`_nibble`, :func:`_put_nibble`: element 2i in the
-low nibble), the one place the kernels pack and unpack them."""
+comes back as (:func:`_value`, :func:`_dequantized`) and the source loader (:func:`_load`). 4-bit
+codes two per byte are :mod:`..nibbles`'s."""
 
 from __future__ import annotations
 
@@ -10,7 +9,9 @@ import numpy as np
 
 from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_and, u32_or, u32_shl, u32_shr, u32_sub
 from .. import codec as C
-from ..codec import NEAREST_EVEN, SOURCE_BF16, SOURCE_F32  # bare names: numba prunes branches on them
+from .. import sources as S
+from ..codec import NEAREST_EVEN
+from ..sources import SOURCE_BF16, SOURCE_F32  # bare names: numba prunes branches on them
 
 
 @jit(inline="always")
@@ -101,38 +102,15 @@ def _stream(key):  # pragma: no cover - compiled
 
 @jit(inline="always")
 def _load(x, kind, codec):  # pragma: no cover - compiled
-    """:func:`~.codec.load`, with float32 patterns and bfloat16 codes read in place: a kernel of
+    """:func:`~..sources.load`, with float32 patterns and bfloat16 codes read in place: a kernel of
     either source compiles no loader."""
     if kind == SOURCE_F32:
         return x
     if kind == SOURCE_BF16:
         return u32_shl(x, 16)
-    return C.load(x, kind, codec)
+    return S.load(x, kind, codec)
 
 
 @jit(inline="always")
 def _fixed(el):  # pragma: no cover - compiled
     return el.codec.specials == C.FIXED
-
-
-@jit(inline="always")
-def _nibble_pair(lo, hi):  # pragma: no cover - compiled
-    """The byte of two 4-bit codes: ``lo`` in the low nibble, ``hi`` in the high one."""
-    return u32_or(u32_and(lo, 0xF), u32_shl(u32_and(hi, 0xF), 4))
-
-
-@jit(inline="always")
-def _nibble(byte, high):  # pragma: no cover - compiled
-    """The 4-bit code in the low (``high`` 0) or the high (``high`` 1) nibble of ``byte``."""
-    return u32_and(u32_shr(byte, 4 * high), 0xF)
-
-
-@jit(inline="always")
-def _put_nibble(codes, k, code, high):  # pragma: no cover - compiled
-    """Store the 4-bit code ``code`` into ``codes[k]`` (``k`` an index or a tuple of them): in the
-    low nibble, clearing the high one (``high`` 0), or in the high nibble, keeping the low one
-    (``high`` 1): the element of the low nibble is written first."""
-    if high:
-        codes[k] = u32_or(codes[k], u32_shl(u32_and(code, 0xF), 4))
-    else:
-        codes[k] = u32_and(code, 0xF)

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..._jit import f32_from_bits, jit
 from ...formats import BlockFormat
-from .elements import _dequantized, _load, _nibble, _scaled, _value
+from ..nibbles import nibble
+from .elements import _dequantized, _load, _scaled, _value
 from .rows import _policy_scratch, _row_scales
 from .scales import _multiplier
 from .spec import _element_of, _flags, _scale_of, source_of
@@ -80,7 +81,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
                 _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
-                    code = _nibble(cr[i >> 1], i & 1) if packed else np.uint32(cr[i])
+                    code = nibble(cr[i >> 1], i & 1) if packed else np.uint32(cr[i])
                     d = np.float64(_value(code, scale, el))
                     xi = np.float64(f32_from_bits(_load(xr[i], kind, src.codec)))
                     sums = _add_error(sums, xi, d, xi, lim)

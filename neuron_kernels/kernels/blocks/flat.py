@@ -17,7 +17,9 @@ import numpy as np
 
 from ..._jit import jit, u32_and
 from .. import codec as C
-from .elements import _code, _load, _nibble_pair, _scaled
+from ..hashing import random_bits
+from ..nibbles import nibble_pair
+from .elements import _code, _load, _scaled
 from .scales import _multiplier
 from .spec import Element, Scale, Source, _flags
 
@@ -65,7 +67,7 @@ def flat_quantizer(source: Source, el: Element, sc: Scale, pack: bool, vlen: int
 
     @jit(inline="always")
     def code_of(xr, muls, i, m, base, key_lo, key_hi):  # pragma: no cover - compiled
-        rnd = C.random_bits(key_lo, key_hi, base + np.int64(i)) if stochastic else np.uint32(0)
+        rnd = random_bits(key_lo, key_hi, base + np.int64(i)) if stochastic else np.uint32(0)
         return _code(_scaled(_load(xr[i], kind, source.codec), muls[m], e8m0), rnd, el, rmode, fixed)
 
     @jit(inline="always")
@@ -83,7 +85,7 @@ def flat_quantizer(source: Source, el: Element, sc: Scale, pack: bool, vlen: int
                     i = l0 + h + h
                     lo = code_of(xr, muls, i, h + h, base, key_lo, key_hi)
                     hi = code_of(xr, muls, i + np.uint64(1), h + h + np.uint64(1), base, key_lo, key_hi)
-                    cr[h0 + h] = _nibble_pair(lo, hi)
+                    cr[h0 + h] = nibble_pair(lo, hi)
                 if n & np.uint64(1):  # the row's last element, alone in its byte's low nibble
                     last = n - np.uint64(1)
                     code = code_of(xr, muls, l0 + last, last, base, key_lo, key_hi)

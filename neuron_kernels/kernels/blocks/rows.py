@@ -15,8 +15,11 @@ import numpy as np
 
 from ..._jit import jit, u32_amax_abs, u32_and
 from .. import codec as C
-from ..codec import SOURCE_F32  # a bare name: numba prunes branches on it
-from .elements import _code, _dequantized, _load, _nibble, _nibble_pair, _put_nibble, _scaled, _stream, _value
+from .. import sources as S
+from ..hashing import random_bits
+from ..nibbles import nibble, nibble_pair, put_nibble
+from ..sources import SOURCE_F32  # a bare name: numba prunes branches on it
+from .elements import _code, _dequantized, _load, _scaled, _stream, _value
 from .flat import FLAT_BLOCK, flat_quantizer, flat_scratch
 from .policies import GROUP, MAX_SIZE, _group_scratch, grouped_scales, groups_policies
 from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _row_errors, _scale_byte
@@ -28,7 +31,7 @@ def _decoded_amax(m, src):  # pragma: no cover - compiled
     """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
     of 16-bit sources are decoded once, after the reduction), the source known at run time. A
     kernel's own reduction (:func:`_row_amax`) decodes with :func:`~.elements._load`."""
-    return m if src.kind == SOURCE_F32 else C.load(m, src.kind, src.codec)
+    return m if src.kind == SOURCE_F32 else S.load(m, src.kind, src.codec)
 
 
 @jit(inline="always")
@@ -66,7 +69,7 @@ def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
             return _decoded_amax(u32_amax_abs(xr, l0, 64), src)
     amax = np.uint32(0)
     for i in range(l0, l1):
-        a = u32_and(C.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
+        a = u32_and(S.load(xr[i], src.kind, src.codec), 0x7FFFFFFF)
         amax = a if a > amax else amax
     return amax
 
@@ -163,7 +166,7 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
         if not pack:
             for k in range(n):
                 if stochastic:
-                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+                    rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
                 code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 cr[c0 + k] = nan_code if nan_block else code
         elif (c0 & 1) == 0 and (n & 1) == 0:
@@ -171,19 +174,19 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             for k in range(n >> np.uint64(1)):
                 lo_i = l0 + k + k
                 if stochastic:
-                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k))
-                    rnd_hi = C.random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
+                    rnd = random_bits(key_lo, key_hi, i0 + np.int64(k + k))
+                    rnd_hi = random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
                 lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 hi_u = _load(xs[lo_i + np.uint64(1)], kind, source.codec)
                 hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
-                cr[h0 + k] = nan_code if nan_block else _nibble_pair(lo, hi)
+                cr[h0 + k] = nan_code if nan_block else nibble_pair(lo, hi)
         else:
             for k in range(n):
                 if stochastic:
-                    rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+                    rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
                 code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
                 pos = c0 + k
-                _put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
+                put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
 
     return block
 
@@ -202,7 +205,7 @@ def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
         rnd = np.uint32(0)
         for k in range(l1 - l0):
             if stochastic:
-                rnd = C.random_bits(key_lo, key_hi, i0 + np.int64(k))
+                rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
             v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0)
             out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, fixed)
 
@@ -289,11 +292,11 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
                 if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                     for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
                         pair = np.uint32(cr[k])
-                        orow[k + k] = _value(_nibble(pair, 0), scale, el)
-                        orow[k + k + np.uint64(1)] = _value(_nibble(pair, 1), scale, el)
+                        orow[k + k] = _value(nibble(pair, 0), scale, el)
+                        orow[k + k + np.uint64(1)] = _value(nibble(pair, 1), scale, el)
                 elif packed:
                     for pos in range(l0, l1):
-                        orow[pos] = _value(_nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
+                        orow[pos] = _value(nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
                 else:
                     for pos in range(l0, l1):
                         orow[pos] = _value(np.uint32(cr[pos]), scale, el)

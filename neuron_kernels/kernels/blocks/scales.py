@@ -9,6 +9,8 @@ import numpy as np
 
 from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_amax_abs, u32_and, u32_or, u32_shl, u32_shr, u32_sub
 from .. import codec as C
+from .. import sources as S
+from ..hashing import random_bits
 from .elements import _dequantized, _fixed, _load, _scaled, _stream
 from .spec import CEIL, EVEN, FOUR_SIX_MAE, FOUR_SIX_MSE, NEURON, PLAIN, RCEIL
 
@@ -127,9 +129,9 @@ def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, src, el, sc, 
         mul, scale = _multiplier(cands[k], pts, sc, sc.e8m0)
         err = 0.0
         for i in range(l0, l1):
-            u = C.load(xr[i], src.kind, src.codec)
+            u = S.load(xr[i], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
-                rnd = C.random_bits(key_lo, key_hi, base + np.int64(i))
+                rnd = random_bits(key_lo, key_hi, base + np.int64(i))
             v = _scaled(u, mul, sc.e8m0)
             d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
@@ -147,9 +149,9 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
     rnd = np.uint32(0)
     for rr in range(r0, r1):
         for cc in range(c0, c1):
-            u = C.load(x[a, rr, cc], src.kind, src.codec)
+            u = S.load(x[a, rr, cc], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
-                rnd = C.random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
+                rnd = random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
             v = _scaled(u, mul, sc.e8m0)
             d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)

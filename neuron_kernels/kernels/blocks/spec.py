@@ -13,6 +13,7 @@ from ..._parallel import read_only
 from ...formats import FORMATS, BlockFormat
 from ...modes import FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
 from .. import codec as C
+from .. import sources as S
 
 #: Scale-mode ids, bound by name: an id is the mode's index in ``modes.SCALE_MODES``.
 FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST = (
@@ -61,11 +62,11 @@ class Source(NamedTuple):
 def source_of(dtype_name: str) -> Source:
     """The :class:`Source` of an input dtype (float32, float64, or 16-bit float codes)."""
     if dtype_name == "float32":
-        return Source(C.SOURCE_F32, C.NO_CODEC, True)
+        return Source(S.SOURCE_F32, C.NO_CODEC, True)
     if dtype_name == "float64":
-        return Source(C.SOURCE_F64_NEAREST, C.NO_CODEC, False)
+        return Source(S.SOURCE_F64_NEAREST, C.NO_CODEC, False)
     fmt = FORMATS[dtype_name]
-    return Source(C.source_of_codes(fmt), C.codec_of(fmt), fmt.itemsize == 2)
+    return Source(S.source_of_codes(fmt), C.codec_of(fmt), fmt.itemsize == 2)
 
 
 def input_view(x: np.ndarray) -> np.ndarray:

@@ -10,7 +10,9 @@ import numpy as np
 
 from ..._jit import jit, u32_and
 from .. import codec as C
-from .elements import _code, _dequantized, _load, _nibble, _nibble_pair, _put_nibble, _scaled, _stream, _value
+from ..hashing import random_bits
+from ..nibbles import nibble, nibble_pair, put_nibble
+from .elements import _code, _dequantized, _load, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
 from .spec import FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
 
@@ -96,7 +98,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     @jit(inline="always")
     def _tile_code(xrow, cc, col_mul, col_scale, base, key_lo, key_hi):  # pragma: no cover - compiled
         """The code of ``xrow[cc]`` with its column's multiplier; the NaN code under a NaN scale."""
-        rnd = C.random_bits(key_lo, key_hi, base + np.int64(cc)) if stochastic else np.uint32(0)
+        rnd = random_bits(key_lo, key_hi, base + np.int64(cc)) if stochastic else np.uint32(0)
         code = _code(_scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], e8m0), rnd, el, rmode, fixed)
         return nan_code if col_scale[cc] != col_scale[cc] else code
 
@@ -140,7 +142,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                         drow = dst[a, rr]
                         for cc in range(u0, u1):
                             if stochastic:
-                                rnd = C.random_bits(key_lo, key_hi, base + np.int64(cc))
+                                rnd = random_bits(key_lo, key_hi, base + np.int64(cc))
                             v = _scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], e8m0)
                             drow[cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
                     elif pack == PACK_COLS:
@@ -148,11 +150,11 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                         for k in range(u0 >> np.uint64(1), u1 >> np.uint64(1)):
                             lo = _tile_code(xrow, k + k, col_mul, col_scale, base, key_lo, key_hi)
                             hi = _tile_code(xrow, k + k + np.uint64(1), col_mul, col_scale, base, key_lo, key_hi)
-                            drow[k] = _nibble_pair(lo, hi)
+                            drow[k] = nibble_pair(lo, hi)
                         if u1 & np.uint64(1):  # the last column of an odd width
                             last = u1 - np.uint64(1)
                             code = _tile_code(xrow, last, col_mul, col_scale, base, key_lo, key_hi)
-                            _put_nibble(drow, last >> np.uint64(1), code, 0)
+                            put_nibble(drow, last >> np.uint64(1), code, 0)
                     else:
                         high = rr & 1 if pack != PACK_NONE else 0
                         drow = dst[a, rr >> 1] if pack != PACK_NONE else dst[a, rr]
@@ -161,7 +163,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                             if pack == PACK_NONE:
                                 drow[cc] = code
                             else:
-                                _put_nibble(drow, cc, code, high)
+                                put_nibble(drow, cc, code, high)
 
     return run
 
@@ -210,9 +212,9 @@ def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
                     if pack == PACK_NONE:
                         code = np.uint32(codes[a, rr, cc])
                     elif pack == PACK_COLS:
-                        code = _nibble(codes[a, rr, cc >> 1], cc & 1)
+                        code = nibble(codes[a, rr, cc >> 1], cc & 1)
                     else:
-                        code = _nibble(codes[a, rr >> 1, cc], rr & 1)
+                        code = nibble(codes[a, rr >> 1, cc], rr & 1)
                     out[a, rr, cc] = _value(code, col_scale[cc], el)
 
     return kernel
