@@ -29,7 +29,9 @@ axis; bytes are those of the input dtype):
 - dequantise: into a reused ``out=`` array (``x.nbytes + q.nbytes``);
 - fake-quantise: into a reused ``out=`` array (``2 * x.nbytes``);
 - SQNR: :func:`~neuron_kernels.quantization_error` of the built-in data (whose first block holds
-  a NaN and infinities: it is left out, as it dequantises to NaN throughout).
+  a NaN and infinities: it is left out, as it dequantises to NaN throughout);
+- binding: which binding of the kernels quantised: ``specialised`` (every loop with the source,
+  format, block length and rounding compiled in), or ``generic`` and the loop that is not.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import ml_dtypes
 import numpy as np
 
 from .api import cast, fake_quantize, quantization_error, quantize
+from .blocks.job import block_job, input_array
 from .blocks.nibbles import pack
 from .dtypes import get_format
 from .errors import InvalidValueError
@@ -141,10 +144,10 @@ def peer_of(source: str, target: str, rounding: str = "nearest_even") -> tuple[s
                 return a.astype(t.result_dtype)
 
         return ("ml_dtypes" if rounding == "nearest_even" else "ml_dtypes RNE"), astype
-    if t.name == "tfloat32":
-        return "numpy", _numpy_tfloat32
-    if t.name == "float32r":
+    if t.float32_values:
         return "numpy", lambda a: a.astype(np.float32)
+    if t.float32_items:  # tfloat32: float32 arrays of values with 10 mantissa bits
+        return "numpy", _numpy_tfloat32
     element = get_format(t.element).result_dtype  # type: ignore[arg-type]
     lane_bits = 8 * t.itemsize // t.lanes
 
@@ -166,7 +169,7 @@ def default_pairs() -> list[tuple[str, str]]:
     small = [f.name for f in FORMATS.values() if f.kind == "float" and f.name not in ("float32", "float64")]
     packed = [f.name for f in FORMATS.values() if f.kind == "packed"]
     encode = [("float32", t) for t in small + packed]
-    decode = [(s, "float32") for s in small if s not in ("float32r", "tfloat32")]
+    decode = [(s, "float32") for s in small if not FORMATS[s].float32_items]
     others = [
         ("float64", "bfloat16"),
         ("float64", "float8_e4m3fn"),
@@ -257,6 +260,9 @@ class BlockBenchRow:
     sqnr_db: float
     torchao_gbs: float | None = None
     fresh_gbs: float = float("nan")
+    #: The kernels' binding that quantised (``specialised``, or ``generic`` and why; see
+    #: :func:`neuron_kernels.kernels.blocks.binding`).
+    binding: str = ""
 
     @property
     def vs_copy(self) -> float:
@@ -460,8 +466,14 @@ def bench_mx(
         torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
         sqnr = quantization_error(x, q).sqnr_db
         speeds = (quantize_gbs, dequantize_gbs, fake, copy_gbs, peer)
-        rows.append(BlockBenchRow(label, fmt, n, *speeds, sqnr, torchao_gbs, fresh_gbs))
+        rows.append(BlockBenchRow(label, fmt, n, *speeds, sqnr, torchao_gbs, fresh_gbs, _binding(source, fmt, options)))
     return rows
+
+
+def _binding(x: np.ndarray, fmt: str, options: dict[str, Any]) -> str:
+    """The binding of the kernels that ``quantize(x, fmt, **options)`` runs."""
+    arr, src = input_array(x)
+    return block_job(fmt, arr.ndim, **options).resolved(arr, src).binding(arr.shape, src)
 
 
 def format_mx_table(rows: list[BlockBenchRow]) -> str:
@@ -470,7 +482,7 @@ def format_mx_table(rows: list[BlockBenchRow]) -> str:
     head = (
         f"{'block format':<16}{'quantise':>10}{'vs fresh':>9}{'dequant out=':>14}{'vs copy':>9}"
         f"{'fake out=':>11}{'vs copy':>9}{'fresh':>8}{'copy':>8}{'peer':>8}{'vs peer':>9}{'torchao':>9}{'vs':>7}"
-        f"{'SQNR dB':>9}"
+        f"{'SQNR dB':>9}  {'binding':<36}"
     )
     units = (
         f"{'':<16}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}{'GB/s':>8}"
@@ -483,7 +495,7 @@ def format_mx_table(rows: list[BlockBenchRow]) -> str:
         lines.append(
             f"{r.label:<16}{r.quantize_gbs:>10.1f}{r.vs_fresh:>8.2f}x{r.dequantize_gbs:>14.1f}"
             f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.fresh_gbs:>8.1f}{r.copy_gbs:>8.1f}"
-            f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{ta:>9}{vs:>7}{r.sqnr_db:>9.2f}"
+            f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{ta:>9}{vs:>7}{r.sqnr_db:>9.2f}  {r.binding:<36}"
         )
     if all(r.torchao_gbs is None for r in rows):
         lines.append("(torchao peer: torch and torchao are not installed; pip install torch torchao to add it)")

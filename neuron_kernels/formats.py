@@ -98,6 +98,24 @@ class Format:
         return self.kind == "float" and self.signed and self.specials in ("ieee", "fn", "none")
 
     @property
+    def float32_items(self) -> bool:
+        """Whether the format's items are float32 bit patterns (float32, and the formats the package
+        stores in float32 arrays: float32r, tfloat32): kernels read and write them as such."""
+        return self.kind == "float" and self.itemsize == 4 and self.ebits == 8 and self.bias == 127
+
+    @property
+    def float32_values(self) -> bool:
+        """Whether the format's values are float32's, every one (float32, float32r): nothing rounds
+        between the two."""
+        return self.float32_items and self.mbits == 23 and self.specials == "ieee"
+
+    @property
+    def float64_items(self) -> bool:
+        """Whether the format's items are float64 values, which kernels take as they are (the
+        widest source, read to float32 with one rounding; not a pattern of codes)."""
+        return self.kind == "float" and self.itemsize == 8
+
+    @property
     def magnitude_bits(self) -> int:
         """The bits of a code that are not its sign (all of them in an unsigned format)."""
         return self.bits - 1 if self.signed else self.bits

@@ -63,6 +63,22 @@ def test_package_only_formats():
     assert nk.format_info("float8_e5m2_x4").container == np.uint32
 
 
+def test_how_kernels_read_a_format_follows_its_row():
+    # Which formats' items are float32 patterns, hold every float32 value, or are float64 values:
+    # what the cast kernels ask of a row instead of naming formats. The oracle is the dtype the
+    # format's arrays have and the values it holds (finfo).
+    f32 = np.finfo(np.float32)
+    for name, fmt in FORMATS.items():
+        container = fmt.result_dtype if fmt.kind == "float" else None
+        assert fmt.float32_items == (container == np.float32), name
+        holds_all = (
+            fmt.float32_items and fmt.max == float(f32.max) and fmt.smallest_subnormal == float(f32.smallest_subnormal)
+        )
+        assert fmt.float32_values == holds_all, name
+        assert fmt.float64_items == (container == np.float64), name
+    assert [n for n, f in FORMATS.items() if f.float32_values] == ["float32", "float32r"]
+
+
 @pytest.mark.parametrize("name", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
 def test_integer_formats(name):
     info = nk.format_info(name)

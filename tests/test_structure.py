@@ -123,7 +123,7 @@ def test_every_module_has_a_layer():
 NAME_OWNERS = {"formats.py", "dtypes.py", "modes.py"}
 #: The machine's own number types: the kernels' working arithmetic and its sources, named where a
 #: kernel or a reader picks how to load or store a value, not a choice among the table's formats.
-HOST_TYPES = {"float64", "float32", "float16", "bfloat16", "float32r", "tfloat32"}
+HOST_TYPES = {"float64", "float32", "float16", "bfloat16"}
 _NAMES = (set(nk.FORMATS) | set(nk.BLOCK_FORMATS)) - HOST_TYPES
 #: Pieces of names that a substring test would use to pick a family ("fp4" in fmt).
 _PIECES = {"fp4", "fp6", "fp8", "nvfp", "mxfp", "e8m0", "e4m3", "e5m2", "e2m1"}

@@ -309,6 +309,15 @@ class BlockJob:
             self.rotation,
         )
 
+    def binding(self, shape: tuple[int, ...], src: Format, quantize: bool = True) -> str:
+        """Which binding of the kernels quantises (``quantize`` False: fake-quantises) an array of
+        ``shape`` and dtype ``src`` (see :func:`~neuron_kernels.kernels.blocks.binding`)."""
+        from ..kernels import blocks as K
+
+        row = self.layout(shape).kernel_shapes()[0]
+        source = "float32" if self.rotation is not None else src.name
+        return K.binding(source, self.fmt, self.rounding, self.block_size, row, self._policy() != K.PLAIN, quantize)
+
     def fake_quantize(self, arr: np.ndarray, src: Format, out: np.ndarray, idx0: int = 0) -> None:
         """The dequantised values of every element of ``arr`` into the C-contiguous float32 ``out``."""
         from ..kernels import blocks as K

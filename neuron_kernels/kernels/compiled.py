@@ -30,7 +30,6 @@ from ..formats import FORMATS, Format
 from ..modes import ROUNDING_MODES
 
 _ALL_MODES = ROUNDING_MODES
-_F32_LIKE = ("float32", "float32r", "tfloat32")
 
 
 def _element(fmt: Format) -> Format:
@@ -40,9 +39,9 @@ def _element(fmt: Format) -> Format:
 def _is_exact(source: Format, target: Format) -> bool:
     """Whether every value of ``source`` is a value of ``target`` (nothing rounds or overflows)."""
     s, t = _element(source), _element(target)
-    if t.name in ("float32r",):
+    if t.float32_values:
         t = FORMATS["float32"]
-    if s.name in ("float32r",):
+    if s.float32_values:
         s = FORMATS["float32"]
     if s.kind == "int":
         if t.kind == "int":
@@ -77,12 +76,12 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
         return k
 
     def view_in(a: np.ndarray) -> np.ndarray:
-        if s_el.kind == "int" or s_el.name == "float64":
+        if s_el.kind == "int" or s_el.float64_items:
             return a
         return a.view(np.uint8 if source.kind == "packed" else s_el.storage_dtype)
 
     def view_out(a: np.ndarray) -> np.ndarray:
-        if t_el.kind == "int" or t_el.name == "float64":
+        if t_el.kind == "int" or t_el.float64_items:
             return a
         return a.view(np.uint8 if target.kind == "packed" else t_el.storage_dtype)
 
@@ -116,7 +115,7 @@ def _by_table(source: Format, target: Format) -> bool:
     likely; real data hits fewer of the 65,536 entries). Where the loop is as fast or faster, it
     stays: to float32 and float64 (a decode without a table), from bfloat16, whose decode is a
     shift (to float8_e4m3fn 9.8 ms against 10.3), between the 16-bit formats (10.1 against 10.8)."""
-    if source.name == target.name or source.kind != "float" or target.kind != "float" or target.name in _F32_LIKE:
+    if source.name == target.name or source.kind != "float" or target.kind != "float" or target.float32_items:
         return False  # a copy moves the bits, NaN payloads included
     if source.itemsize == 1:
         return target.itemsize <= 2
@@ -167,23 +166,23 @@ def _plan(
     if s_el.kind == "int":
         # to a float32 target, numpy's conversion; to a narrower one, one rounding of the integer
         # (ml_dtypes 0.7.0), through float32 rounded to odd
-        narrower = t_el.name not in ("float32", "float32r", "float64")
+        narrower = not (t_el.float32_values or t_el.float64_items)
         src_kind, src_codec = (sources.SOURCE_INT_ODD if narrower else sources.SOURCE_INT), codec.NO_CODEC
-    elif s_el.name in _F32_LIKE:
+    elif s_el.float32_items:
         src_kind, src_codec = sources.SOURCE_F32, codec.NO_CODEC
-    elif s_el.name == "float64":
+    elif s_el.float64_items:
         # Every mode rounds the float64 value once (as ml_dtypes 0.7.0 and numpy's float16 do),
         # which rounding to float32 "to odd" first preserves. Stochastic rounding needs every bit
         # below the target's ulp (to 2^-32 of it), which a float32 rounded to odd loses.
         src_kind = sources.SOURCE_F64_SPLIT if rounding == "stochastic" else sources.SOURCE_F64_ODD
         src_codec = codec.NO_CODEC
-        if target.name == "float64":
+        if target.float64_items:
             return "copy", ()
     else:
         src_kind, src_codec = sources.source_of_codes(s_el), codec.codec_of(s_el)
-    if t_el.name in ("float32", "float32r"):
+    if t_el.float32_values:
         tgt_kind, tgt_codec = casts.TARGET_F32, codec.NO_CODEC
-    elif t_el.name == "float64":
+    elif t_el.float64_items:
         tgt_kind, tgt_codec = casts.TARGET_F64, codec.NO_CODEC
     else:
         tgt_kind, tgt_codec = casts.TARGET_CODES, codec.codec_of(t_el)
@@ -220,9 +219,9 @@ def _build(
 def _ufunc_dtype(fmt: Format) -> str:
     """The dtype of a format's items in its ufuncs (see :mod:`.ufuncs`): float32, float64 and the
     integers as they are, every other format as its unsigned integer codes."""
-    if fmt.kind == "int" or fmt.name == "float64":
+    if fmt.kind == "int" or fmt.float64_items:
         return fmt.result_dtype.name
-    if fmt.name in _F32_LIKE:
+    if fmt.float32_items:
         return "float32"
     return fmt.storage_dtype.name
 
@@ -251,11 +250,7 @@ def _options_for(source: Format, target: Format) -> tuple[tuple[str, ...], bool]
     if _is_exact(source, target):
         return _ALL_MODES, True
     s, t = _element(source), _element(target)
-    if (
-        t.kind == "int"
-        or (s.kind == "int" and s.bits > 16)
-        or (s.name == "float64" and t.name in ("float32", "float32r"))
-    ):
+    if t.kind == "int" or (s.kind == "int" and s.bits > 16) or (s.float64_items and t.float32_values):
         return ("nearest_even",), False
     return _ALL_MODES, True
 

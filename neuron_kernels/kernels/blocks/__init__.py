@@ -31,7 +31,7 @@ Modules, one per job:
 
 - :mod:`.spec`: what a kernel is specialised on (:class:`~.spec.Source`, :class:`~.spec.Element`,
   :class:`~.spec.Scale`), the ids of scale modes and policies, the flags;
-- :mod:`.elements`: the element's rounding and encoding, the source loader, nibble packing;
+- :mod:`.elements`: the element's rounding and encoding, the source loader;
 - :mod:`.scales`: the scale rules and the scale policies (four-over-six, MSE search);
 - :mod:`.rows`: the row kernels (blocks along the last axis): their task loop, scale loop and
   per-block element loops;
@@ -50,7 +50,7 @@ Modules, one per job:
 """
 
 from .errors import N_SUMS, error_sums, quantize_error_kernel, row_error_kernel
-from .factories import dequantize_kernel, fake_quantize_kernel, finite_amax_kernel, quantize_kernel
+from .factories import binding, dequantize_kernel, fake_quantize_kernel, finite_amax_kernel, quantize_kernel
 from .rotation import rotate_kernel, rotated_amax_kernel
 from .spec import PACK_COLS, PACK_ROWS, PLAIN, input_view, policy_id, scale_mode_id
 
@@ -62,6 +62,7 @@ __all__ = [
     "input_view",
     "scale_mode_id",
     "policy_id",
+    "binding",
     "quantize_kernel",
     "fake_quantize_kernel",
     "dequantize_kernel",

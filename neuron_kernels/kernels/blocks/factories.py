@@ -11,6 +11,8 @@ import numpy as np
 from ..._jit import jit, u32_and
 from ...formats import BlockFormat
 from .elements import _load
+from .flat import FLAT_BLOCK
+from .policies import MAX_SIZE, groups_policies
 from .rotation import _row_fake_quantize_rotated, _row_quantize_rotated
 from .rows import _row_dequantize, _row_fake_quantize, _row_quantize
 from .spec import _element_of, _scale_of, _vector_length, source_of
@@ -36,6 +38,26 @@ def quantize_kernel(
     if row:
         return _row_quantize(source_of(source), el, sc, bool(pack), _vector_length(source, fmt))
     return _tile_quantize(source_of(source), el, sc, pack)
+
+
+def binding(
+    source: str, fmt: BlockFormat, rounding: str, size: int, row: bool, policies: bool, quantize: bool = True
+) -> str:
+    """Which binding a quantise (or, ``quantize`` False, a fake-quantise) kernel runs, from the same
+    decisions the kernel makers take: ``"specialised"`` where every loop has the source, the
+    format, the block length and the rounding compiled in (NVFP4's quantise along the last axis:
+    the flat element loop of :mod:`.flat`), else ``"generic"`` and the loop that is: the scale
+    policies on the shared loop (stochastic or directed rounding, float64 sources, blocks longer
+    than :data:`~.policies.MAX_SIZE`, tiles), or the block amax by the scalar loop (a block length
+    other than the format's own, or a source without the vector reduction)."""
+    src, el = source_of(source), _element_of(fmt, rounding)
+    if policies and not (row and groups_policies(src, el) and size <= MAX_SIZE):
+        return "generic: policies on the shared loop"
+    if row and size != _vector_length(source, fmt):
+        return "generic: scalar amax"
+    if row and quantize and size == FLAT_BLOCK and _vector_length(source, fmt) == FLAT_BLOCK:
+        return "specialised: flat"
+    return "specialised"
 
 
 @cache
