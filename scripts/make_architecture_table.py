@@ -23,9 +23,14 @@ import tempfile
 _D = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
           vocab_size=128, max_position_embeddings=64)  # fmt: skip
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+_DEEPSEEK = dict(
+    _D, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, n_shared_experts=1,
+    first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=32, qk_nope_head_dim=32,
+    v_head_dim=32, n_group=1, topk_group=1, num_key_value_heads=2)  # fmt: skip
 
 #: name -> (config class, model class, config arguments): tiny models of the architectures people
-#: quantise. Several names may share a model_type (a tied Llama); the table takes the first.
+#: quantise. Several names may share a model_type (a tied Llama; DeepSeek-V2 with and without
+#: ``q_lora_rank``): the table's entry is the union of their modules.
 TINY: dict[str, tuple[str, str, dict]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", _D),
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM", {**_D, "tie_word_embeddings": True}),
@@ -35,10 +40,9 @@ TINY: dict[str, tuple[str, str, dict]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_D, "head_dim": 32}),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**_D, **_MOE, "shared_expert_intermediate_size": 128}),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**_D, **_MOE, "head_dim": 32}),
-    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
-        **_D, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_shared_experts": 1,
-        "first_k_dense_replace": 1, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 32,
-        "qk_nope_head_dim": 32, "v_head_dim": 32, "n_group": 1, "topk_group": 1, "num_key_value_heads": 2}),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {**_DEEPSEEK, "q_lora_rank": 32}),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", _DEEPSEEK),  # V2-Lite's shape: q_proj
+    "deepseek_v2_q_lora": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {**_DEEPSEEK, "q_lora_rank": 32}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {**_D, "head_dim": 32}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**_D, "head_dim": 32}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {**_D, "pad_token_id": 0}),
@@ -76,6 +80,18 @@ def save_tiny(folder: str, names: list[str]) -> None:
         model.save_pretrained(os.path.join(folder, name))
 
 
+def _union(entry: dict | None, more: dict) -> dict:
+    """The table entry of a model type made of two variants' (each module of one kind in both)."""
+    if entry is None:
+        return more
+    for key in ("kinds", "model_names"):
+        for name, value in more[key].items():
+            assert entry[key].setdefault(name, value) == value, (name, entry[key][name], value)
+        entry[key] = dict(sorted(entry[key].items()))
+    entry["linears"] = sorted(set(entry["linears"]) | set(more["linears"]))
+    return entry
+
+
 def table() -> dict:
     """The table, built from transformers as the module docstring says."""
     import transformers
@@ -89,13 +105,11 @@ def table() -> dict:
         for name in TINY:
             with open(os.path.join(tmp, name, "config.json"), encoding="utf-8") as fh:
                 config = json.load(fh)
-            if config["model_type"] in entries:
-                continue
             with safe_open(os.path.join(tmp, name, "model.safetensors"), "np") as f:
                 keys = list(f.keys())
             arch = architecture_of(config, keys, "transformers")
             assert arch is not None, name
-            entries[config["model_type"]] = arch.normalised()
+            entries[config["model_type"]] = _union(entries.get(config["model_type"]), arch.normalised())
     return {"transformers": transformers.__version__, "architectures": dict(sorted(entries.items()))}
 
 

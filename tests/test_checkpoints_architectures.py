@@ -1,5 +1,6 @@
 """The architecture matrix (docs/checkpoints.md, "Which tensors are quantised"): tiny random
-models of 20 architectures, built and saved by transformers' own classes
+models of 20 architectures (22 models: a tied Llama, DeepSeek-V2 with and without
+``q_lora_rank``), built and saved by transformers' own classes
 (``scripts/make_architecture_table.py``), quantised by the command to NVFP4, MXFP4 and MXFP8
 (compressed-tensors), and loaded back by transformers with compressed-tensors.
 
@@ -34,7 +35,7 @@ from .test_checkpoints_runtimes import runtime  # noqa: F401  (the fixture)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "make_architecture_table.py")
 FORMATS = ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3"]
-MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"}
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v2_q_lora", "deepseek_v3"}
 
 
 def _script():
