@@ -16,13 +16,13 @@ CASES = [
     ("mxfp8_e4m3", np.float32, (4, 64), {}, "specialised"),
     ("mxfp4_e2m1", ml_dtypes.bfloat16, (4, 64), {}, "specialised"),
     ("mxfp8_e4m3", np.float16, (4, 64), {}, "specialised"),
-    ("nvfp4", np.float32, (4, 64), {}, "specialised: flat"),
-    ("nvfp4", ml_dtypes.bfloat16, (4, 64), {}, "specialised: flat"),
-    # policies in registers, then NVFP4's flat element loop
-    ("nvfp4", np.float32, (4, 64), {"four_over_six": "mse"}, "specialised: flat"),
-    ("nvfp4", np.float32, (4, 64), {"scale_search": "mse"}, "specialised: flat"),
+    ("nvfp4", np.float32, (4, 64), {}, "specialised"),
+    ("nvfp4", ml_dtypes.bfloat16, (4, 64), {}, "specialised"),
+    # policies in registers, then the element loops over runs of whole blocks
+    ("nvfp4", np.float32, (4, 64), {"four_over_six": "mse"}, "specialised"),
+    ("nvfp4", np.float32, (4, 64), {"scale_search": "mse"}, "specialised"),
     ("mxfp4_e2m1", np.float32, (4, 64), {"scale_search": "mse"}, "specialised"),
-    ("nvfp4", np.float32, (4, 64), {"rht": True}, "specialised: flat"),
+    ("nvfp4", np.float32, (4, 64), {"rht": True}, "specialised"),
     # blocks along another axis and 2-D tiles: the tile kernels, loader compiled in
     ("mxfp8_e4m3", np.float32, (64, 4), {"axis": 0}, "specialised"),
     ("nvfp4", np.float32, (64, 4), {"axis": 0}, "specialised"),
@@ -48,7 +48,7 @@ def test_binding_of_a_call(fmt, dtype, shape, options, expected):
     assert job.binding(arr.shape, src) == expected
 
 
-def test_fake_quantisation_has_no_flat_loop():
+def test_fake_quantisation_binding():
     arr, src = input_array(np.ones((4, 64), np.float32))
     job = block_job("nvfp4", 2).resolved(arr, src)
     assert job.binding(arr.shape, src, quantize=False) == "specialised"

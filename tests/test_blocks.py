@@ -1239,13 +1239,19 @@ def test_per_tensor_scale_string_default_is_refused(fmt):
         ("mxfp4_e2m1", {"scale_search": "mse"}),
         ("mxfp8_e4m3", {}),
         ("mxfp6_e2m3", {"scale_search": "mse"}),
+        ("nvfp4", {"rounding": "stochastic", "seed": 2}),
+        ("nvfp4", {"unpacked": True, "per_tensor_scale": 1e-30}),  # multipliers overflow to inf
+        ("mxfp4_e2m1", {"rounding": "toward_zero", "unpacked": True}),
+        ("mxint8", {"scale_mode": "even"}),
+        ("mxfp8_e5m2", {"rounding": "stochastic", "seed": 5}),
     ],
     ids=str,
 )
-def test_rows_across_the_grouped_and_flat_loops(dtype, fmt, policy):
-    """Rows of 3 x 64 + 1 whole blocks and a partial one: the element loop over runs of 64 blocks
-    (kernels/blocks/flat.py) and the policies' groups of up to 64 blocks (kernels/blocks/policies.py)
-    cross their bounds, and the partial block takes the per-block loops; all against the reference."""
+def test_rows_across_the_grouped_loops_and_runs(dtype, fmt, policy):
+    """Rows of 3 x 64 + 1 whole blocks and a partial one: the scale and element loops over runs of
+    64 blocks (kernels/blocks/runs.py) and the policies' groups of up to 64 blocks
+    (kernels/blocks/policies.py) cross their bounds, and the partial block takes the per-block
+    loops; every rounding, packed and not; all against the reference."""
     length = 193 * nk.BLOCK_FORMATS[fmt].block_size + 5
     x = np.tile(policy_data(3), (1, length // 48 + 1))[:, :length]  # the special blocks among them
     with np.errstate(over="ignore"):

@@ -37,14 +37,17 @@ Modules, one per job:
   per-block element loops;
 - :mod:`.tiles`: the tile kernels (1-D blocks along another axis, 2-D blocks), one task loop for
   both;
-- :mod:`.flat`: the quantising row kernels' element loop over runs of whole blocks of 16
-  (multipliers spread per element, one long loop in vector registers), the specialised binding
-  of the per-block loops of :mod:`.rows`, which serve every other block length;
+- :mod:`.runs`: the element loops over runs of whole blocks of the format's own length (a
+  constant trip count per block, multipliers computed per run, 4-bit codes paired as 16-bit
+  words): the specialised binding of the per-block loops of :mod:`.rows`, which serve every other
+  block length;
 - :mod:`.policies`: the scale policies evaluated for up to 64 blocks at once (one float64 lane
   per block and candidate, each summed in the shared loop's order), the specialised binding of
   :func:`~.rows._row_scales` for nearest-even rounding of float32 and 16-bit sources;
-- :mod:`.rotation`: the random Hadamard rotation, and the row kernels of the rotated input, which
-  run the row kernels' scale loop and element loops on each block rotated into a scratch row;
+- :mod:`.hadamard`: the random Hadamard rotation of a 16-element group;
+- :mod:`.rotation`: the kernels of the rotation and of the rotated input's amax (the row kernels
+  of the rotated input are :mod:`.rows`' own, which rotate each run of blocks into a scratch row
+  first);
 - :mod:`.errors`: the error statistics, every element folded by one helper;
 - :mod:`.factories`: the public kernels, one compiled closure per specialisation.
 """

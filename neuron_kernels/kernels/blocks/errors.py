@@ -13,7 +13,7 @@ from ..._jit import f32_from_bits, jit
 from ...formats import BlockFormat
 from ..nibbles import nibble
 from .elements import _dequantized, _load, _scaled, _value
-from .rows import _policy_scratch, _row_scales
+from .rows import _row_scales, _scale_scratch
 from .scales import _multiplier
 from .spec import _element_of, _flags, _scale_of, source_of
 
@@ -107,7 +107,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
         length = x.shape[1]
         nb = (length + size - 1) // size
         bytes_ = np.empty(nb, np.uint32)
-        cands, errs, _ = _policy_scratch()
+        cands, errs, _, _ = _scale_scratch()
         for r in range(t0, t1):
             xr = x[r]
             _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)

@@ -11,9 +11,7 @@ import numpy as np
 from ..._jit import jit, u32_and
 from ...formats import BlockFormat
 from .elements import _load
-from .flat import FLAT_BLOCK
 from .policies import MAX_SIZE, groups_policies
-from .rotation import _row_fake_quantize_rotated, _row_quantize_rotated
 from .rows import _row_dequantize, _row_fake_quantize, _row_quantize
 from .spec import _element_of, _scale_of, _vector_length, source_of
 from .tiles import _tile_dequantize, _tile_fake_quantize, _tile_quantize
@@ -33,10 +31,9 @@ def quantize_kernel(
     whole. ``rotate``: row kernels of the rotated input, taking the 16 signs (float64) after
     ``idx0``. ``policies``: kernels that evaluate the scale policies (else ``policy`` is ignored)."""
     el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
-    if rotate:
-        return _row_quantize_rotated(source_of(source), el, sc, bool(pack))
-    if row:
-        return _row_quantize(source_of(source), el, sc, bool(pack), _vector_length(source, fmt))
+    if row or rotate:
+        vlen = fmt.block_size if rotate else _vector_length(source, fmt)  # the rotated input is float32
+        return _row_quantize(source_of(source), el, sc, bool(pack), vlen, rotate)
     return _tile_quantize(source_of(source), el, sc, pack)
 
 
@@ -45,8 +42,8 @@ def binding(
 ) -> str:
     """Which binding a quantise (or, ``quantize`` False, a fake-quantise) kernel runs, from the same
     decisions the kernel makers take: ``"specialised"`` where every loop has the source, the
-    format, the block length and the rounding compiled in (NVFP4's quantise along the last axis:
-    the flat element loop of :mod:`.flat`), else ``"generic"`` and the loop that is: the scale
+    format, the block length and the rounding compiled in (along the last axis: the element loops
+    over runs of whole blocks of :mod:`.runs`), else ``"generic"`` and the loop that is: the scale
     policies on the shared loop (stochastic or directed rounding, float64 sources, blocks longer
     than :data:`~.policies.MAX_SIZE`, tiles), or the block amax by the scalar loop (a block length
     other than the format's own, or a source without the vector reduction)."""
@@ -55,8 +52,6 @@ def binding(
         return "generic: policies on the shared loop"
     if row and size != _vector_length(source, fmt):
         return "generic: scalar amax"
-    if row and quantize and size == FLAT_BLOCK and _vector_length(source, fmt) == FLAT_BLOCK:
-        return "specialised: flat"
     return "specialised"
 
 
@@ -67,10 +62,9 @@ def fake_quantize_kernel(
     """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
     codes and scales)."""
     el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
-    if rotate:
-        return _row_fake_quantize_rotated(source_of(source), el, sc)
-    if row:
-        return _row_fake_quantize(source_of(source), el, sc, _vector_length(source, fmt))
+    if row or rotate:
+        vlen = fmt.block_size if rotate else _vector_length(source, fmt)  # the rotated input is float32
+        return _row_fake_quantize(source_of(source), el, sc, vlen, rotate)
     return _tile_fake_quantize(source_of(source), el, sc)
 
 
@@ -80,7 +74,7 @@ def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
     out, rows, cols, pts, t0, t1)``: the values into float32 ``out``."""
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
     if row:
-        return _row_dequantize(el, sc, bool(pack))
+        return _row_dequantize(el, sc, bool(pack), fmt.block_size)
     return _tile_dequantize(el, sc, pack)
 
 

@@ -72,19 +72,25 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
         cands, muls, steps, sums, values, amaxes = scratch
         count = 5 if (policy == SEARCH_MSE) & (not e8m0) else 2
         squared = policy != FOUR_SIX_MAE
+        # each step a loop across the group's blocks, which vectorises (the candidates' divisions
+        # included): block by block, these took 4.3 cycles an element, against 1.5
         for g in range(ng):
             l0 = np.uint64((j + g) * size)
-            amax = _row_amax(xr, l0, l0 + np.uint64(size), kind, codec, v16, v32, v64)
-            byte = _scale_byte(amax, mode, pts, sc, e8m0)
-            amaxes[g] = amax
-            cands[0, g] = byte
-            for k in range(count - 1):
-                valid, cand = _candidate(k, byte, policy, amax, pts, sc)
+            amaxes[g] = _row_amax(xr, l0, l0 + np.uint64(size), kind, codec, v16, v32, v64)
+        for g in range(ng):
+            cands[0, g] = _scale_byte(amaxes[g], mode, pts, sc, e8m0)
+        for k in range(count - 1):
+            for g in range(ng):
+                byte = cands[0, g]
+                valid, cand = _candidate(k, byte, policy, amaxes[g], pts, sc)
                 cands[k + 1, g] = cand if valid else byte
-            for k in range(count):
+        for k in range(count):
+            for g in range(ng):
                 mul, step = _multiplier(cands[k, g], pts, sc, e8m0)
                 muls[k, g] = mul
                 steps[k, g] = step
+        for g in range(ng):
+            l0 = np.uint64((j + g) * size)
             for i in range(size):
                 values[i, g] = _load(xr[l0 + np.uint64(i)], kind, codec)
         for k in range(count):

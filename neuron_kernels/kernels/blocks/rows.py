@@ -1,11 +1,12 @@
 """Row kernels: blocks of ``size`` consecutive elements along the last axis of (A, L) arrays
 (the fast path). A task is one (row, block) pair.
 
-A row kernel is its task loop (:func:`_row_tasks`), which runs the scale loop of a row's blocks
-(:func:`_row_scaler`) and then the element loop of each block (:func:`_block_quantizer`,
-:func:`_block_fake_quantizer`): closures made once per specialisation, the two loops inlined into
-the task loop. The rotated kernels (:mod:`.rotation`) run the same scale and element loops on
-rotated blocks."""
+A row kernel is its task loop (:func:`_row_tasks`), which runs, for each run of up to
+:data:`~.runs.CHUNK` blocks of a row, the scale loop (:func:`_row_scaler`) and then the element
+loop of the run's whole blocks of the kernel's own length (:func:`~.runs.run_elements`), or of
+each block of another length (:func:`_block_quantizer`, :func:`_block_fake_quantizer`): closures
+made once per specialisation, the loops inlined into the task loop. The rotated kernels
+(:mod:`.rotation`) run the same scale loop and per-block loops on rotated blocks."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from ..hashing import random_bits
 from ..nibbles import nibble, nibble_pair, put_nibble
 from ..sources import SOURCE_F32  # a bare name: numba prunes branches on it
 from .elements import _code, _dequantized, _load, _scaled, _stream, _value
-from .flat import FLAT_BLOCK, flat_quantizer, flat_scratch
+from .hadamard import rotate_group
 from .policies import GROUP, MAX_SIZE, _group_scratch, grouped_scales, groups_policies
+from .runs import CHUNK, run_dequantizer, run_elements, run_scratch
 from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _row_errors, _scale_byte
-from .spec import FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Source, _flags
+from .spec import FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Source, _flags, source_of
 
 
 @jit(inline="always")
@@ -91,24 +93,32 @@ def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc
 
 
 @jit(inline="always")
-def _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, v16, v32, v64):  # pragma: no cover
-    """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` by the plain rule (kernels without
-    scale policies), inlined into the kernel with the format's constants and the vector lengths
-    (see :func:`_row_amax`, :func:`~.spec._vector_length`) compiled in: the shared
-    :func:`_row_scales`, with run-time constants, cost the quantisers up to a fifth of their speed."""
+def _row_plain_scales(
+    xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, v16, v32, v64, amaxes
+):  # pragma: no cover
+    """The scale bytes of blocks ``[j0, j1)`` (at most :data:`~.runs.CHUNK`) of the row ``xr`` by
+    the plain rule (kernels without scale policies), inlined into the kernel with the format's
+    constants and the vector lengths (see :func:`_row_amax`, :func:`~.spec._vector_length`)
+    compiled in: the shared :func:`_row_scales`, with run-time constants, cost the quantisers up
+    to a fifth of their speed. The amaxes first (``amaxes``: scratch), then the bytes in a loop of
+    their own, which vectorises across blocks for e4m3fn scales (their divisions included)."""
     length = xr.shape[0]
-    for j in range(j0, j1):
+    first = np.uint64(j0)  # unsigned indices: a signed one costs a wraparound check per lane
+    for b in range(j1 - j0):
+        j = first + np.uint64(b)
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
-        out[j] = _scale_byte(_row_amax(xr, l0, l1, kind, codec, v16, v32, v64), mode, pts, sc, e8m0)
+        amaxes[b] = _row_amax(xr, l0, l1, kind, codec, v16, v32, v64)
+    for b in range(j1 - j0):
+        out[first + np.uint64(b)] = _scale_byte(amaxes[b], mode, pts, sc, e8m0)
 
 
 @jit(inline="always")
-def _policy_scratch():  # pragma: no cover - compiled
-    """The scratch of the policies' scale loops, made once per kernel call: that of
-    :func:`_row_scales` (candidate bytes and their errors) and that of the grouped loop
-    (:func:`~.policies.grouped_scales`)."""
-    return np.empty(5, np.uint32), np.empty(5, np.float64), _group_scratch()
+def _scale_scratch():  # pragma: no cover - compiled
+    """The scratch of the scale loops, made once per kernel call: that of :func:`_row_scales`
+    (candidate bytes and their errors), that of the grouped loop (:func:`~.policies.grouped_scales`)
+    and the amaxes of a run of the plain loop (:func:`_row_plain_scales`)."""
+    return np.empty(5, np.uint32), np.empty(5, np.float64), _group_scratch(), np.empty(CHUNK, np.uint32)
 
 
 def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int]) -> Any:
@@ -118,7 +128,7 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
     ``vlens`` (16, 32, 64 or 0 each) compiled in. Kernels with them evaluate whole groups of
     blocks in vector registers where :func:`~.policies.groups_policies` says so (the specialised
     binding, :func:`~.policies.grouped_scales`), and every other block by the shared
-    :func:`_row_scales` (the generic one); ``scratch`` is :func:`_policy_scratch`'s."""
+    :func:`_row_scales` (the generic one); ``scratch`` is :func:`_scale_scratch`'s."""
     kind, _, _, e8m0 = _flags(source, el, sc)
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     grouped = policies and groups_policies(source, el)
@@ -127,8 +137,8 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
 
     @jit(inline="always")
     def scales(xr, j0, j1, size, base, out, mode, policy, pts, key, scratch):  # pragma: no cover - compiled
+        cands, errs, group, amaxes = scratch
         if policies:
-            cands, errs, group = scratch
             j = j0
             if grouped:
                 if (policy != PLAIN) & (size <= MAX_SIZE):
@@ -139,7 +149,7 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
                         j += ng
             _row_scales(xr, j, j1, size, base, out, mode, policy, pts, key, source, el, sc, cands, errs)
         else:
-            _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, e8m0, v16, v32, v64)
+            _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, e8m0, v16, v32, v64, amaxes)
 
     return scales
 
@@ -213,25 +223,50 @@ def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
 
 
 def _row_tasks(
-    source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int], block: Any, flat: Any, per_row: bool
+    source: Source, el: Element, sc: Scale, vlen: int, block: Any, runs: Any, per_row: bool, rotate: bool
 ) -> Any:
-    """The task loop of a row kernel, ``run(x, dst, scales, size, mode, policy, pts, key, idx0, t0,
-    t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, the scale bytes of a row's blocks
-    (:func:`_row_scaler`) into ``scales[r]`` (``per_row``; else into the scratch row
-    ``scales[0]``), then the elements into ``dst[r]``: by ``flat`` (:mod:`.flat`: every block at
-    once) where blocks have the kernel's own length ``vlens[1]``, else by ``block``
-    (:func:`_block_quantizer`, :func:`_block_fake_quantizer`) on each block."""
-    scales_of = _row_scaler(source, el, sc, vlens)
-    vlen = vlens[1]
-    has_flat = flat is not None and vlen != 0
+    """The task loop of a row kernel, ``run(x, dst, scales, size, mode, policy, pts, key, idx0,
+    signs, t0, t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, run by run of up to
+    :data:`~.runs.CHUNK` blocks of a row, the scale bytes of the run (:func:`_row_scaler`) into
+    ``scales[r]`` (``per_row``; else into the scratch row ``scales[0]``), then the elements into
+    ``dst[r]``: the run's whole blocks by ``runs`` (:func:`~.runs.run_elements`) where blocks have
+    the kernel's own length ``vlen``, every other block by ``block`` (:func:`_block_quantizer`,
+    :func:`_block_fake_quantizer`). ``rotate``: the kernel of the rotated input (blocks and rows
+    of a multiple of 16; ``signs``: the rotation's 16 signs, float64; unused otherwise): each
+    run's groups of 16 are rotated into a scratch row first (:func:`~.hadamard.rotate_group`),
+    which the scale and element loops then read as float32 patterns (``block`` and ``runs`` made
+    for a float32 source)."""
+    read = source_of("float32") if rotate else source  # what the scale and element loops read
+    scales_of = _row_scaler(read, el, sc, (0, vlen, 0))
+    has_runs = vlen != 0
+    kind, codec = source.kind, source.codec
+
+    @jit(inline="always")
+    def chunk(xr, dr, sr, jc, je, base, options, space):  # pragma: no cover - compiled
+        """Blocks ``[jc, je)`` of the row ``xr``: their scale bytes, then their elements."""
+        size, whole, mode, policy, pts, key, key_lo, key_hi = options
+        scratch, run_space = space
+        scales_of(xr, jc, je, size, base, sr, mode, policy, pts, key, scratch)
+        jw = jc
+        if has_runs and size == vlen:
+            jw = max(jc, min(je, whole))
+            runs(xr, dr, sr, jc, jw, base, pts, key_lo, key_hi, run_space)
+        length = xr.shape[0]
+        for j in range(jw, je):
+            l0 = np.uint64(j * size)
+            l1 = np.uint64(min(j * size + size, length))
+            block(xr, l0, l1, dr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
 
     @jit  # the kernel itself (or its one callee): inlining it as well cost a third more compile time
-    def run(x, dst, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+    def run(x, dst, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
         key_lo, key_hi = _stream(key)
         length = x.shape[1]
         nb = scales.shape[1]
-        scratch = _policy_scratch()
-        muls, steps = flat_scratch(vlen)
+        whole = length // size  # blocks [0, whole) of a row are whole
+        options = (size, whole, mode, policy, pts, key, key_lo, key_hi)
+        space = (_scale_scratch(), run_scratch(vlen))
+        rotated = np.empty(length if rotate else 0, np.uint32)
+        t64 = np.empty(16, np.float64)
         t = t0
         while t < t1:
             r = t // nb
@@ -242,64 +277,105 @@ def _row_tasks(
                 sr = scales[0]
             base = idx0 + r * length
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
-            scales_of(xr, j0, j1, size, base, sr, mode, policy, pts, key, scratch)
-            if has_flat and size == vlen:
-                flat(xr, dr, sr, j0, j1, base, pts, key_lo, key_hi, muls, steps)
-            else:
-                for j in range(j0, j1):
-                    l0 = np.uint64(j * size)
-                    l1 = np.uint64(min(j * size + size, length))
-                    block(xr, l0, l1, dr, l0, base + np.int64(l0), np.uint32(sr[j]), pts, key_lo, key_hi)
+            for jc in range(j0, j1, CHUNK):
+                je = min(j1, jc + CHUNK)
+                if rotate:
+                    for g in range(jc * size, min(je * size, length), 16):
+                        rotate_group(xr, g, rotated, g, signs, t64, kind, codec, False)
+                    chunk(rotated, dr, sr, jc, je, base, options, space)
+                else:
+                    chunk(xr, dr, sr, jc, je, base, options, space)
             t = (r + 1) * nb
 
     return run
 
 
-def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int) -> Any:
-    # Blocks of 16 only (NVFP4): measured at 16 Mi float32 elements on 2 threads, the flat loop
-    # took NVFP4 from 11.7 to 8.9 ms, while MX's blocks of 32 were as fast or faster block by block
-    # (4.2 against 4.6 ms), as was fake quantisation of every format (5.1 against 7.6 ms, MXFP8).
-    flat = flat_quantizer(source, el, sc, pack, vlen) if vlen == FLAT_BLOCK else None
-    return _row_tasks(source, el, sc, (0, vlen, 0), _block_quantizer(source, el, sc, pack), flat, True)
+_NO_SIGNS = np.zeros(16, np.float64)
 
 
-def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int) -> Any:
-    run = _row_tasks(source, el, sc, (0, vlen, 0), _block_fake_quantizer(source, el, sc), None, False)
+def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int, rotate: bool = False) -> Any:
+    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)``, and ``signs``
+    before ``t0`` for the rotated input (``rotate``)."""
+    read = source_of("float32") if rotate else source
+    runs = run_elements(read, el, sc, vlen, pack, False) if vlen else None
+    run = _row_tasks(source, el, sc, vlen, _block_quantizer(read, el, sc, pack), runs, True, rotate)
+    if rotate:
+        return run
+    no_signs = _NO_SIGNS
 
     @jit
-    def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
-        bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
-        run(x, out, bytes_, size, mode, policy, pts, key, idx0, t0, t1)
+    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        run(x, codes, scales, size, mode, policy, pts, key, idx0, no_signs, t0, t1)
 
     return kernel
 
 
-def _row_dequantize(el: Element, sc: Scale, packed: bool) -> Any:
+def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int, rotate: bool = False) -> Any:
+    """Row kernel ``(x, out, size, mode, policy, pts, key, idx0, t0, t1)``, and ``signs`` before
+    ``t0`` for the rotated input (``rotate``; the values stay rotated)."""
+    read = source_of("float32") if rotate else source
+    runs = run_elements(read, el, sc, vlen, False, True) if vlen else None
+    run = _row_tasks(source, el, sc, vlen, _block_fake_quantizer(read, el, sc), runs, False, rotate)
+
+    @jit(inline="always")
+    def fake(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
+        bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
+        run(x, out, bytes_, size, mode, policy, pts, key, idx0, signs, t0, t1)
+
+    if rotate:
+
+        @jit
+        def rotated(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
+            fake(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1)
+
+        return rotated
+    no_signs = _NO_SIGNS
+
+    @jit
+    def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
+        fake(x, out, size, mode, policy, pts, key, idx0, no_signs, t0, t1)
+
+    return kernel
+
+
+def _row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
+    """Row kernel ``(codes, scales, out, size, pts, t0, t1)``: runs of whole blocks of ``vlen``
+    (the format's own length) by :func:`~.runs.run_dequantizer`, every other block one by one."""
     e8m0 = sc.e8m0
+    values = run_dequantizer(el, sc, vlen, packed)
 
     @jit
     def kernel(codes, scales, out, size, pts, t0, t1):  # pragma: no cover - compiled
         length = out.shape[1]
         nb = scales.shape[1]
+        whole = length // size
+        run_space = run_scratch(vlen)
         t = t0
         while t < t1:
             r = t // nb
             cr, sr, orow = codes[r], scales[r], out[r]
-            for j in range(t - r * nb, min(t1 - r * nb, nb)):
-                l0 = np.uint64(j * size)
-                l1 = np.uint64(min(j * size + size, length))
-                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
-                if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
-                    for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
-                        pair = np.uint32(cr[k])
-                        orow[k + k] = _value(nibble(pair, 0), scale, el)
-                        orow[k + k + np.uint64(1)] = _value(nibble(pair, 1), scale, el)
-                elif packed:
-                    for pos in range(l0, l1):
-                        orow[pos] = _value(nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
-                else:
-                    for pos in range(l0, l1):
-                        orow[pos] = _value(np.uint32(cr[pos]), scale, el)
+            j0, j1 = t - r * nb, min(t1 - r * nb, nb)
+            for jc in range(j0, j1, CHUNK):
+                je = min(j1, jc + CHUNK)
+                jw = jc
+                if size == vlen:
+                    jw = max(jc, min(je, whole))
+                    values(cr, sr, orow, jc, jw, pts, run_space)
+                for j in range(jw, je):
+                    l0 = np.uint64(j * size)
+                    l1 = np.uint64(min(j * size + size, length))
+                    _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
+                    if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
+                        for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
+                            pair = np.uint32(cr[k])
+                            orow[k + k] = _value(nibble(pair, 0), scale, el)
+                            orow[k + k + np.uint64(1)] = _value(nibble(pair, 1), scale, el)
+                    elif packed:
+                        for pos in range(l0, l1):
+                            orow[pos] = _value(nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
+                    else:
+                        for pos in range(l0, l1):
+                            orow[pos] = _value(np.uint32(cr[pos]), scale, el)
             t = (r + 1) * nb
 
     return kernel
