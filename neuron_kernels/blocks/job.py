@@ -220,8 +220,8 @@ class BlockJob:
         row, vshape, _, _, tasks = lay.kernel_shapes(split_rows=True)
         geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
         options: tuple[Any, ...] = (K.scale_mode_id(self.scale_mode), self._policy(), self._pts(), self.key, idx0)
-        if self._fused_rotation(row):
-            options += (np.array(self.rotation, np.float64),)
+        if row:  # the rotation's signs (row kernels of the rotated input), else none
+            options += (np.array(self.rotation if self._fused_rotation(row) else (), np.float64),)
         run_tasks(kernel, tasks, lay.size, (*arrays, *geometry, *options), align)
 
     def _fused_rotation(self, row: bool) -> bool:

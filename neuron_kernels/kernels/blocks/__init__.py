@@ -37,10 +37,10 @@ Modules, one per job:
   per-block element loops;
 - :mod:`.tiles`: the tile kernels (1-D blocks along another axis, 2-D blocks), one task loop for
   both;
-- :mod:`.runs`: the element loops over runs of whole blocks of the format's own length (a
-  constant trip count per block, multipliers computed per run, 4-bit codes paired as 16-bit
-  words): the specialised binding of the per-block loops of :mod:`.rows`, which serve every other
-  block length;
+- :mod:`.runs`: the element loops over runs of whole blocks of 16 (NVFP4's; a constant trip
+  count per block, multipliers computed per run, 4-bit codes paired as 16-bit words): the
+  specialised binding of the per-block loops of :mod:`.rows`, which serve every other block
+  length;
 - :mod:`.policies`: the scale policies evaluated for up to 64 blocks at once (one float64 lane
   per block and candidate, each summed in the shared loop's order), the specialised binding of
   :func:`~.rows._row_scales` for nearest-even rounding of float32 and 16-bit sources;

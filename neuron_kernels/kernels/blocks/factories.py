@@ -21,15 +21,16 @@ from .tiles import _tile_dequantize, _tile_fake_quantize, _tile_quantize
 def quantize_kernel(
     source: str, fmt: BlockFormat, rounding: str, pack: int, row: bool, rotate: bool = False, policies: bool = False
 ) -> Any:
-    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)`` on (A, L)
+    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)`` on (A, L)
     arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales, rows,
     cols, mode, policy, pts, key, idx0, t0, t1)`` on (A, R, C) arrays (``pack``: ``PACK_*``).
 
     ``mode``, ``policy``: :func:`~.spec.scale_mode_id`, :func:`~.spec.policy_id`; ``pts``: the per-tensor scale
     (float32; 0 for none); ``idx0``: the C-order index of x's first element in the whole array
     (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
-    whole. ``rotate``: row kernels of the rotated input, taking the 16 signs (float64) after
-    ``idx0``. ``policies``: kernels that evaluate the scale policies (else ``policy`` is ignored)."""
+    whole. Row kernels take ``signs`` (float64) after ``idx0``: the rotation's 16 signs for the
+    kernels of the rotated input (``rotate``), else an empty array. ``policies``: kernels that
+    evaluate the scale policies (else ``policy`` is ignored)."""
     el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
     if row or rotate:
         vlen = fmt.block_size if rotate else _vector_length(source, fmt)  # the rotated input is float32

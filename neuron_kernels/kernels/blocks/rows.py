@@ -3,10 +3,10 @@
 
 A row kernel is its task loop (:func:`_row_tasks`), which runs, for each run of up to
 :data:`~.runs.CHUNK` blocks of a row, the scale loop (:func:`_row_scaler`) and then the element
-loop of the run's whole blocks of the kernel's own length (:func:`~.runs.run_elements`), or of
-each block of another length (:func:`_block_quantizer`, :func:`_block_fake_quantizer`): closures
-made once per specialisation, the loops inlined into the task loop. The rotated kernels
-(:mod:`.rotation`) run the same scale loop and per-block loops on rotated blocks."""
+loop of the run's whole blocks of 16 (:func:`~.runs.run_elements`), or of each block
+(:func:`_block_quantizer`, :func:`_block_fake_quantizer`): closures made once per
+specialisation, inlined into the run's loop. The kernels of the rotated input are the same, on
+each run rotated into a scratch row first."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ..sources import SOURCE_F32  # a bare name: numba prunes branches on it
 from .elements import _code, _dequantized, _load, _scaled, _stream, _value
 from .hadamard import rotate_group
 from .policies import GROUP, MAX_SIZE, _group_scratch, grouped_scales, groups_policies
-from .runs import CHUNK, run_dequantizer, run_elements, run_scratch
+from .runs import CHUNK, RUN_BLOCK, run_dequantizer, run_elements, run_scratch
 from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _row_errors, _scale_byte
 from .spec import FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Source, _flags, source_of
 
@@ -100,17 +100,22 @@ def _row_plain_scales(
     the plain rule (kernels without scale policies), inlined into the kernel with the format's
     constants and the vector lengths (see :func:`_row_amax`, :func:`~.spec._vector_length`)
     compiled in: the shared :func:`_row_scales`, with run-time constants, cost the quantisers up
-    to a fifth of their speed. The amaxes first (``amaxes``: scratch), then the bytes in a loop of
-    their own, which vectorises across blocks for e4m3fn scales (their divisions included)."""
+    to a fifth of their speed. For e4m3fn scales, the amaxes first (``amaxes``: scratch), then the
+    bytes in a loop of their own, which vectorises across blocks (their divisions included)."""
     length = xr.shape[0]
     first = np.uint64(j0)  # unsigned indices: a signed one costs a wraparound check per lane
     for b in range(j1 - j0):
         j = first + np.uint64(b)
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
-        amaxes[b] = _row_amax(xr, l0, l1, kind, codec, v16, v32, v64)
-    for b in range(j1 - j0):
-        out[first + np.uint64(b)] = _scale_byte(amaxes[b], mode, pts, sc, e8m0)
+        amax = _row_amax(xr, l0, l1, kind, codec, v16, v32, v64)
+        if e8m0:  # the e8m0 rules do not vectorise: one loop
+            out[j] = _scale_byte(amax, mode, pts, sc, e8m0)
+        else:
+            amaxes[b] = amax
+    if not e8m0:
+        for b in range(j1 - j0):
+            out[first + np.uint64(b)] = _scale_byte(amaxes[b], mode, pts, sc, e8m0)
 
 
 @jit(inline="always")
@@ -229,8 +234,8 @@ def _row_tasks(
     signs, t0, t1)``: for the tasks ``[t0, t1)`` of (A, L) ``x``, run by run of up to
     :data:`~.runs.CHUNK` blocks of a row, the scale bytes of the run (:func:`_row_scaler`) into
     ``scales[r]`` (``per_row``; else into the scratch row ``scales[0]``), then the elements into
-    ``dst[r]``: the run's whole blocks by ``runs`` (:func:`~.runs.run_elements`) where blocks have
-    the kernel's own length ``vlen``, every other block by ``block`` (:func:`_block_quantizer`,
+    ``dst[r]``: the run's whole blocks by ``runs`` (:func:`~.runs.run_elements`, or None) where
+    blocks have the kernel's own length ``vlen``, every other block by ``block`` (:func:`_block_quantizer`,
     :func:`_block_fake_quantizer`). ``rotate``: the kernel of the rotated input (blocks and rows
     of a multiple of 16; ``signs``: the rotation's 16 signs, float64; unused otherwise): each
     run's groups of 16 are rotated into a scratch row first (:func:`~.hadamard.rotate_group`),
@@ -238,10 +243,21 @@ def _row_tasks(
     for a float32 source)."""
     read = source_of("float32") if rotate else source  # what the scale and element loops read
     scales_of = _row_scaler(read, el, sc, (0, vlen, 0))
-    has_runs = vlen != 0
+    has_runs = runs is not None
     kind, codec = source.kind, source.codec
 
     @jit(inline="always")
+    def source_row(xr, jc, je, size, rotated, signs, t64):  # pragma: no cover - compiled
+        """What the loops of blocks ``[jc, je)`` read: the row ``xr``, or those blocks of it rotated
+        into the scratch row ``rotated`` (``rotate``)."""
+        if rotate:
+            length = xr.shape[0]
+            for g in range(jc * size, min(je * size, length), 16):
+                rotate_group(xr, g, rotated, g, signs, t64, kind, codec, False)
+            return rotated
+        return xr
+
+    @jit  # a callee of its own: inlined, it compiled a third slower
     def chunk(xr, dr, sr, jc, je, base, options, space):  # pragma: no cover - compiled
         """Blocks ``[jc, je)`` of the row ``xr``: their scale bytes, then their elements."""
         size, whole, mode, policy, pts, key, key_lo, key_hi = options
@@ -279,61 +295,31 @@ def _row_tasks(
             j0, j1 = t - r * nb, min(t1 - r * nb, nb)
             for jc in range(j0, j1, CHUNK):
                 je = min(j1, jc + CHUNK)
-                if rotate:
-                    for g in range(jc * size, min(je * size, length), 16):
-                        rotate_group(xr, g, rotated, g, signs, t64, kind, codec, False)
-                    chunk(rotated, dr, sr, jc, je, base, options, space)
-                else:
-                    chunk(xr, dr, sr, jc, je, base, options, space)
+                chunk(source_row(xr, jc, je, size, rotated, signs, t64), dr, sr, jc, je, base, options, space)
             t = (r + 1) * nb
 
     return run
 
 
-_NO_SIGNS = np.zeros(16, np.float64)
-
-
 def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int, rotate: bool = False) -> Any:
-    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1)``, and ``signs``
-    before ``t0`` for the rotated input (``rotate``)."""
+    """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)`` (``signs``:
+    the rotation's, ``rotate``; else empty)."""
     read = source_of("float32") if rotate else source
-    runs = run_elements(read, el, sc, vlen, pack, False) if vlen else None
-    run = _row_tasks(source, el, sc, vlen, _block_quantizer(read, el, sc, pack), runs, True, rotate)
-    if rotate:
-        return run
-    no_signs = _NO_SIGNS
-
-    @jit
-    def kernel(x, codes, scales, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
-        run(x, codes, scales, size, mode, policy, pts, key, idx0, no_signs, t0, t1)
-
-    return kernel
+    runs = run_elements(read, el, sc, vlen, pack, False) if vlen == RUN_BLOCK else None
+    return _row_tasks(source, el, sc, vlen, _block_quantizer(read, el, sc, pack), runs, True, rotate)
 
 
 def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int, rotate: bool = False) -> Any:
-    """Row kernel ``(x, out, size, mode, policy, pts, key, idx0, t0, t1)``, and ``signs`` before
-    ``t0`` for the rotated input (``rotate``; the values stay rotated)."""
+    """Row kernel ``(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1)`` (``signs``: the
+    rotation's, ``rotate``, whose values stay rotated; else empty)."""
     read = source_of("float32") if rotate else source
-    runs = run_elements(read, el, sc, vlen, False, True) if vlen else None
+    runs = run_elements(read, el, sc, vlen, False, True) if vlen == RUN_BLOCK else None
     run = _row_tasks(source, el, sc, vlen, _block_fake_quantizer(read, el, sc), runs, False, rotate)
 
-    @jit(inline="always")
-    def fake(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
+    @jit
+    def kernel(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
         bytes_ = np.empty((1, (x.shape[1] + size - 1) // size), np.uint32)  # one row's scale bytes
         run(x, out, bytes_, size, mode, policy, pts, key, idx0, signs, t0, t1)
-
-    if rotate:
-
-        @jit
-        def rotated(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
-            fake(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1)
-
-        return rotated
-    no_signs = _NO_SIGNS
-
-    @jit
-    def kernel(x, out, size, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover - compiled
-        fake(x, out, size, mode, policy, pts, key, idx0, no_signs, t0, t1)
 
     return kernel
 
@@ -342,6 +328,7 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
     """Row kernel ``(codes, scales, out, size, pts, t0, t1)``: runs of whole blocks of ``vlen``
     (the format's own length) by :func:`~.runs.run_dequantizer`, every other block one by one."""
     e8m0 = sc.e8m0
+    has_runs = vlen == RUN_BLOCK
     values = run_dequantizer(el, sc, vlen, packed)
 
     @jit
@@ -358,7 +345,7 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
             for jc in range(j0, j1, CHUNK):
                 je = min(j1, jc + CHUNK)
                 jw = jc
-                if size == vlen:
+                if has_runs and size == vlen:
                     jw = max(jc, min(je, whole))
                     values(cr, sr, orow, jc, jw, pts, run_space)
                 for j in range(jw, je):
