@@ -398,3 +398,14 @@ def _compile_log(request):
 
     with _jit.on_compile(log):
         yield
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """The cast registry as a new process has it (empty, the package's kernels not loaded yet); the
+    real one is put back after the test, whatever the test registered."""
+    from neuron_kernels import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_loaded", False)
+    return registry

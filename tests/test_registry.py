@@ -71,15 +71,6 @@ def test_lookup_error_names_pair_and_targets():
 # ---- users' kernels ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fresh_registry(monkeypatch):
-    """The registry as a new process has it (empty, the package's kernels not loaded yet); the
-    real one is put back after the test, whatever the test registered."""
-    monkeypatch.setattr(registry, "_REGISTRY", {})
-    monkeypatch.setattr(registry, "_loaded", False)
-    return registry
-
-
 def _before_or_after(order):
     """``after``: the package's kernels load (a first lookup) before the user registers."""
     assert not registry._loaded
