@@ -3,13 +3,14 @@
 - :mod:`.layout`: where codes and scales live, and how arrays are cut into pieces;
 - :mod:`.nibbles`: 4-bit codes two per byte, in numpy;
 - :mod:`.array`: the container (:class:`BlockArray`, also called ``MXArray``) and dequantisation;
-- :mod:`.file`: the package's file of block arrays;
+- :mod:`.inputs`: the input dtypes, and arrays made ready for the kernels;
 - :mod:`.job`: validated options applied to arrays or pieces;
 - :mod:`.rotation`: the random Hadamard rotation;
 - :mod:`.stats`: error statistics.
 
-These handle in-memory arrays; the public functions (``quantize``, ``dequantize``, ...) are in
-:mod:`neuron_kernels.api`, which sends lazy arrays to :mod:`neuron_kernels.lazy`.
+The package's file of block arrays is :mod:`neuron_kernels.io.blockfile`. These handle in-memory
+arrays; the public functions (``quantize``, ``dequantize``, ...) are in :mod:`neuron_kernels.api`,
+which sends lazy arrays to :mod:`neuron_kernels.lazy`.
 """
 
 from .array import BlockArray, MXArray

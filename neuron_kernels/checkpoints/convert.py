@@ -3,8 +3,8 @@
 :func:`quantize_checkpoint` writes each quantised weight as its layout's tensors and copies
 everything else bit for bit; :func:`dequantize_checkpoint` writes a plain checkpoint back;
 :func:`load_checkpoint` reads one into memory. Shards are written by
-:class:`neuron_kernels.files.SafetensorsWriter`, one tensor piece at a time; outputs are written
-under a temporary name and renamed when complete (:func:`neuron_kernels.files.atomic_output`).
+:class:`neuron_kernels.io.files.SafetensorsWriter`, one tensor piece at a time; outputs are written
+under a temporary name and renamed when complete (:func:`neuron_kernels.io.files.atomic_output`).
 """
 
 from __future__ import annotations

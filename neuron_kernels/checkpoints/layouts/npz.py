@@ -1,4 +1,4 @@
-"""The ``npz`` layout: the package's own file of block arrays (:mod:`neuron_kernels.blocks.file`).
+"""The ``npz`` layout: the package's own file of block arrays (:mod:`neuron_kernels.io.blockfile`).
 
 It holds the quantised weights only (block arrays); which tensors are quantised:
 :func:`neuron_kernels.checkpoints.selection.module_decision`.
