@@ -36,6 +36,7 @@ axis; bytes are those of the input dtype):
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -69,6 +70,10 @@ __all__ = [
     "bench_mx",
     "format_mx_table",
 ]
+
+
+#: The peer of a pair that has none (see :func:`peer_of`).
+NO_PEER = "-"
 
 
 @dataclass
@@ -130,13 +135,22 @@ def _numpy_tfloat32(values: np.ndarray) -> np.ndarray:
     return np.where((u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000), nan, r).view(np.float32)
 
 
-def peer_of(source: str, target: str, rounding: str = "nearest_even") -> tuple[str, Callable[[np.ndarray], Any]]:
+def peer_of(source: str, target: str, rounding: str = "nearest_even") -> tuple[str, Callable[[np.ndarray], Any] | None]:
     """The peer of a pair: ml_dtypes ``astype``, or numpy code where ml_dtypes lacks the target.
 
     Packed targets: ml_dtypes ``astype`` to the element, then numpy packing of the codes. Other
-    rounding modes: the same peer, which rounds to nearest (none rounds otherwise).
+    rounding modes: the same peer, which rounds to nearest (none rounds otherwise). ``("-", None)``
+    where the installed ml_dtypes has no dtype for the source or the target (float8_e5m3fnu before
+    ml_dtypes 0.7): there is nothing to compare with.
     """
-    t = get_format(target)
+    s, t = get_format(source), get_format(target)
+    element = get_format(t.element) if t.element is not None else None
+    if s.numpy_name is None or (
+        t.numpy_name is None
+        and not (t.float32_values or t.float32_items)
+        and (element is None or element.numpy_name is None)
+    ):
+        return NO_PEER, None
     if t.numpy_name is not None:
 
         def astype(a: np.ndarray) -> np.ndarray:
@@ -148,12 +162,12 @@ def peer_of(source: str, target: str, rounding: str = "nearest_even") -> tuple[s
         return "numpy", lambda a: a.astype(np.float32)
     if t.float32_items:  # tfloat32: float32 arrays of values with 10 mantissa bits
         return "numpy", _numpy_tfloat32
-    element = get_format(t.element).result_dtype  # type: ignore[arg-type]
+    element_dtype = element.result_dtype  # type: ignore[union-attr]
     lane_bits = 8 * t.itemsize // t.lanes
 
     def pack(a: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
-            codes = a.astype(element)
+            codes = a.astype(element_dtype)
         codes = codes.view(np.uint8).reshape(-1, 4).astype(t.result_dtype)
         mask = t.result_dtype.type((1 << lane_bits) - 1)
         out = codes[:, 0] & mask
@@ -223,7 +237,7 @@ def bench_casts(
         ours_out = measure(lambda: cast(x, target, out=out, **options), moved, repeat)
         ours = measure(lambda: cast(x, target, **options), moved, repeat)
         peer_name, peer = peer_of(source, target, rounding)
-        peer_gbs = measure(lambda: peer(x), moved, max(1, min(repeat, 3)))
+        peer_gbs = math.nan if peer is None else measure(lambda: peer(x), moved, max(1, min(repeat, 3)))
         rows.append(BenchRow(source, target, n, ours, ours_out, copy_gbs, peer_name, peer_gbs, rounding))
     return rows
 
@@ -238,8 +252,11 @@ def format_table(rows: list[BenchRow]) -> str:
     for r in rows:
         lines.append(
             f"{r.label:<{width}}{r.ours_gbs:>8.1f}{r.ours_out_gbs:>11.1f}"
-            f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>15}{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x"
+            f"{r.copy_gbs:>11.1f}{r.vs_copy:>8.2f}x{r.peer:>15}"
+            + (f"{r.peer_gbs:>11.2f}{r.vs_peer:>8.1f}x" if r.peer != NO_PEER else f"{'-':>11}{'-':>9}")
         )
+    if any(r.peer == NO_PEER for r in rows):
+        lines.append(f"-: no peer; the installed ml_dtypes {ml_dtypes.__version__} has no dtype for the format")
     return "\n".join(lines)
 
 

@@ -176,6 +176,24 @@ def test_bench_casts_stochastic_rows():
     assert ("float32", "bfloat16", "stochastic") in cases and ("float32", "bfloat16", "nearest_even") in cases
 
 
+@pytest.mark.parametrize("pair", [("float32", "float8_e5m3fnu"), ("float8_e5m3fnu", "float32")])
+def test_a_format_the_installed_ml_dtypes_lacks_has_no_peer(pair, monkeypatch):
+    """With an ml_dtypes that has no dtype for a format (float8_e5m3fnu before 0.7, as the format
+    table sees it then: codes in uint8), the bench measures the package and prints no peer."""
+    import dataclasses
+
+    from neuron_kernels import bench
+
+    lacking = dataclasses.replace(bench.get_format("float8_e5m3fnu"), numpy_name=None, container="uint8")
+    real = bench.get_format
+    monkeypatch.setattr(bench, "get_format", lambda n: lacking if str(n) == "float8_e5m3fnu" else real(n))
+    assert bench.peer_of(*pair) == (bench.NO_PEER, None)
+    rows = bench_casts(4096, repeat=1, pairs=[pair])
+    assert rows[0].peer == bench.NO_PEER and math.isnan(rows[0].peer_gbs) and rows[0].ours_out_gbs > 0
+    table = format_table(rows)
+    assert "no peer; the installed ml_dtypes" in table and "nan" not in table
+
+
 def test_bench_chart_png(tmp_path, mx_rows):
     pytest.importorskip("matplotlib")
     cast_rows = small_cast_rows()
