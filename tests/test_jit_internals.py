@@ -30,10 +30,13 @@ def test_the_bound_in_pyproject_admits_only_the_reviewed_release():
     import re
 
     text = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
-    bound = re.search(r'"numba>=[0-9.]+,<([0-9.]+)"', text)
+    bound = re.search(r'"numba>=([0-9.]+),<([0-9.]+)"', text)
     assert bound, "pyproject.toml's numba requirement has no upper bound"
     major, minor = (int(v) for v in internals.REVIEWED_NUMBA.split("."))
-    assert bound.group(1) == f"{major}.{minor + 1}"
+    assert bound.group(1) == internals.REVIEWED_NUMBA  # no release below the reviewed one either
+    assert bound.group(2) == f"{major}.{minor + 1}"
+    floors = (pathlib.Path(__file__).parents[1] / ".ci" / "floors.txt").read_text()
+    assert f"numba=={internals.REVIEWED_NUMBA}." in floors
 
 
 def test_the_private_attributes_of_numbas_cache_exist():
