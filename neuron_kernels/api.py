@@ -129,7 +129,7 @@ def quantize(
     seed: int | None = None,
     pack: bool = True,
     per_tensor_scale: Any = DEFAULT,
-    scale_bound: float = 448.0,
+    scale_bound: float | None = None,
     four_over_six: str | None = None,
     scale_search: str | None = None,
     rht: Any = False,
@@ -167,7 +167,8 @@ def quantize(
         tensor's finite elements, 1.0 if that is 0), a positive float (static calibration, used as
         is), or None (single level).
     scale_bound
-        The largest block scale the computed per-tensor scale leaves room for: 448, or 256 to
+        The largest block scale the computed per-tensor scale leaves room for: the scale format's
+        largest value (None, the default: 448 for NVFP4's float8_e4m3fn), or 256 to
         leave room for four-over-six's map-to-4 scales (it has no effect where no per-tensor
         scale is computed from the amax).
     four_over_six
@@ -206,7 +207,7 @@ def quantize(
         seed=seed,
         pack=pack,
         per_tensor_scale=per_tensor_scale,
-        scale_bound=scale_bound,
+        scale_bound=DEFAULT if scale_bound is None else scale_bound,
         four_over_six=four_over_six,
         scale_search=scale_search,
         rht=rht,
@@ -259,7 +260,7 @@ def quantize_nvfp4(
     block_shape: tuple[int, ...] | None = None,
     axis: int = -1,
     per_tensor_scale: Any = "amax",
-    scale_bound: float = 448.0,
+    scale_bound: float | None = None,
     four_over_six: str | None = None,
     scale_search: str | None = None,
     rounding: str = "nearest_even",
@@ -281,7 +282,7 @@ def quantize_nvfp4(
         block_shape=block_shape,
         axis=axis,
         per_tensor_scale=per_tensor_scale,
-        scale_bound=scale_bound,
+        scale_bound=DEFAULT if scale_bound is None else scale_bound,
         four_over_six=four_over_six,
         scale_search=scale_search,
         rounding=rounding,

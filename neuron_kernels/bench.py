@@ -388,15 +388,17 @@ def numpy_reference_nvfp4(
     from torchao's formulas: ``s = e4m3(clamp(amax / 6 [/ pts], 2^-6, 448))``, elements
     ``clamp(x * (1 / s), -6, 6)`` (two-level: ``x * ((1 / pts) / s)``) cast to float4_e2m1fn and
     packed two per byte. Returns ``(packed codes, scale codes)``."""
+    nv = BLOCK_FORMATS["nvfp4"]
+    emax, scales = np.float32(nv.max_element), nv.scale_format
     x = np.asarray(x, dtype=np.float32)
     blocks, length = _blocks_of(x, block)
-    t = np.max(np.abs(blocks), axis=-1, keepdims=True) / np.float32(6.0)
+    t = np.max(np.abs(blocks), axis=-1, keepdims=True) / emax
     if per_tensor_scale is not None:
         t = t / np.float32(per_tensor_scale)
-    s = np.clip(t, np.float32(2.0**-6), np.float32(448.0)).astype(ml_dtypes.float8_e4m3fn)
+    s = np.clip(t, np.float32(scales.smallest_normal), np.float32(scales.max)).astype(ml_dtypes.float8_e4m3fn)
     s32 = s.astype(np.float32)
     inv = np.float32(1.0) / s32 if per_tensor_scale is None else (np.float32(1.0) / np.float32(per_tensor_scale)) / s32
-    v = np.clip(blocks * inv, np.float32(-6.0), np.float32(6.0))
+    v = np.clip(blocks * inv, -emax, emax)
     codes = v.astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(v.shape[:-2] + (-1,))[..., :length]
     return pack(codes, -1), s.view(np.uint8)[..., 0]
 

@@ -402,6 +402,10 @@ _TABLE: tuple[Format, ...] = (
 #: Every format, by canonical name.
 FORMATS: dict[str, Format] = {f.name: f for f in _TABLE}
 
+#: The float dtypes of plain arrays: what block formats quantise from and dequantise to, and the
+#: plain weights files and checkpoints hold (the widest first read to float32 with one rounding).
+INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
+
 # ---- block formats ------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from .dtypes import get_format
 from .errors import InvalidValueError
-from .formats import BLOCK_FORMATS
+from .formats import BLOCK_FORMATS, INPUT_DTYPES
 
 __all__ = [
     "WARMUP_SOURCES",
@@ -67,8 +67,8 @@ def warmup_tasks(
             raise InvalidValueError(f"unknown warmup kind {kind!r}; accepted: {', '.join(_KINDS)}")
     checked = [get_format(s).name for s in sources]
     for s in checked:
-        if s not in ("float32", "float64", "float16", "bfloat16"):
-            raise InvalidValueError(f"warmup sources are float arrays (float32, float64, float16, bfloat16), got {s!r}")
+        if s not in INPUT_DTYPES:
+            raise InvalidValueError(f"warmup sources are float arrays ({', '.join(INPUT_DTYPES)}), got {s!r}")
     blocks = [f for f in BLOCK_FORMATS if formats is None or f in formats]
     targets = sorted({t for s in checked for t in _cast_targets(s)})
     if formats is not None:

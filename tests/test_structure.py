@@ -166,3 +166,38 @@ def test_the_checks_find_what_they_look_for():
     )
     assert [(line, _resolvable(t)) for line, t in imports] == [(2, ["api"]), (3, ["errors"])]
     assert _layer(["api"]) > _layer(_dotted(fake)) > _layer(["errors"])
+
+
+# ---- limits and dtype lists ----------------------------------------------------------------------
+
+#: Every format's largest value from 6 up (smaller ones are ordinary numbers): a float literal equal
+#: to one is a limit written by hand, which the code should read from the format's row.
+_LIMITS = {float(f.max) for f in nk.FORMATS.values() if f.kind == "float" and f.max >= 6.0}
+_INPUT_SET = set(nk.formats.INPUT_DTYPES)
+
+
+def _hand_written_facts(tree: ast.AST) -> list[tuple[int, object]]:
+    """(line, value) of every float literal equal to a format's limit, and of every literal list of
+    the input dtypes (``("float32", "float16", "bfloat16", "float64")`` in any order)."""
+    found: list[tuple[int, object]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and type(node.value) is float and node.value in _LIMITS:
+            found.append((node.lineno, node.value))
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+            if values == _INPUT_SET and len(node.elts) == len(_INPUT_SET):
+                found.append((node.lineno, "the input dtypes"))
+    return found
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_limit_or_dtype_list_is_written_outside_the_table(path):
+    if path.name == "formats.py" and path.parent == PACKAGE:
+        return
+    found = _hand_written_facts(ast.parse(path.read_text()))
+    assert not found, f"{path.relative_to(PACKAGE)} writes facts of the table by hand: {found}; read them from it"
+
+
+def test_the_fact_check_finds_what_it_looks_for():
+    code = 'b = 448.0\nn = 448\nd = ("float64", "float32", "bfloat16", "float16")\ne = ("float32", "bfloat16")\n'
+    assert _hand_written_facts(ast.parse(code)) == [(1, 448.0), (3, "the input dtypes")]

@@ -8,12 +8,9 @@ import numpy as np
 
 from ..dtypes import get_format
 from ..errors import InvalidTypeError
-from ..formats import Format
+from ..formats import INPUT_DTYPES, Format
 
 __all__ = ["INPUT_DTYPES", "input_array", "input_format"]
-
-#: The dtypes block formats quantise from and dequantise to.
-INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 
 
 def input_array(x: Any) -> tuple[np.ndarray, Format]:

@@ -38,9 +38,6 @@ class _Default:
 
 DEFAULT: Any = _Default()
 
-#: The largest float8_e4m3fn value: the default bound of NVFP4's per-tensor scale.
-_E4M3_MAX = 448.0
-
 
 def choice(value: Any, accepted: tuple[str, ...], what: str) -> str:
     if not isinstance(value, str) or value not in accepted:
@@ -145,12 +142,12 @@ def tensor_amax(arr: np.ndarray, src: Format) -> float:
     return float(out.max().view(np.float32))
 
 
-def per_tensor_scale_of(amax: float, bound: float) -> float:
-    """NVFP4's per-tensor scale from the tensor's finite amax: ``amax / (bound * 6)`` (the largest
-    block scale times the largest element), every operation in float32, 1.0 where that is 0 or
-    not finite."""
+def per_tensor_scale_of(amax: float, bound: float, max_element: float) -> float:
+    """NVFP4's per-tensor scale from the tensor's finite amax: ``amax / (bound * max_element)``
+    (the largest block scale times the largest element, 448 * 6 by default), every operation in
+    float32, 1.0 where that is 0 or not finite."""
     with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
-        pts = np.float32(amax) / (np.float32(bound) * np.float32(6.0))
+        pts = np.float32(amax) / (np.float32(bound) * np.float32(max_element))
     return float(pts) if np.isfinite(pts) and pts > 0 else 1.0
 
 
@@ -175,7 +172,7 @@ class BlockJob:
     key: int
     pack: bool
     per_tensor_scale: float | str | None = None
-    scale_bound: float = _E4M3_MAX
+    scale_bound: float = 0.0  # block_job sets it (the scale format's largest value by default)
     four_over_six: str | None = None
     scale_search: str | None = None
     rotation: tuple[int, ...] | None = None
@@ -186,7 +183,7 @@ class BlockJob:
 
     def with_amax(self, amax: float) -> BlockJob:
         """This job with the per-tensor scale of a tensor whose finite amax is ``amax``."""
-        return replace(self, per_tensor_scale=per_tensor_scale_of(amax, self.scale_bound))
+        return replace(self, per_tensor_scale=per_tensor_scale_of(amax, self.scale_bound, self.fmt.max_element))
 
     def amax(self, arr: np.ndarray, src: Format) -> float:
         """The finite amax of ``arr`` as this job quantises it (rotated first, with a rotation)."""
@@ -364,7 +361,7 @@ def block_job(
     seed: Any = None,
     pack: Any = True,
     per_tensor_scale: Any = DEFAULT,
-    scale_bound: Any = _E4M3_MAX,
+    scale_bound: Any = DEFAULT,
     four_over_six: Any = None,
     scale_search: Any = None,
     rht: Any = False,
@@ -387,12 +384,16 @@ def block_job(
     if rnd == "stochastic" and seed is None:
         seed = draw_seed()
     pts = _per_tensor(per_tensor_scale, bf)
+    largest = bf.scale_format.max
+    if scale_bound is DEFAULT or scale_bound is None:
+        scale_bound = largest
     if isinstance(scale_bound, bool) or not isinstance(scale_bound, numbers.Real):
-        raise InvalidTypeError(f"scale_bound must be a float in (0, 448], got {scale_bound!r}")
+        raise InvalidTypeError(f"scale_bound must be a float in (0, {largest:g}], got {scale_bound!r}")
     bound = float(scale_bound)
-    if not (math.isfinite(bound) and 0 < bound <= _E4M3_MAX and np.float32(bound) > 0):
+    if not (math.isfinite(bound) and 0 < bound <= largest and np.float32(bound) > 0):
         raise InvalidValueError(
-            f"scale_bound must be a float in (0, 448] (448, or 256 with four_over_six), got {scale_bound}"
+            f"scale_bound must be a float in (0, {largest:g}] (the largest {bf.scale} value, the default; "
+            f"256 with four_over_six), got {scale_bound}"
         )
     if four_over_six is not None:
         choice(four_over_six, FOUR_OVER_SIX, "four_over_six error measure")

@@ -25,6 +25,7 @@ from ..blocks.job import DEFAULT, BlockJob, block_job
 from ..blocks.stats import ErrorStats, QuantizationStats
 from ..casting import cast
 from ..dtypes import get_format
+from ..formats import INPUT_DTYPES
 from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
 from ..io.stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
@@ -33,7 +34,7 @@ from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint
 from .layouts import LAYOUTS, CheckpointLayout, Output, ScaledWeight, StoredWeight, Weight, open_any, stored_weights
 from .layouts.modelopt import HF_QUANT_CONFIG
 from .runtimes import runtime_notes
-from .selection import FLOATS, fused_groups, ignored_modules, module_decision
+from .selection import fused_groups, ignored_modules, module_decision
 
 __all__ = [
     "TensorReport",
@@ -579,7 +580,7 @@ def dequantize_checkpoint(
     if layout is None:
         raise FileFormatError(f"{src}: not a quantised checkpoint (no quantization_config, no block tensors)")
     out_fmt = get_format(dtype)
-    if out_fmt.name not in FLOATS:
+    if out_fmt.name not in INPUT_DTYPES:
         raise FileFormatError(f"dequantisation writes float32, float16, bfloat16 or float64, not {dtype}")
     out_dtype = np.dtype(out_fmt.result_dtype)
     weights = stored_weights(ckpt, layout)

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from ..formats import INPUT_DTYPES
 from ..io.files import ArrayEntry
 from .architecture import normalise
 
 __all__ = [
     "DEFAULT_EXCLUDES",
-    "FLOATS",
     "FUSED_SHARDS",
     "GPTOSS_EXPERTS",
     "GPTOSS_NOT_CONVERTED",
@@ -39,7 +39,6 @@ __all__ = [
 #: Names that are never quantised (embeddings, norms, the output head, MoE routers): shell patterns.
 DEFAULT_EXCLUDES: tuple[str, ...] = ("*embed*", "*norm*", "lm_head.*", "*.router.*", "*.mlp.gate.weight")
 #: The dtypes a weight is quantised from (and dequantised to).
-FLOATS = ("float32", "float16", "bfloat16", "float64")
 
 
 def _matches(name: str, patterns: tuple[str, ...]) -> str | None:
@@ -87,7 +86,7 @@ def _not_a_float(dtype: Any) -> str | None:
     dt = np.dtype(dtype)
     if dt.kind in "iub":
         return f"{dt.name} (not a float)"
-    if dt.name not in FLOATS:
+    if dt.name not in INPUT_DTYPES:
         return f"{dt.name} (quantised from float32, float16, bfloat16 or float64 only)"
     return None
 
@@ -161,7 +160,7 @@ def kept_modules(kept: list[tuple[str, ArrayEntry]]) -> list[str]:
         for name, e in kept
         if name.endswith(".weight")
         and len(e.shape) == 2
-        and e.dtype.name in FLOATS + ("float8_e4m3fn", "float8_e5m2")
+        and e.dtype.name in INPUT_DTYPES + ("float8_e4m3fn", "float8_e5m2")
         and _matches(name, ("*embed*", "*norm*")) is None
     ]
 

@@ -18,13 +18,13 @@ import numpy as np
 from ..casting import cast
 from ..dtypes import get_format
 from ..errors import InvalidTypeError
+from ..formats import INPUT_DTYPES
 from ..interop import from_torch, is_torch, to_torch
 from ..io.files import ArrayEntry, FileFormatError
 from .architecture import from_model
 from .convert import _plan, stored_weights
 from .folder import Checkpoint
 from .layouts import LAYOUTS, StoredWeight, detect_layout
-from .selection import FLOATS
 
 __all__ = ["quantize_state_dict", "dequantize_state_dict"]
 
@@ -135,7 +135,7 @@ def dequantize_state_dict(
     if not isinstance(quantization_config, dict):
         raise InvalidTypeError(f"quantization_config must be a dict, got {type(quantization_config).__name__}")
     out_fmt = get_format(dtype)
-    if out_fmt.name not in FLOATS:
+    if out_fmt.name not in INPUT_DTYPES:
         raise FileFormatError(f"dequantisation gives float32, float16, bfloat16 or float64, not {dtype}")
     arrays, torch_out = _arrays(state_dict)
     ckpt = _checkpoint(arrays, {"quantization_config": quantization_config})

@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from ..errors import NeuronKernelsError
+from ..formats import INPUT_DTYPES
 from .quantities import parse_bytes, parse_size
 
 __all__ = ["UsageError", "block_options_of", "build_parser"]
@@ -199,7 +200,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     d.add_argument(
         "--dtype",
         default=None,
-        choices=["float32", "float64", "float16", "bfloat16"],
+        choices=list(INPUT_DTYPES),
         help="default: float32 for files, bfloat16 for checkpoints",
     )
     _shard_option(d, DEFAULT_MAX_SHARD_BYTES)

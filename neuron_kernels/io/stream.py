@@ -25,7 +25,7 @@ from ..blocks.layout import BlockLayout, Pieces
 from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
 from ..errors import InvalidValueError
-from ..formats import BLOCK_FORMATS
+from ..formats import BLOCK_FORMATS, INPUT_DTYPES
 from .blockfile import BlockFileWriter, StoredBlocks, read_block_file
 from .files import ArrayEntry, FileFormatError, OutArray, array_file_kind, open_arrays
 
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 Progress = Callable[[int], None]
-_FLOATS = ("float32", "float16", "bfloat16", "float64")
 
 
 def _no_progress(_: int) -> None:
@@ -67,7 +66,7 @@ def _budget(chunk_bytes: int, itemsize: int) -> int:
 
 
 def _check_quantizable(entry: ArrayEntry) -> None:
-    if entry.dtype.name not in _FLOATS:
+    if entry.dtype.name not in INPUT_DTYPES:
         raise FileFormatError(
             f"{entry.where}: dtype {entry.dtype} is not a float array; float32, float16, "
             f"bfloat16 and float64 arrays can be quantised"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ...formats import INPUT_DTYPES
 from ..parser import UsageError, block_options_of
 from ..progress import progress_bar, warm
 from ..report import STATS_COLUMNS, stats_cells, stats_header, stats_row, table
@@ -132,7 +133,7 @@ def cmd_error(args: argparse.Namespace) -> int:
     entries = _entries(args)
     total = sum(e.nbytes for e in entries)
     if args.axis == -1:  # the table's one-pass kernels, one per format and dtype
-        dtypes = {e.dtype.name for e in entries if e.dtype.name in ("float32", "float16", "bfloat16", "float64")}
+        dtypes = {e.dtype.name for e in entries if e.dtype.name in INPUT_DTYPES}
         known = [f for f in formats or BLOCK_FORMATS if f in BLOCK_FORMATS]
         warm(args, [("error", d, f) for f in known for d in sorted(dtypes)], "error")
     with progress_bar(args, total, "error") as progress:
