@@ -7,7 +7,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels import _parallel
 
-from .conftest import special_float32
+from .helpers import special_float32
 from .reference import pack_lanes, round_float32_to_mbits
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -4,7 +4,7 @@ odd layouts, Python values and non-finite data.
 Each case ends in the right answer (checked against ml_dtypes, numpy or the same call on a native,
 C-contiguous copy) or in a clear exception: ``TypeError`` for a wrong type, ``ValueError`` for a bad
 value, with a message naming the problem. A case that may crash the interpreter runs in a subprocess
-(``isolated`` in ``conftest.py``). The bad-input tests of the other entry points: ``test_mx_bad_input.py``,
+(``isolated`` in ``helpers.py``). The bad-input tests of the other entry points: ``test_mx_bad_input.py``,
 ``test_cli_bad_input.py``, and the bad-input sections of ``test_promotion.py`` (promote_type) and
 ``test_registry.py`` (auto_cast).
 """
@@ -16,7 +16,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.formats import FORMATS
 
-from .conftest import (
+from .helpers import (
     BAD_OUTS,
     BASE,
     BF16,

@@ -30,7 +30,6 @@ from neuron_kernels.checkpoints.architecture import TABLE_PATH, architecture_of
 
 from .checkpoint_helpers import BF16, decode_ct, read_dir
 from .cli_runner import run
-from .test_checkpoints_runtimes import runtime  # noqa: F401  (the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "make_architecture_table.py")
@@ -237,7 +236,7 @@ def test_quantize_state_dict_takes_the_modules_of_the_model(matrix):
     """``quantize_state_dict(model.state_dict(), fmt, model=model)`` decides from the model's own
     modules: the tied Llama's state dict gives the tensors and config the command writes for its
     checkpoint, ``lm_head`` (tied, its weight the embedding's) kept and in ``ignore``."""
-    from .conftest import import_runtime
+    from .helpers import import_runtime
 
     torch = import_runtime("torch")
     transformers = import_runtime("transformers")
@@ -258,7 +257,7 @@ def test_a_config_unlike_the_tables_goes_to_transformers():
     """DeepSeek-V2-Lite's shape of DeepSeek (no ``q_lora_rank``: ``q_proj`` where the table's tiny
     model has ``q_a_proj``): the table has no module for ``q_proj``, so the model transformers
     builds from this config decides (a Linear); the table alone keeps it, as a weight of no module."""
-    from .conftest import import_runtime
+    from .helpers import import_runtime
 
     import_runtime("transformers")
     config = {"model_type": "deepseek_v3", "q_lora_rank": None, "num_hidden_layers": 2, "hidden_size": 64,

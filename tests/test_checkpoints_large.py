@@ -16,7 +16,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.io.files import SafetensorsWriter, TensorSpec
 
-from .conftest import child_env
+from .helpers import child_env
 from .memory import REPORT_PEAK
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

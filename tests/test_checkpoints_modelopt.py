@@ -26,9 +26,10 @@ from neuron_kernels.checkpoints import load_checkpoint
 
 from .checkpoint_helpers import bits, read_dir, read_safetensors, write_safetensors
 from .cli_runner import run
-from .test_checkpoints_bad_input import fails
+from .command_checks import fails
+from .fp8_checkpoints import MODELOPT
 
-FIXTURES = Path(__file__).parent / "fixtures" / "modelopt"
+FIXTURES = MODELOPT
 FORMATS = {"nvfp4": "nvfp4", "mxfp8": "mxfp8_e4m3"}
 #: The FP8 family, read as exact float32 values: per tensor, per output row, per 128 x 128 block.
 FP8_ALGOS = ("fp8", "fp8_pc_pt", "fp8_pb_wo")

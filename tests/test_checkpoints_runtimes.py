@@ -20,9 +20,6 @@ They run in the interpreter named by ``NEURON_KERNELS_RUNTIME_PYTHON`` (a virtua
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -33,50 +30,9 @@ from neuron_kernels.checkpoints import fused_groups
 
 from .checkpoint_helpers import read_safetensors, write_safetensors
 from .cli_runner import run
-from .conftest import runtime_missing
-from .test_checkpoints_fp8 import make_ct_fp8, make_fp8
-from .test_checkpoints_modelopt import FIXTURES as MODELOPT
+from .fp8_checkpoints import MODELOPT, make_ct_fp8, make_fp8
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-RUNTIME_MODULES = ("torch", "transformers", "compressed_tensors")
-
-
-def _runtime_python() -> tuple[str | None, str]:
-    candidates = [os.environ.get("NEURON_KERNELS_RUNTIME_PYTHON"), sys.executable]
-    for python in filter(None, candidates):
-        # The runtimes are probed and run in processes of their own, in the interpreter that has them.
-        probe = subprocess.run(
-            [python, "-c", "import " + ", ".join(RUNTIME_MODULES)], capture_output=True, text=True, timeout=300
-        )
-        if probe.returncode == 0:
-            return python, ""
-    return None, (
-        f"needs {', '.join(RUNTIME_MODULES)} in this interpreter or in NEURON_KERNELS_RUNTIME_PYTHON "
-        "(pip install torch transformers compressed-tensors)"
-    )
-
-
-@pytest.fixture(scope="module")
-def runtime():
-    python, why = _runtime_python()
-    if python is None:
-        runtime_missing(why)
-
-    def run(script: str, *args) -> str:
-        # A process of its own: the runtime's interpreter, its own imports, not this checkout's path.
-        r = subprocess.run(
-            [python, "-c", script, *map(str, args)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r.stdout
-
-    return run
-
-
 MAKE_LLAMA = """
 import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM

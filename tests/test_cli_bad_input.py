@@ -14,7 +14,7 @@ import numpy as np
 import neuron_kernels as nk
 
 from .cli_runner import run
-from .conftest import (
+from .helpers import (
     BASE,
     NONFINITE,
     X_MX,

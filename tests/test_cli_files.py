@@ -18,7 +18,7 @@ import pytest
 import neuron_kernels as nk
 
 from .cli_runner import run
-from .conftest import child_env
+from .helpers import child_env
 
 #: Of the interrupted runs' processes: warnings are errors; the child imports this checkout whatever
 #: its working directory.

@@ -16,7 +16,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.io.files import NpyWriter
 
-from .conftest import child_env
+from .helpers import child_env
 from .memory import REPORT_PEAK
 
 ROWS, COLS = 1 << 15, 1 << 13  # 256 Mi float32 = 1 GiB

@@ -24,7 +24,7 @@ from neuron_kernels._jit import CPU_LEVELS, MANIFEST, compiled_tag, host_levels
 from neuron_kernels.errors import InvalidValueError
 from neuron_kernels.warmup import build_compiled_tier
 
-from .conftest import child_env
+from .helpers import child_env
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64") or "x86-64-v2" not in host_levels(),

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from .cli_runner import run
-from .conftest import import_runtime
+from .helpers import import_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

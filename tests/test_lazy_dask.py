@@ -66,7 +66,7 @@ def _same_blocks(lazy, expected):
 def test_import_does_not_import_dask():
     import subprocess
 
-    from .conftest import child_env
+    from .helpers import child_env
 
     code = "import sys, neuron_kernels; print(sorted(m for m in ('dask', 'distributed', 'zarr') if m in sys.modules))"
     # A process of its own: which modules an import loads shows in a new interpreter only.

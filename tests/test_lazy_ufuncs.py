@@ -21,7 +21,7 @@ import neuron_kernels as nk
 from neuron_kernels.dtypes import get_format
 from neuron_kernels.registry import CastOptions, supported_casts
 
-from .conftest import special_float32
+from .helpers import special_float32
 
 UFUNC_PAIRS = sorted((k.source, k.target) for k in supported_casts() if k.has_ufunc)
 

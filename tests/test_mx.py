@@ -14,7 +14,7 @@ from neuron_kernels.blocks.layout import BlockLayout, Pieces
 from neuron_kernels.formats import FORMATS as FORMATS_TABLE
 from neuron_kernels.modes import E8M0_SCALE_MODES
 
-from .conftest import ROOT, child_env
+from .helpers import ROOT, child_env
 from .reference import random_bits
 from .reference_mx import dequantize_mx_ref, pack_fp4_ref, quantize_mx_ref
 

@@ -6,7 +6,7 @@ Each case ends in the right answer (checked against numpy, the slow references o
 or the same call on a native, C-contiguous copy) or in a clear exception: ``TypeError`` for a wrong type,
 ``ValueError`` for a bad value, ``FileNotFoundError`` for a missing file, with a message naming the problem.
 Cases that may crash or hang the interpreter run in a subprocess (two at a time, in the background; see
-``isolated`` in ``conftest.py``). The bad-input tests of cast() are in ``test_cast_bad_input.py``, those of
+``isolated`` in ``helpers.py``). The bad-input tests of cast() are in ``test_cast_bad_input.py``, those of
 the command line in ``test_cli_bad_input.py``.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels import MX_FORMATS, MXArray
 
-from .conftest import (
+from .helpers import (
     BAD_OUTS,
     BASE,
     BF16,

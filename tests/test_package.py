@@ -14,7 +14,7 @@ import pytest
 from neuron_kernels import BLOCK_FORMATS
 
 from .cli_runner import run
-from .conftest import child_env
+from .helpers import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -21,7 +21,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from .conftest import import_runtime
+from .helpers import import_runtime
 from .reference_blocks import (
     BlockQuantRef,
     block_error_ref,

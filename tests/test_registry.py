@@ -16,7 +16,7 @@ from neuron_kernels import registry
 from neuron_kernels.formats import FORMATS
 from neuron_kernels.promotion import grid_dtypes
 
-from .conftest import BASE, BF16, F32, WRONG_DTYPES, WRONG_IDS, assert_same_bits, ml_cast, native
+from .helpers import BASE, BF16, F32, WRONG_DTYPES, WRONG_IDS, assert_same_bits, ml_cast, native
 from .reference import pack_lanes, round_float32_to_mbits
 from .reference_casts import encode_ref
 

@@ -201,3 +201,27 @@ def test_no_limit_or_dtype_list_is_written_outside_the_table(path):
 def test_the_fact_check_finds_what_it_looks_for():
     code = 'b = 448.0\nn = 448\nd = ("float64", "float32", "bfloat16", "float16")\ne = ("float32", "bfloat16")\n'
     assert _hand_written_facts(ast.parse(code)) == [(1, 448.0), (3, "the input dtypes")]
+
+
+# ---- the tests' own modules ----------------------------------------------------------------------
+
+TESTS = pathlib.Path(__file__).parent
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.glob("*.py")), ids=lambda p: p.name)
+def test_no_test_module_or_conftest_is_imported(path):
+    # Shared helpers live in helper modules (helpers.py, checkpoint_helpers.py, ...); fixtures in
+    # conftest.py, which pytest provides by name.
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + ([a.name for a in node.names] if not node.module else [])
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        last = [n.split(".")[-1] for n in names]
+        found += [(node.lineno, n) for n in last if n.startswith("test_") or n == "conftest"]
+    assert not found, (
+        f"tests/{path.name} imports test modules or conftest: {found}; move what it needs to a helper module"
+    )

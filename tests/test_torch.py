@@ -20,7 +20,7 @@ from neuron_kernels.interop import from_torch
 
 from .checkpoint_helpers import bits, read_dir, read_safetensors, write_safetensors
 from .cli_runner import run
-from .conftest import import_runtime
+from .helpers import import_runtime
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.warmup import describe, run_task, warmup, warmup_tasks
 
-from .conftest import child_env
+from .helpers import child_env
 
 
 def test_tasks_cover_block_formats_and_casts_both_ways():
