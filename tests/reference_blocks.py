@@ -211,6 +211,7 @@ from .reference_mx import (
     MX_ROUNDING_MODES,
     SCALE_MODES,
     block_amax_ref,
+    round_int8_magnitude,
     shared_exponent_ref,
 )
 
@@ -483,21 +484,6 @@ def _nvfp4_tile(vals, draws, pts, rounding, policy, scale_search) -> tuple[int, 
 # ---- MX tiles ---------------------------------------------------------------------------------
 
 
-def _round_int8_magnitude(a: float, rounding: str, r: int) -> int:
-    """Round the exact magnitude a >= 0 (a float64) to an integer."""
-    lo = math.floor(a)
-    frac = a - lo  # exact: a has at most 24 significant bits here
-    if frac == 0 or rounding == "toward_zero":
-        return lo
-    if rounding == "stochastic":
-        return lo + 1 if r < math.floor(frac * 2**32) else lo  # frac * 2^32 is exact (a power of two)
-    if frac != 0.5:
-        return lo + 1 if frac > 0.5 else lo
-    if rounding == "nearest_away":
-        return lo + 1
-    return lo if lo % 2 == 0 else lo + 1
-
-
 def _mx_codes(vals: list, e: int, fmt: str, rounding: str, draws: list | None) -> list[int]:
     """Element codes of a block's float32 values for MX format ``fmt`` and shared exponent e:
     x * 2^-e (exact in float64) rounded once, saturating; mxint8: round(x * 2^(6 - e)) clamped to
@@ -507,7 +493,7 @@ def _mx_codes(vals: list, e: int, fmt: str, rounding: str, draws: list | None) -
         out = []
         for k, x in enumerate(vals):
             v = math.ldexp(float(x), INT8_SCALE_BITS - e)
-            c = min(_round_int8_magnitude(abs(v), rounding, draws[k] if draws else 0), INT8_MAX_CODE)
+            c = min(round_int8_magnitude(abs(v), rounding, draws[k] if draws else 0), INT8_MAX_CODE)
             out.append((-c if v < 0 else c) & 0xFF)
         return out
     scaled = np.array([math.ldexp(float(x), -e) for x in vals], dtype=np.float64)  # exact; -0.0 stays

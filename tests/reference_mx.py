@@ -270,7 +270,7 @@ def scale_byte_ref(block, fmt: str, scale_mode: str = "floor") -> int:
 # ---- the elements -----------------------------------------------------------------------------
 
 
-def _round_int8_magnitude(a: float, rounding: str, r: int) -> int:
+def round_int8_magnitude(a: float, rounding: str, r: int) -> int:
     """Round the exact magnitude ``a >= 0`` (a float64) to a non-negative integer."""
     lo = math.floor(a)
     frac = Fraction(a) - lo
@@ -293,7 +293,7 @@ def _round_int8_magnitude(a: float, rounding: str, r: int) -> int:
 def _int8_code(v: float, rounding: str, r: int) -> int:
     """mxint8 code of the exact scaled value v = x / X * 64: rounded, clamped to [-127, 127],
     stored as int8 two's complement in a uint8. No signed zero."""
-    c = _round_int8_magnitude(abs(v), rounding, r)
+    c = round_int8_magnitude(abs(v), rounding, r)
     c = min(c, INT8_MAX_CODE)
     if v < 0:
         c = -c

@@ -19,6 +19,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.formats import FORMATS
 
+from .cast_cases import HAND_CASES
 from .reference import random_bits
 from .reference_casts import (
     FORMATS_REF,
@@ -978,172 +979,10 @@ def test_probability_of_rounding_up_is_the_discarded_fraction(name, source):
     assert CHI2_64[0] < stat < CHI2_64[1], stat
 
 
-# ---- 7. directed-mode overflow and saturation, by hand -----------------------------------------
-
-NAN, NNAN, INF = 0x7FC00000, 0xFFC00000, float("inf")
-F32MAX = 0x7F7FFFFF
-
-# (format, input (float, or int = float32 bit pattern), rounding, saturate, expected code)
-NAMED = [
-    # float8_e4m3fn: max 448 = 0x7e; the next code 0x7f (virtual 480) is NaN; 464 is the tie
-    ("float8_e4m3fn", 449.0, "nearest_even", False, 0x7E),
-    ("float8_e4m3fn", 464.0, "nearest_even", False, 0x7E),  # tie; 448's mantissa 110 is even
-    ("float8_e4m3fn", 464.0, "nearest_away", False, 0x7F),  # away from zero past max: NaN
-    ("float8_e4m3fn", 449.0, "toward_positive", False, 0x7F),  # rounds up past max: overflow code
-    ("float8_e4m3fn", 449.0, "toward_zero", False, 0x7E),
-    ("float8_e4m3fn", 1e30, "toward_zero", False, 0x7E),  # toward zero never overflows
-    ("float8_e4m3fn", 1e30, "toward_negative", False, 0x7E),
-    ("float8_e4m3fn", -1e30, "toward_positive", False, 0xFE),
-    ("float8_e4m3fn", -1e30, "toward_negative", False, 0xFF),
-    ("float8_e4m3fn", -449.0, "toward_zero", False, 0xFE),
-    ("float8_e4m3fn", 1e30, "stochastic", False, 0x7F),  # past the virtual next value: always up
-    ("float8_e4m3fn", 448.0, "stochastic", False, 0x7E),  # exact: never moves
-    ("float8_e4m3fn", INF, "toward_zero", False, 0x7F),  # inf is not finite: the overflow code
-    ("float8_e4m3fn", -INF, "toward_positive", False, 0xFF),
-    ("float8_e4m3fn", INF, "nearest_even", True, 0x7E),
-    ("float8_e4m3fn", -INF, "toward_zero", True, 0xFE),
-    ("float8_e4m3fn", 1e30, "toward_positive", True, 0x7E),
-    ("float8_e4m3fn", 1e30, "stochastic", True, 0x7E),
-    ("float8_e4m3fn", -464.0, "nearest_away", True, 0xFE),
-    ("float8_e4m3fn", NAN, "nearest_even", True, 0x7F),
-    ("float8_e4m3fn", NNAN, "toward_zero", True, 0xFF),
-    # float8_e5m2: max 57344 = 0x7b, inf 0x7c, NaN 0x7e; 61440 is the tie with the virtual 65536
-    ("float8_e5m2", 60000.0, "nearest_even", False, 0x7B),
-    ("float8_e5m2", 61440.0, "nearest_even", False, 0x7C),  # tie; 57344's mantissa 11 is odd: up
-    ("float8_e5m2", 61440.0, "toward_zero", False, 0x7B),
-    ("float8_e5m2", 57345.0, "toward_positive", False, 0x7C),
-    ("float8_e5m2", -57345.0, "toward_positive", False, 0xFB),
-    ("float8_e5m2", -57345.0, "toward_negative", False, 0xFC),
-    ("float8_e5m2", -1e30, "toward_zero", False, 0xFB),
-    ("float8_e5m2", INF, "toward_negative", False, 0x7C),
-    ("float8_e5m2", -INF, "toward_zero", False, 0xFC),
-    ("float8_e5m2", 61440.0, "nearest_even", True, 0x7B),
-    ("float8_e5m2", INF, "nearest_even", True, 0x7B),
-    ("float8_e5m2", -INF, "stochastic", True, 0xFB),
-    ("float8_e5m2", NAN, "toward_positive", True, 0x7E),
-    # float8_e4m3: max 240 = 0x77, inf 0x78, NaN 0x7c
-    ("float8_e4m3", 248.0, "nearest_even", False, 0x78),
-    ("float8_e4m3", 248.0, "toward_zero", False, 0x77),
-    ("float8_e4m3", 241.0, "toward_positive", False, 0x78),
-    ("float8_e4m3", -241.0, "toward_positive", False, 0xF7),
-    ("float8_e4m3", -INF, "toward_positive", True, 0xF7),
-    ("float8_e4m3", NAN, "nearest_even", True, 0x7C),
-    # float8_e4m3fnuz: max 240 = 0x7f, the only NaN 0x80, no -0
-    ("float8_e4m3fnuz", 248.0, "nearest_even", False, 0x80),  # tie; 240's mantissa 111 is odd: up
-    ("float8_e4m3fnuz", 248.0, "toward_zero", False, 0x7F),
-    ("float8_e4m3fnuz", -248.0, "toward_positive", False, 0xFF),
-    ("float8_e4m3fnuz", -248.0, "toward_negative", False, 0x80),
-    ("float8_e4m3fnuz", 1e30, "toward_negative", False, 0x7F),
-    ("float8_e4m3fnuz", INF, "toward_zero", False, 0x80),
-    ("float8_e4m3fnuz", INF, "nearest_even", True, 0x7F),
-    ("float8_e4m3fnuz", -INF, "nearest_even", True, 0xFF),
-    ("float8_e4m3fnuz", -1e30, "toward_negative", True, 0xFF),
-    ("float8_e4m3fnuz", NAN, "nearest_even", True, 0x80),
-    ("float8_e4m3fnuz", -1e-30, "toward_zero", False, 0x00),  # underflow: no -0
-    ("float8_e4m3fnuz", -1e-30, "toward_positive", False, 0x00),
-    ("float8_e4m3fnuz", -1e-30, "toward_negative", False, 0x81),  # away from zero: -2^-10
-    # float8_e4m3b11fnuz: max 30 = 0x7f
-    ("float8_e4m3b11fnuz", 31.0, "nearest_even", False, 0x80),
-    ("float8_e4m3b11fnuz", 31.0, "toward_zero", False, 0x7F),
-    ("float8_e4m3b11fnuz", 30.5, "toward_positive", False, 0x80),
-    ("float8_e4m3b11fnuz", 31.0, "nearest_even", True, 0x7F),
-    # float8_e5m2fnuz: max 57344 = 0x7f
-    ("float8_e5m2fnuz", 61440.0, "nearest_even", False, 0x80),
-    ("float8_e5m2fnuz", 61440.0, "toward_zero", False, 0x7F),
-    ("float8_e5m2fnuz", -61440.0, "nearest_away", True, 0xFF),
-    # float8_e3m4: max 15.5 = 0x6f, inf 0x70
-    ("float8_e3m4", 15.75, "nearest_even", False, 0x70),  # tie; 15.5's mantissa 1111 is odd: up
-    ("float8_e3m4", 15.75, "toward_zero", False, 0x6F),
-    ("float8_e3m4", 100.0, "toward_negative", False, 0x6F),
-    ("float8_e3m4", -100.0, "toward_negative", False, 0xF0),
-    ("float8_e3m4", -100.0, "toward_negative", True, 0xEF),
-    # float6 / float4: no inf, no NaN; overflow saturates; +NaN -> -0 code, -NaN -> +0 code
-    ("float6_e2m3fn", 100.0, "toward_positive", False, 0x1F),
-    ("float6_e2m3fn", -100.0, "toward_negative", False, 0x3F),
-    ("float6_e2m3fn", 7.75, "nearest_even", False, 0x1F),
-    ("float6_e2m3fn", INF, "nearest_even", False, 0x1F),
-    ("float6_e2m3fn", -INF, "toward_zero", False, 0x3F),
-    ("float6_e2m3fn", NAN, "nearest_even", False, 0x20),
-    ("float6_e2m3fn", NNAN, "nearest_even", False, 0x00),
-    ("float6_e2m3fn", NAN, "nearest_even", True, 0x20),
-    ("float6_e2m3fn", NNAN, "toward_zero", True, 0x00),
-    ("float6_e3m2fn", 1e30, "toward_positive", False, 0x1F),
-    ("float6_e3m2fn", -30.0, "nearest_away", False, 0x3F),
-    ("float4_e2m1fn", 7.0, "toward_positive", False, 0x07),
-    ("float4_e2m1fn", -7.0, "toward_negative", False, 0x0F),
-    ("float4_e2m1fn", 5.0, "nearest_even", False, 0x06),  # tie 4 (0x6, even) / 6 (0x7)
-    ("float4_e2m1fn", 5.0, "nearest_away", False, 0x07),
-    ("float4_e2m1fn", 4.5, "toward_positive", False, 0x07),
-    ("float4_e2m1fn", -INF, "nearest_even", True, 0x0F),
-    ("float4_e2m1fn", NAN, "toward_positive", True, 0x08),
-    # bfloat16: max 0x7f7f, inf 0x7f80
-    ("bfloat16", F32MAX, "toward_zero", False, 0x7F7F),
-    ("bfloat16", F32MAX, "nearest_even", False, 0x7F80),
-    ("bfloat16", 0x7F7F0001, "toward_positive", False, 0x7F80),
-    ("bfloat16", 0xFF7F0001, "toward_positive", False, 0xFF7F),
-    ("bfloat16", 0xFF7F0001, "toward_negative", False, 0xFF80),
-    ("bfloat16", INF, "toward_zero", False, 0x7F80),
-    ("bfloat16", F32MAX, "nearest_even", True, 0x7F7F),
-    ("bfloat16", -INF, "nearest_even", True, 0xFF7F),
-    ("bfloat16", 0x7FC00001, "nearest_even", True, 0x7FC0),
-    # float16: max 65504 = 0x7bff, inf 0x7c00
-    ("float16", 65519.0, "nearest_even", False, 0x7BFF),
-    ("float16", 65520.0, "nearest_even", False, 0x7C00),
-    ("float16", 65520.0, "toward_zero", False, 0x7BFF),
-    ("float16", 65505.0, "toward_positive", False, 0x7C00),
-    ("float16", -65505.0, "toward_positive", False, 0xFBFF),
-    ("float16", 1e6, "toward_negative", False, 0x7BFF),
-    ("float16", -1e6, "toward_negative", False, 0xFC00),
-    ("float16", 1e6, "nearest_even", True, 0x7BFF),
-    ("float16", -INF, "nearest_even", True, 0xFBFF),
-    ("float16", 0x7F800001, "nearest_even", True, 0x7C01),  # NaN payload kept (F >> 13, at least 1)
-    # tfloat32: max 0x7f7fe000 (a float32 pattern), inf 0x7f800000
-    ("tfloat32", F32MAX, "nearest_even", False, 0x7F800000),
-    ("tfloat32", F32MAX, "toward_zero", False, 0x7F7FE000),
-    ("tfloat32", 0x7F7FEFFF, "nearest_even", False, 0x7F7FE000),
-    ("tfloat32", 0x7F7FF000, "nearest_even", False, 0x7F800000),  # tie; mantissa 0x3ff is odd: up
-    ("tfloat32", 0x7F7FE001, "toward_positive", False, 0x7F800000),
-    ("tfloat32", 0x7F7FE001, "toward_positive", True, 0x7F7FE000),
-    ("tfloat32", -INF, "toward_zero", True, 0xFF7FE000),
-    # float8_e8m0fnu: 2^(c-127); max 2^127 = 0xfe; 0xff is NaN and every overflow
-    ("float8_e8m0fnu", INF, "nearest_even", False, 0xFF),
-    ("float8_e8m0fnu", INF, "toward_zero", False, 0xFF),
-    ("float8_e8m0fnu", INF, "nearest_even", True, 0xFE),
-    ("float8_e8m0fnu", 1.5 * 2.0**127, "nearest_even", False, 0xFE),  # tie: 0xfe is even
-    ("float8_e8m0fnu", 1.5 * 2.0**127, "nearest_away", False, 0xFF),
-    ("float8_e8m0fnu", 1.5 * 2.0**127, "nearest_away", True, 0xFE),
-    ("float8_e8m0fnu", F32MAX, "nearest_even", False, 0xFF),
-    ("float8_e8m0fnu", F32MAX, "toward_zero", False, 0xFE),
-    ("float8_e8m0fnu", F32MAX, "toward_negative", False, 0xFE),
-    ("float8_e8m0fnu", 0x7F000001, "toward_positive", False, 0xFF),
-    ("float8_e8m0fnu", 0x7F000001, "toward_positive", True, 0xFE),
-    ("float8_e8m0fnu", 0.0, "nearest_even", True, 0xFF),
-    ("float8_e8m0fnu", 0x80000000, "toward_positive", True, 0xFF),
-    ("float8_e8m0fnu", -1.0, "toward_zero", True, 0xFF),
-    ("float8_e8m0fnu", -INF, "nearest_even", True, 0xFF),
-    ("float8_e8m0fnu", NAN, "nearest_even", True, 0xFF),
-    ("float8_e8m0fnu", 3.0, "nearest_even", False, 0x80),  # tie 2 (0x80, even) / 4
-    ("float8_e8m0fnu", 3.0, "nearest_away", False, 0x81),
-    ("float8_e8m0fnu", 3.0, "toward_zero", False, 0x80),
-    ("float8_e8m0fnu", 3.0, "toward_positive", False, 0x81),
-    ("float8_e8m0fnu", 6.0, "nearest_even", False, 0x82),
-    ("float8_e8m0fnu", 12.0, "nearest_even", False, 0x82),
-    ("float8_e8m0fnu", 0.75, "nearest_even", False, 0x7E),
-    ("float8_e8m0fnu", 1.5 * 2.0**-127, "nearest_even", False, 0x00),
-    ("float8_e8m0fnu", 1.75 * 2.0**-127, "nearest_even", False, 0x01),
-    ("float8_e8m0fnu", 1.25 * 2.0**-127, "toward_positive", False, 0x01),
-    # nothing below 2^-127: rounding down finds no value (NaN, as for 0), the other modes 2^-127
-    ("float8_e8m0fnu", 2.0**-140, "toward_negative", False, 0xFF),
-    ("float8_e8m0fnu", 2.0**-140, "toward_zero", False, 0xFF),
-    ("float8_e8m0fnu", 0.99 * 2.0**-127, "toward_zero", True, 0xFF),
-    ("float8_e8m0fnu", 2.0**-127, "toward_zero", False, 0x00),
-    ("float8_e8m0fnu", 2.0**-140, "toward_positive", False, 0x00),
-    ("float8_e8m0fnu", 2.0**-140, "nearest_even", False, 0x00),
-    ("float8_e8m0fnu", 2.0**-140, "nearest_away", False, 0x00),
-]
+# ---- 7. directed-mode overflow and saturation, and every hand-written case (cast_cases.py) -----
 
 
-@pytest.mark.parametrize("name, x, rounding, saturate, expected", NAMED)
+@pytest.mark.parametrize("name, x, rounding, saturate, expected", HAND_CASES)
 def test_named_overflow_and_saturation(name, x, rounding, saturate, expected):
     arr = f32([x])
     got = codes_of(nk.cast(arr, name, rounding=rounding, saturate=saturate, **stochastic_kwargs(rounding)))

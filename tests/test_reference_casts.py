@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from .cast_cases import HAND_CASES, case_input
 from .reference import round_float32_to_mbits
 from .reference_casts import (
     FORMATS_REF,
@@ -463,170 +464,12 @@ def test_decode_then_encode_is_identity(name):
 # ---- the other rounding modes: hand-derived results ---------------------------------------------
 
 # (format, input, rounding, saturate, expected code), each worked out from the format's values.
-HAND_CASES = [
-    # float8_e4m3fn: 1.0 = 0x38, spacing 0.125 in [1, 2); max 448 = 0x7e; the virtual next is 480.
-    ("float8_e4m3fn", 1.0625, "toward_positive", False, 0x39),  # tie 1.0 / 1.125: up -> 1.125
-    ("float8_e4m3fn", 1.0625, "toward_zero", False, 0x38),
-    ("float8_e4m3fn", 1.0625, "toward_negative", False, 0x38),
-    ("float8_e4m3fn", 1.0625, "nearest_even", False, 0x38),  # 0x38 even
-    ("float8_e4m3fn", 1.0625, "nearest_away", False, 0x39),  # away from zero
-    ("float8_e4m3fn", 1.1875, "nearest_even", False, 0x3A),  # tie 0x39 (odd) / 0x3a (even)
-    ("float8_e4m3fn", 1.1875, "nearest_away", False, 0x3A),
-    ("float8_e4m3fn", -1.0625, "nearest_away", False, 0xB9),
-    ("float8_e4m3fn", -1.0625, "nearest_even", False, 0xB8),
-    ("float8_e4m3fn", -1.0625, "toward_positive", False, 0xB8),  # -1.0 is above -1.0625
-    ("float8_e4m3fn", -1.0625, "toward_negative", False, 0xB9),
-    ("float8_e4m3fn", -1.0625, "toward_zero", False, 0xB8),
-    ("float8_e4m3fn", 1.07, "toward_zero", False, 0x38),
-    ("float8_e4m3fn", 1.07, "nearest_even", False, 0x39),  # above the midpoint 1.0625
-    ("float8_e4m3fn", 500.0, "toward_zero", False, 0x7E),  # toward zero never overflows: 448
-    ("float8_e4m3fn", 500.0, "toward_negative", False, 0x7E),
-    ("float8_e4m3fn", 500.0, "toward_positive", False, 0x7F),  # overflow code: NaN
-    ("float8_e4m3fn", 500.0, "nearest_even", False, 0x7F),
-    ("float8_e4m3fn", 500.0, "nearest_away", False, 0x7F),
-    ("float8_e4m3fn", -500.0, "toward_negative", False, 0xFF),
-    ("float8_e4m3fn", -500.0, "toward_positive", False, 0xFE),  # -448
-    ("float8_e4m3fn", -500.0, "toward_zero", False, 0xFE),
-    ("float8_e4m3fn", 464.0, "nearest_even", False, 0x7E),  # tie 448 (even) / 480
-    ("float8_e4m3fn", 464.0, "nearest_away", False, 0x7F),  # tie away -> 480 -> overflow
-    ("float8_e4m3fn", 480.0, "toward_zero", False, 0x7E),
-    ("float8_e4m3fn", np.inf, "toward_zero", False, 0x7F),  # inf is not a finite value: NaN code
-    ("float8_e4m3fn", np.inf, "toward_zero", True, 0x7E),
-    ("float8_e4m3fn", -np.inf, "toward_positive", False, 0xFF),
-    ("float8_e4m3fn", 500.0, "toward_positive", True, 0x7E),
-    ("float8_e4m3fn", np.nan, "toward_zero", True, 0x7F),  # NaN stays NaN
-    ("float8_e4m3fn", 2.0**-11, "nearest_even", False, 0x00),  # a quarter of the min subnormal 2^-9
-    ("float8_e4m3fn", 2.0**-11, "toward_positive", False, 0x01),
-    ("float8_e4m3fn", -(2.0**-11), "toward_negative", False, 0x81),
-    ("float8_e4m3fn", -(2.0**-11), "toward_positive", False, 0x80),  # -0
-    ("float8_e4m3fn", -(2.0**-11), "toward_zero", False, 0x80),
-    ("float8_e4m3fn", -(2.0**-11), "nearest_even", False, 0x80),
-    ("float8_e4m3fn", 2.0**-10, "nearest_even", False, 0x00),  # tie 0 (even) / 2^-9
-    ("float8_e4m3fn", 2.0**-10, "nearest_away", False, 0x01),
-    ("float8_e4m3fn", 3 * 2.0**-10, "nearest_even", False, 0x02),  # tie 0x01 / 0x02
-    ("float8_e4m3fn", 7.5 * 2.0**-9, "nearest_even", False, 0x08),  # tie largest subnormal 0x07 / min normal 0x08
-    ("float8_e4m3fn", 7.5 * 2.0**-9, "toward_zero", False, 0x07),
-    # float8_e4m3 (IEEE): max 240 = 0x77, inf 0x78, NaN 0x7c.
-    ("float8_e4m3", 250.0, "toward_zero", False, 0x77),
-    ("float8_e4m3", 250.0, "toward_positive", False, 0x78),
-    ("float8_e4m3", -250.0, "toward_positive", False, 0xF7),
-    ("float8_e4m3", -250.0, "toward_negative", False, 0xF8),
-    ("float8_e4m3", 244.0, "nearest_even", False, 0x77),
-    ("float8_e4m3", 248.0, "nearest_even", False, 0x78),  # tie 240 (0x77) / 256 (0x78, even) -> inf
-    ("float8_e4m3", np.inf, "toward_zero", False, 0x78),
-    ("float8_e4m3", 250.0, "toward_positive", True, 0x77),
-    ("float8_e4m3", np.inf, "nearest_even", True, 0x77),
-    ("float8_e4m3", -np.inf, "nearest_even", True, 0xF7),
-    ("float8_e4m3", np.nan, "nearest_even", True, 0x7C),
-    # fnuz: no -0, NaN 0x80 is also the overflow code.
-    ("float8_e4m3fnuz", -(2.0**-12), "toward_negative", False, 0x81),  # -(min subnormal 2^-10)
-    ("float8_e4m3fnuz", -(2.0**-12), "toward_positive", False, 0x00),  # zero has no sign
-    ("float8_e4m3fnuz", -(2.0**-12), "nearest_even", False, 0x00),
-    ("float8_e4m3fnuz", 300.0, "toward_zero", False, 0x7F),
-    ("float8_e4m3fnuz", 300.0, "toward_positive", False, 0x80),
-    ("float8_e4m3fnuz", -300.0, "toward_positive", False, 0xFF),  # -240
-    ("float8_e4m3fnuz", -300.0, "toward_negative", False, 0x80),
-    ("float8_e4m3fnuz", -np.inf, "nearest_even", True, 0xFF),
-    ("float8_e4m3fnuz", np.inf, "toward_zero", False, 0x80),
-    ("float8_e4m3b11fnuz", 31.0, "nearest_even", False, 0x80),  # tie 30 / 32 (code 0x80, even)
-    ("float8_e4m3b11fnuz", 31.0, "toward_zero", False, 0x7F),
-    ("float8_e4m3b11fnuz", 30.9, "nearest_away", False, 0x7F),
-    ("float8_e5m2fnuz", 61440.0, "nearest_even", False, 0x80),
-    ("float8_e5m2fnuz", 61440.0, "toward_negative", False, 0x7F),
-    # float8_e5m2: 1.0 = 0x3c, spacing 0.25 in [1, 2); max 57344 = 0x7b.
-    ("float8_e5m2", 1.125, "nearest_even", False, 0x3C),  # tie 0x3c (even) / 0x3d
-    ("float8_e5m2", 1.125, "nearest_away", False, 0x3D),
-    ("float8_e5m2", 1.375, "nearest_even", False, 0x3E),  # tie 0x3d / 0x3e (even)
-    ("float8_e5m2", 60000.0, "toward_zero", False, 0x7B),
-    ("float8_e5m2", 60000.0, "toward_positive", False, 0x7C),
-    ("float8_e5m2", -60000.0, "toward_negative", False, 0xFC),
-    ("float8_e5m2", -60000.0, "toward_positive", False, 0xFB),
-    # float8_e3m4: max 15.5 = 0x6f, spacing 0.5 in [8, 16), inf 0x70.
-    ("float8_e3m4", 15.6, "toward_positive", False, 0x70),
-    ("float8_e3m4", 15.6, "toward_zero", False, 0x6F),
-    ("float8_e3m4", 15.7, "nearest_even", False, 0x6F),
-    ("float8_e3m4", 15.75, "nearest_even", False, 0x70),
-    # float4_e2m1fn: 0, 0.5, 1, 1.5, 2, 3, 4, 6 are codes 0..7; overflow saturates.
-    ("float4_e2m1fn", 5.0, "nearest_even", False, 0x06),  # tie 4 (code 6, even) / 6
-    ("float4_e2m1fn", 5.0, "nearest_away", False, 0x07),
-    ("float4_e2m1fn", 5.0, "toward_positive", False, 0x07),
-    ("float4_e2m1fn", -5.0, "toward_positive", False, 0x0E),
-    ("float4_e2m1fn", -5.0, "toward_negative", False, 0x0F),
-    ("float4_e2m1fn", 7.0, "toward_positive", False, 0x07),
-    ("float4_e2m1fn", -7.0, "toward_negative", False, 0x0F),
-    ("float4_e2m1fn", np.inf, "toward_zero", False, 0x07),
-    ("float4_e2m1fn", 0.25, "nearest_even", False, 0x00),  # tie 0 / 0.5
-    ("float4_e2m1fn", 0.25, "nearest_away", False, 0x01),
-    ("float4_e2m1fn", -0.25, "nearest_even", False, 0x08),  # -0
-    ("float4_e2m1fn", 2.5, "nearest_even", False, 0x04),  # tie 2 (code 4) / 3
-    ("float4_e2m1fn", 3.5, "nearest_even", False, 0x06),  # tie 3 (code 5) / 4 (code 6)
-    ("float4_e2m1fn", 0.1, "toward_positive", False, 0x01),
-    ("float4_e2m1fn", np.nan, "nearest_even", True, 0x08),  # NaN keeps the default encoding
-    ("float4_e2m1fn", -np.nan, "toward_zero", True, 0x00),
-    # float6_e2m3fn: 1.0 = 0x08, spacing 0.125 in [1, 2), 0.5 in [4, 8); max 7.5 = 0x1f.
-    ("float6_e2m3fn", 7.75, "nearest_even", False, 0x1F),  # tie 7.5 / 8 (overflow): saturates
-    ("float6_e2m3fn", 7.75, "toward_positive", False, 0x1F),
-    ("float6_e2m3fn", 1.0625, "nearest_even", False, 0x08),
-    ("float6_e2m3fn", 1.0625, "nearest_away", False, 0x09),
-    ("float6_e2m3fn", np.nan, "toward_positive", False, 0x20),
-    # float6_e3m2fn: 1.0 = 0x0c, spacing 0.25 in [1, 2); max 28 = 0x1f.
-    ("float6_e3m2fn", 30.0, "toward_positive", False, 0x1F),
-    ("float6_e3m2fn", -30.0, "toward_negative", False, 0x3F),
-    ("float6_e3m2fn", 1.125, "nearest_even", False, 0x0C),
-    ("float6_e3m2fn", 1.125, "toward_positive", False, 0x0D),
-    # bfloat16: 1.0 = 0x3f80, spacing 2^-7 in [1, 2).
-    ("bfloat16", 1 + 2.0**-8, "toward_positive", False, 0x3F81),
-    ("bfloat16", 1 + 2.0**-8, "nearest_away", False, 0x3F81),
-    ("bfloat16", 1 + 2.0**-8, "nearest_even", False, 0x3F80),
-    ("bfloat16", -(1 + 2.0**-8), "toward_negative", False, 0xBF81),
-    ("bfloat16", 3.4028234663852886e38, "toward_zero", False, 0x7F7F),
-    ("bfloat16", 3.4028234663852886e38, "toward_positive", False, 0x7F80),
-    ("bfloat16", 3.4028234663852886e38, "toward_positive", True, 0x7F7F),
-    ("bfloat16", 2.0**-149, "toward_positive", False, 0x0001),  # min bf16 subnormal 2^-133
-    ("bfloat16", 2.0**-149, "nearest_even", False, 0x0000),
-    ("bfloat16", -(2.0**-149), "toward_negative", False, 0x8001),
-    # float16: max 65504 = 0x7bff, spacing 32 there; min subnormal 2^-24.
-    ("float16", 65519.0, "toward_positive", False, 0x7C00),
-    ("float16", 65519.0, "nearest_even", False, 0x7BFF),
-    ("float16", 65505.0, "toward_zero", False, 0x7BFF),
-    ("float16", 65520.0, "nearest_even", False, 0x7C00),
-    ("float16", -65519.0, "toward_negative", False, 0xFC00),
-    ("float16", 1e6, "toward_zero", True, 0x7BFF),
-    ("float16", np.inf, "nearest_even", True, 0x7BFF),
-    ("float16", 1 + 2.0**-11, "nearest_away", False, 0x3C01),
-    ("float16", 1 + 2.0**-11, "nearest_even", False, 0x3C00),
-    ("float16", 2.0**-25, "nearest_even", False, 0x0000),  # tie 0 / 2^-24
-    ("float16", 2.0**-25, "nearest_away", False, 0x0001),
-    ("float16", 2.0**-25, "toward_positive", False, 0x0001),
-    # tfloat32: 1.0 = 0x3f800000, spacing 2^-10 (0x2000 in float32 bits).
-    ("tfloat32", 1 + 2.0**-11, "nearest_away", False, 0x3F802000),
-    ("tfloat32", 1 + 2.0**-11, "nearest_even", False, 0x3F800000),
-    ("tfloat32", 1 + 2.0**-23, "toward_positive", False, 0x3F802000),
-    ("tfloat32", 1 + 2.0**-11 + 2.0**-23, "toward_zero", False, 0x3F800000),
-    ("tfloat32", 3.4028234663852886e38, "toward_zero", False, 0x7F7FE000),
-    ("tfloat32", 3.4028234663852886e38, "toward_positive", False, 0x7F800000),
-    # e8m0: powers of two only.
-    ("float8_e8m0fnu", 3.0, "toward_positive", False, 0x81),
-    ("float8_e8m0fnu", 3.0, "toward_zero", False, 0x80),
-    ("float8_e8m0fnu", 3.0, "toward_negative", False, 0x80),
-    ("float8_e8m0fnu", 3.0, "nearest_away", False, 0x81),
-    ("float8_e8m0fnu", 3.0, "nearest_even", False, 0x80),
-    ("float8_e8m0fnu", 5.0, "toward_zero", False, 0x81),
-    ("float8_e8m0fnu", 5.0, "toward_positive", False, 0x82),
-    ("float8_e8m0fnu", 2.0**-130, "toward_positive", False, 0x00),
-    ("float8_e8m0fnu", 2.0**-130, "toward_zero", False, 0xFF),  # rounded down: nothing below 2^-127
-    ("float8_e8m0fnu", 1.9 * 2.0**127, "toward_positive", False, 0xFF),
-    ("float8_e8m0fnu", 1.9 * 2.0**127, "toward_zero", False, 0xFE),
-    ("float8_e8m0fnu", 1.9 * 2.0**127, "toward_positive", True, 0xFE),
-    ("float8_e8m0fnu", 1.5 * 2.0**127, "nearest_away", False, 0xFF),
-    ("float8_e8m0fnu", -1.0, "toward_negative", False, 0xFF),
-    ("float8_e8m0fnu", 0.0, "toward_positive", True, 0xFF),
-]
+# The hand-derived cases are in cast_cases.py (shared with test_cast_modes.py).
 
 
 @pytest.mark.parametrize("name, x, rounding, saturate, expected", HAND_CASES)
 def test_hand_derived(name, x, rounding, saturate, expected):
-    xs = np.array([x], dtype=np.float32)
+    xs = case_input(x)
     rand = np.zeros(1, np.uint32) if rounding == "stochastic" else None
     got = int(encode_ref(xs, name, rounding=rounding, saturate=saturate, rand=rand)[0])
     assert got == expected, f"{name} {x!r} {rounding} saturate={saturate}: 0x{got:x} != 0x{expected:x}"
