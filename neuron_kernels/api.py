@@ -19,8 +19,8 @@ and allocate; the kernels compute. Given a Dask array, they return lazy results
 from __future__ import annotations
 
 import functools
-import typing
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from .errors import InvalidTypeError, InvalidValueError, NotApplicableError
 from .formats import BLOCK_FORMATS
 from .interop import from_torch, is_torch, to_torch
 from .lazy import is_lazy, is_lazy_blocks
+
+if TYPE_CHECKING:
+    from .lazy.blocks import LazyBlockArray
 
 __all__ = [
     "cast",
@@ -54,6 +57,49 @@ __all__ = [
 MX_FORMAT_NAMES: tuple[str, ...] = tuple(n for n, f in BLOCK_FORMATS.items() if f.is_mx)
 
 
+def _route(
+    x: Any,
+    out: Any,
+    eager: Callable[[Any, Any], Any],
+    lazy: Callable[[Any], Any],
+    *,
+    tensor_result: bool = True,
+    is_lazy_input: bool | None = None,
+) -> Any:
+    """The one boundary every public function of an array goes through.
+
+    A PyTorch tensor (``x`` or ``out``) is read as a NumPy view of its memory and ``eager`` runs
+    on the views; the result is ``out`` when given, else a tensor for a tensor (``tensor_result``;
+    a block array stays one). A lazy input (a Dask array; ``is_lazy_input`` overrides the test)
+    goes to ``lazy``, which takes no ``out=``. Anything else goes to ``eager(x, out)``, which reads
+    it as a NumPy array and validates it."""
+    if is_torch(x) or is_torch(out):
+        arr = from_torch(x) if is_torch(x) else x
+        values = eager(arr, from_torch(out, "out") if is_torch(out) else out)
+        if out is not None:
+            return out
+        return to_torch(values) if tensor_result and is_torch(x) else values
+    if is_lazy(x) if is_lazy_input is None else is_lazy_input:
+        if out is not None:
+            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
+        return lazy(x)
+    return eager(x, out)
+
+
+@overload
+def cast(
+    x: np.ndarray,
+    dtype: DTypeLike,
+    *,
+    rounding: str = ...,
+    saturate: bool = ...,
+    seed: int | None = ...,
+    out: np.ndarray | None = ...,
+) -> np.ndarray: ...
+@overload
+def cast(
+    x: Any, dtype: DTypeLike, *, rounding: str = ..., saturate: bool = ..., seed: int | None = ..., out: Any = ...
+) -> Any: ...
 @functools.wraps(casting.cast)
 def cast(
     x: Any,
@@ -62,59 +108,98 @@ def cast(
     rounding: str = "nearest_even",
     saturate: bool = False,
     seed: int | None = None,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    if is_torch(x) or is_torch(out):
-        arr = from_torch(x) if is_torch(x) else x
-        target_out = from_torch(out, "out") if is_torch(out) else out
-        values = casting.cast(arr, dtype, rounding=rounding, saturate=saturate, seed=seed, out=target_out)
-        return typing.cast(np.ndarray, out if out is not None else to_torch(values) if is_torch(x) else values)
-    if is_lazy(x):
+    out: Any = None,
+) -> Any:
+    def lazy(x: Any) -> Any:
         from .lazy.casts import cast_lazy
 
-        if out is not None:
-            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
-        target = get_format(dtype)
-        result: np.ndarray = cast_lazy(x, target, casting.cast_options(rounding, saturate, seed), casting.cast_piece)
-        return result
-    return casting.cast(x, dtype, rounding=rounding, saturate=saturate, seed=seed, out=out)
+        return cast_lazy(x, get_format(dtype), casting.cast_options(rounding, saturate, seed), casting.cast_piece)
+
+    def eager(x: Any, out: Any) -> np.ndarray:
+        return casting.cast(x, dtype, rounding=rounding, saturate=saturate, seed=seed, out=out)
+
+    return _route(x, out, eager, lazy)
 
 
 def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
-    arr, src = input_array(from_torch(x) if is_torch(x) else x)
+    arr, src = input_array(x)
     job = block_job(fmt, arr.ndim, **options)
     return arr, src, job.resolved(arr, src)
 
 
-def _quantized(x: Any, fmt: Any, out: BlockArray | None = None, **options: Any) -> BlockArray:
+def _lazy_job(x: Any, fmt: Any, **options: Any) -> BlockJob:
+    from .lazy.blocks import as_dask
+
+    return block_job(fmt, as_dask(x, "block quantisation").ndim, **options)
+
+
+def _quantized(x: Any, fmt: Any, out: BlockArray | None = None, **options: Any) -> Any:
     """The quantisation of ``x``: a BlockArray (written into ``out``'s codes and scales if given),
     or a LazyBlockArray of a Dask array (which has the same interface)."""
-    if is_lazy(x):
-        from .lazy.blocks import as_dask, quantize_lazy
 
-        if out is not None:
-            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
-        return typing.cast(
-            BlockArray, quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
-        )
-    arr, src, job = _job(x, fmt, **options)
-    return job.quantize(arr, src, out=out)
+    def lazy(x: Any) -> Any:
+        from .lazy.blocks import quantize_lazy
+
+        return quantize_lazy(x, _lazy_job(x, fmt, **options))
+
+    def eager(x: Any, out: BlockArray | None) -> BlockArray:
+        arr, src, job = _job(x, fmt, **options)
+        return job.quantize(arr, src, out=out)
+
+    return _route(x, out, eager, lazy, tensor_result=False)
 
 
-def _fake_quantized(x: Any, fmt: Any, out: np.ndarray | None, **options: Any) -> np.ndarray:
-    if is_torch(x) or is_torch(out):
-        target_out = from_torch(out, "out") if is_torch(out) else out
-        values = _fake_quantized(from_torch(x) if is_torch(x) else x, fmt, target_out, **options)
-        return typing.cast(np.ndarray, out if out is not None else to_torch(values) if is_torch(x) else values)
-    if is_lazy(x):
-        from .lazy.blocks import as_dask, fake_quantize_lazy
+def _fake_quantized(x: Any, fmt: Any, out: Any, **options: Any) -> Any:
+    def lazy(x: Any) -> Any:
+        from .lazy.blocks import fake_quantize_lazy
 
-        if out is not None:
-            raise InvalidTypeError(f"out= takes NumPy arrays; a {type(x).__name__} input gives a lazy result")
-        lazy: np.ndarray = fake_quantize_lazy(x, block_job(fmt, as_dask(x, "block quantisation").ndim, **options))
-        return lazy
-    arr, src, job = _job(x, fmt, **options)
-    return _fake(arr, src, job, out)
+        return fake_quantize_lazy(x, _lazy_job(x, fmt, **options))
+
+    def eager(x: Any, out: np.ndarray | None) -> np.ndarray:
+        arr, src, job = _job(x, fmt, **options)
+        return _fake(arr, src, job, out)
+
+    return _route(x, out, eager, lazy)
+
+
+@overload
+def quantize(
+    x: np.ndarray,
+    fmt: str,
+    *,
+    block_size: int | None = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    axis: int = ...,
+    scale_mode: str | None = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    pack: bool = ...,
+    per_tensor_scale: Any = ...,
+    scale_bound: float | None = ...,
+    four_over_six: str | None = ...,
+    scale_search: str | None = ...,
+    rht: Any = ...,
+    out: BlockArray | None = ...,
+) -> BlockArray: ...
+@overload
+def quantize(
+    x: Any,
+    fmt: str,
+    *,
+    block_size: int | None = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    axis: int = ...,
+    scale_mode: str | None = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    pack: bool = ...,
+    per_tensor_scale: Any = ...,
+    scale_bound: float | None = ...,
+    four_over_six: str | None = ...,
+    scale_search: str | None = ...,
+    rht: Any = ...,
+    out: BlockArray | None = ...,
+) -> BlockArray | LazyBlockArray: ...
 
 
 def quantize(
@@ -134,7 +219,7 @@ def quantize(
     scale_search: str | None = None,
     rht: Any = False,
     out: BlockArray | None = None,
-) -> BlockArray:
+) -> Any:
     """Quantise an array to a block-scaled format (any of ``neuron_kernels.BLOCK_FORMATS``).
 
     Parameters
@@ -214,6 +299,38 @@ def quantize(
     )
 
 
+@overload
+def quantize_mx(
+    x: np.ndarray,
+    fmt: str = ...,
+    *,
+    block_size: int = ...,
+    axis: int = ...,
+    scale_mode: str = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    pack: bool = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    scale_search: str | None = ...,
+    out: BlockArray | None = ...,
+) -> BlockArray: ...
+@overload
+def quantize_mx(
+    x: Any,
+    fmt: str = ...,
+    *,
+    block_size: int = ...,
+    axis: int = ...,
+    scale_mode: str = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    pack: bool = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    scale_search: str | None = ...,
+    out: BlockArray | None = ...,
+) -> BlockArray | LazyBlockArray: ...
+
+
 def quantize_mx(
     x: Any,
     fmt: str = "mxfp8_e4m3",
@@ -227,7 +344,7 @@ def quantize_mx(
     block_shape: tuple[int, ...] | None = None,
     scale_search: str | None = None,
     out: BlockArray | None = None,
-) -> BlockArray:
+) -> Any:
     """Quantise an array to an MX format (:func:`quantize` restricted to the MX formats, with their
     defaults: blocks of 32, the OCP ``floor`` scale).
 
@@ -253,6 +370,42 @@ def quantize_mx(
     )
 
 
+@overload
+def quantize_nvfp4(
+    x: np.ndarray,
+    *,
+    block_size: int = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    axis: int = ...,
+    per_tensor_scale: Any = ...,
+    scale_bound: float | None = ...,
+    four_over_six: str | None = ...,
+    scale_search: str | None = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    pack: bool = ...,
+    rht: Any = ...,
+    out: BlockArray | None = ...,
+) -> BlockArray: ...
+@overload
+def quantize_nvfp4(
+    x: Any,
+    *,
+    block_size: int = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    axis: int = ...,
+    per_tensor_scale: Any = ...,
+    scale_bound: float | None = ...,
+    four_over_six: str | None = ...,
+    scale_search: str | None = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    pack: bool = ...,
+    rht: Any = ...,
+    out: BlockArray | None = ...,
+) -> BlockArray | LazyBlockArray: ...
+
+
 def quantize_nvfp4(
     x: Any,
     *,
@@ -268,7 +421,7 @@ def quantize_nvfp4(
     pack: bool = True,
     rht: Any = False,
     out: BlockArray | None = None,
-) -> BlockArray:
+) -> Any:
     """Quantise an array to NVFP4 (:func:`quantize` with ``fmt="nvfp4"``): FP4 E2M1 elements, one
     float8_e4m3fn scale per 16 elements, and a float32 per-tensor scale (two levels) unless
     ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``. ``out``: a block
@@ -323,7 +476,11 @@ def shared_per_tensor_scale(arrays: Any, fmt: Any = "nvfp4", **options: Any) -> 
     return pts
 
 
-def dequantize(q: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
+@overload
+def dequantize(q: BlockArray, dtype: Any = ..., *, out: np.ndarray | None = ...) -> np.ndarray: ...
+@overload
+def dequantize(q: Any, dtype: Any = ..., *, out: np.ndarray | None = ...) -> Any: ...
+def dequantize(q: Any, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> Any:
     """The values of a block array in ``dtype`` (see :meth:`BlockArray.dequantize`); of a
     ``LazyBlockArray``, a lazy Dask array."""
     if is_lazy_blocks(q):
@@ -335,7 +492,11 @@ def dequantize(q: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None
     return q.dequantize(dtype, out=out)
 
 
-def dequantize_mx(mx: BlockArray, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> np.ndarray:
+@overload
+def dequantize_mx(mx: BlockArray, dtype: Any = ..., *, out: np.ndarray | None = ...) -> np.ndarray: ...
+@overload
+def dequantize_mx(mx: Any, dtype: Any = ..., *, out: np.ndarray | None = ...) -> Any: ...
+def dequantize_mx(mx: Any, dtype: Any = np.float32, *, out: np.ndarray | None = None) -> Any:
     """The values X * P of an MX array, in ``dtype`` (float32 by default; float64, float16 and
     bfloat16 are rounded from the exact float32 values). A block with scale byte 0xff is NaN.
 
@@ -365,7 +526,13 @@ def _fake(arr: np.ndarray, src: Any, job: BlockJob, out: np.ndarray | None) -> n
     return deliver(out, target, values)
 
 
-def fake_quantize(x: Any, fmt: str, *, out: np.ndarray | None = None, **options: Any) -> np.ndarray:
+@overload
+def fake_quantize(x: np.ndarray, fmt: str, *, out: np.ndarray | None = None, **options: Any) -> np.ndarray: ...
+@overload
+def fake_quantize(x: Any, fmt: str, *, out: Any = None, **options: Any) -> Any: ...
+
+
+def fake_quantize(x: Any, fmt: str, *, out: Any = None, **options: Any) -> Any:
     """``dequantize(quantize(x, fmt, **options))`` in one pass, bit for bit, as a float32 array
     (written into ``out``, a float32 array of x's shape, if given). The options are those of
     :func:`quantize` but ``pack``."""
@@ -377,6 +544,36 @@ def fake_quantize(x: Any, fmt: str, *, out: np.ndarray | None = None, **options:
     return _fake_quantized(x, fmt, out, **options)
 
 
+@overload
+def fake_quantize_mx(
+    x: np.ndarray,
+    fmt: str = ...,
+    *,
+    block_size: int = ...,
+    axis: int = ...,
+    scale_mode: str = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    out: np.ndarray | None = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    scale_search: str | None = ...,
+) -> np.ndarray: ...
+@overload
+def fake_quantize_mx(
+    x: Any,
+    fmt: str = ...,
+    *,
+    block_size: int = ...,
+    axis: int = ...,
+    scale_mode: str = ...,
+    rounding: str = ...,
+    seed: int | None = ...,
+    out: Any = ...,
+    block_shape: tuple[int, ...] | None = ...,
+    scale_search: str | None = ...,
+) -> Any: ...
+
+
 def fake_quantize_mx(
     x: Any,
     fmt: str = "mxfp8_e4m3",
@@ -386,10 +583,10 @@ def fake_quantize_mx(
     scale_mode: str = "floor",
     rounding: str = "nearest_even",
     seed: int | None = None,
-    out: np.ndarray | None = None,
+    out: Any = None,
     block_shape: tuple[int, ...] | None = None,
     scale_search: str | None = None,
-) -> np.ndarray:
+) -> Any:
     """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array
     (written into ``out``, a float32 array of x's shape, if given). A Dask array gives a lazy Dask
     array."""
@@ -409,7 +606,13 @@ def fake_quantize_mx(
     )
 
 
-def fake_quantize_nvfp4(x: Any, *, out: np.ndarray | None = None, **options: Any) -> np.ndarray:
+@overload
+def fake_quantize_nvfp4(x: np.ndarray, *, out: np.ndarray | None = None, **options: Any) -> np.ndarray: ...
+@overload
+def fake_quantize_nvfp4(x: Any, *, out: Any = None, **options: Any) -> Any: ...
+
+
+def fake_quantize_nvfp4(x: Any, *, out: Any = None, **options: Any) -> Any:
     """``dequantize(quantize_nvfp4(x, **options))`` in one pass, bit for bit, as a float32 array."""
     return fake_quantize(x, "nvfp4", out=out, **options)
 
@@ -423,27 +626,7 @@ def block_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
     rotations along K cancel in the product. The product is ``numpy.matmul`` of the float32
     values, accumulated in float32 (the summation order is numpy's/BLAS's).
     """
-    for name, m in (("a", a), ("b", b)):
-        if not isinstance(m, BlockArray):
-            raise InvalidTypeError(
-                f"block_matmul: {name} must be a BlockArray (a block-format array), got {type(m).__name__}"
-            )
-        if len(m.shape) != 2:
-            raise InvalidValueError(f"block_matmul: {name} must be 2-D, got shape {m.shape}")
-    if a.axis != 1:
-        raise InvalidValueError(f"block_matmul: a must be blocked along its last axis (K), got axis {a.axis}")
-    if b.axis != 0 and b.block_rows == 1:
-        raise InvalidValueError(f"block_matmul: b must be blocked along its first axis (K), got axis {b.axis}")
-    k_a = a.block_size
-    k_b = b.block_rows if b.block_rows > 1 else b.block_size
-    if k_a != k_b:
-        raise InvalidValueError(f"block_matmul: block sizes differ along K ({k_a} vs {k_b})")
-    if a.shape[1] != b.shape[0]:
-        raise InvalidValueError(f"block_matmul: inner dimensions differ ({a.shape} @ {b.shape})")
-    if a.rotation != b.rotation:
-        raise InvalidValueError("block_matmul: both operands must be rotated with the same signs (rht=), or neither")
-    product: np.ndarray = np.matmul(a.dequantize(np.float32), b.dequantize(np.float32))
-    return product
+    return _matmul(a, b, "block_matmul")
 
 
 def mx_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
@@ -457,13 +640,39 @@ def mx_matmul(a: BlockArray, b: BlockArray) -> np.ndarray:
         if not isinstance(m, BlockArray):
             raise InvalidTypeError(f"mx_matmul: {name} must be an MX BlockArray, got {type(m).__name__}")
         _require_mx(m, "mx_matmul", "block_matmul")
-    try:
-        return block_matmul(a, b)
-    except ValueError as exc:
-        raise InvalidValueError(str(exc).replace("block_matmul", "mx_matmul")) from None
+    return _matmul(a, b, "mx_matmul")
 
 
-def quantization_error(x: Any, q: Any) -> QuantizationStats:
+def _matmul(a: BlockArray, b: BlockArray, function: str) -> np.ndarray:
+    """:func:`block_matmul`'s checks and product; ``function`` names the caller in its errors."""
+    for name, m in (("a", a), ("b", b)):
+        if not isinstance(m, BlockArray):
+            raise InvalidTypeError(
+                f"{function}: {name} must be a BlockArray (a block-format array), got {type(m).__name__}"
+            )
+        if len(m.shape) != 2:
+            raise InvalidValueError(f"{function}: {name} must be 2-D, got shape {m.shape}")
+    if a.axis != 1:
+        raise InvalidValueError(f"{function}: a must be blocked along its last axis (K), got axis {a.axis}")
+    if b.axis != 0 and b.block_rows == 1:
+        raise InvalidValueError(f"{function}: b must be blocked along its first axis (K), got axis {b.axis}")
+    k_a = a.block_size
+    k_b = b.block_rows if b.block_rows > 1 else b.block_size
+    if k_a != k_b:
+        raise InvalidValueError(f"{function}: block sizes differ along K ({k_a} vs {k_b})")
+    if a.shape[1] != b.shape[0]:
+        raise InvalidValueError(f"{function}: inner dimensions differ ({a.shape} @ {b.shape})")
+    if a.rotation != b.rotation:
+        raise InvalidValueError(f"{function}: both operands must be rotated with the same signs (rht=), or neither")
+    product: np.ndarray = np.matmul(a.dequantize(np.float32), b.dequantize(np.float32))
+    return product
+
+
+@overload
+def quantization_error(x: np.ndarray, q: BlockArray) -> QuantizationStats: ...
+@overload
+def quantization_error(x: Any, q: Any) -> Any: ...
+def quantization_error(x: Any, q: Any) -> Any:
     """Error statistics of ``q`` as a quantisation of ``x`` (see
     :class:`~neuron_kernels.QuantizationStats`).
 
@@ -471,9 +680,13 @@ def quantization_error(x: Any, q: Any) -> QuantizationStats:
     values rotated back (the error of the whole round trip). With a Dask array or a
     ``LazyBlockArray`` the result is a ``dask.delayed`` object whose ``.compute()`` gives the
     statistics (see :func:`neuron_kernels.lazy.blocks.quantization_error_lazy`)."""
-    if is_lazy(x) or is_lazy_blocks(q):
+
+    def lazy(x: Any) -> Any:
         from .lazy.blocks import quantization_error_lazy
 
-        result: QuantizationStats = quantization_error_lazy(x, q)
-        return result
-    return _in_memory_error(from_torch(x) if is_torch(x) else x, q)
+        return quantization_error_lazy(x, q)
+
+    def eager(x: Any, _: None) -> QuantizationStats:
+        return _in_memory_error(x, q)
+
+    return _route(x, None, eager, lazy, tensor_result=False, is_lazy_input=is_lazy(x) or is_lazy_blocks(q))

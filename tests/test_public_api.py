@@ -1,0 +1,53 @@
+"""The public functions' boundary (neuron_kernels/api.py): the family functions' defaults are the
+format rows', and each option they share with ``quantize`` defaults as it does there."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import neuron_kernels as nk
+
+MX = [n for n, f in nk.BLOCK_FORMATS.items() if f.is_mx]
+FAMILIES = [
+    (nk.quantize_mx, MX),
+    (nk.fake_quantize_mx, MX),
+    (nk.quantize_nvfp4, ["nvfp4"]),
+]
+#: What a format row says each option defaults to.
+ROW_DEFAULTS = {
+    "block_size": lambda f: f.block_size,
+    "scale_mode": lambda f: f.scale_modes[0],
+    "per_tensor_scale": lambda f: "amax" if f.per_tensor_scale else None,
+}
+
+
+@pytest.mark.parametrize("function, formats", FAMILIES, ids=lambda v: getattr(v, "__name__", ""))
+def test_family_defaults_are_the_format_rows(function, formats):
+    params = inspect.signature(function).parameters
+    checked = [name for name in ROW_DEFAULTS if name in params]
+    assert checked, function.__name__
+    for name in checked:
+        assert {ROW_DEFAULTS[name](nk.BLOCK_FORMATS[f]) for f in formats} == {params[name].default}, name
+
+
+@pytest.mark.parametrize("function, formats", FAMILIES, ids=lambda v: getattr(v, "__name__", ""))
+def test_family_options_default_as_in_quantize(function, formats):
+    general = inspect.signature(nk.quantize).parameters
+    for p in inspect.signature(function).parameters.values():
+        if p.name in general and p.name not in ROW_DEFAULTS and p.name not in ("x", "fmt"):
+            assert p.default == general[p.name].default, (function.__name__, p.name)
+
+
+def test_family_functions_are_quantize_with_their_defaults(rng):
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    for fmt in [*MX, "nvfp4"]:
+        general = nk.quantize(x, fmt)
+        family = nk.quantize_nvfp4(x) if fmt == "nvfp4" else nk.quantize_mx(x, fmt)
+        for part in ("codes", "scales"):
+            np.testing.assert_array_equal(getattr(family, part), getattr(general, part))
+        assert family.per_tensor_scale == general.per_tensor_scale
+        fake = nk.fake_quantize_nvfp4(x) if fmt == "nvfp4" else nk.fake_quantize_mx(x, fmt)
+        np.testing.assert_array_equal(fake.view(np.uint32), nk.dequantize(general).view(np.uint32))
