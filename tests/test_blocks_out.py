@@ -172,7 +172,7 @@ def test_long_rows_split_into_shorter_ones(monkeypatch, case):
     fmt, shape, options = SPLIT_CASES[case]
     monkeypatch.setattr("neuron_kernels.blocks.layout.ROW_ELEMENTS", 64)
     lay = block_job(fmt, len(shape), **options).layout(shape)
-    assert lay.kernel_shapes(split_rows=True)[1][0] > lay.kernel_shapes()[1][0]
+    assert lay.kernel_shapes(split_rows=True).values[0] > lay.kernel_shapes().values[0]
     x = block_binades(shape, 21)
     want = reference(x, fmt, **options)
     _check_against_reference(nk.quantize(x, fmt, **options), x, fmt, options)

@@ -194,13 +194,16 @@ class BlockArray:
         from ..kernels import blocks as K
 
         lay = self.layout
-        row, vshape, cshape, sshape, tasks = lay.kernel_shapes()
-        pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.packed and not row else int(self.packed)
-        kernel = K.dequantize_kernel(self.format, pack, row)
+        ks = lay.kernel_shapes()
+        pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.packed and not ks.row else int(self.packed)
+        kernel = K.dequantize_kernel(self.format, pack, ks.row)
         pts = np.float32(self.per_tensor_scale or 0.0)
-        codes, scales = read_only(self.codes.reshape(cshape)), read_only(self.scales.view(np.uint8).reshape(sshape))
-        geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
-        run_tasks(kernel, tasks, values.size, (codes, scales, values.reshape(vshape), *geometry, pts))
+        codes, scales = (
+            read_only(self.codes.reshape(ks.codes)),
+            read_only(self.scales.view(np.uint8).reshape(ks.scales)),
+        )
+        geometry = (min(self.block_size, max(ks.values[-1], 1)),) if ks.row else lay.tile()
+        run_tasks(kernel, ks.tasks, values.size, (codes, scales, values.reshape(ks.values), *geometry, pts))
 
     def unpacked_codes(self) -> np.ndarray:
         """The codes one per byte (unpacking 4-bit codes if stored packed)."""

@@ -214,12 +214,13 @@ class BlockJob:
     def _run(self, kernel: Any, lay: BlockLayout, arrays: tuple[np.ndarray, ...], idx0: int, align: int = 1) -> None:
         from ..kernels import blocks as K
 
-        row, vshape, _, _, tasks = lay.kernel_shapes(split_rows=True)
-        geometry = (min(self.block_size, max(vshape[-1], 1)),) if row else lay.tile()
+        ks = lay.kernel_shapes(split_rows=True)
+        row = ks.row
+        geometry = (min(self.block_size, max(ks.values[-1], 1)),) if row else lay.tile()
         options: tuple[Any, ...] = (K.scale_mode_id(self.scale_mode), self._policy(), self._pts(), self.key, idx0)
         if row:  # the rotation's signs (row kernels of the rotated input), else none
             options += (np.array(self.rotation if self._fused_rotation(row) else (), np.float64),)
-        run_tasks(kernel, tasks, lay.size, (*arrays, *geometry, *options), align)
+        run_tasks(kernel, ks.tasks, lay.size, (*arrays, *geometry, *options), align)
 
     def _fused_rotation(self, row: bool) -> bool:
         """Whether the kernel rotates (row kernels do; other layouts get a rotated copy)."""
@@ -276,7 +277,8 @@ class BlockJob:
         else:
             codes, scales = self.out_buffers(out, arr)
         if arr.size:
-            row, vshape, cshape, sshape, _ = lay.kernel_shapes(split_rows=True)
+            ks = lay.kernel_shapes(split_rows=True)
+            row = ks.row
             arr, source = self._source(arr, src, row)
             pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.pack and not row else int(self.pack)
             kernel = K.quantize_kernel(
@@ -286,8 +288,8 @@ class BlockJob:
             # pairs on one thread (whole pairs of rows of tasks if a row has an odd number).
             align = 1
             if self.pack and not lay.two_d and self.block_size % 2:
-                align = 2 if sshape[1] % 2 == 0 else 2 * sshape[1]
-            arrays = (K.input_view(arr).reshape(vshape), codes.reshape(cshape), scales.reshape(sshape))
+                align = 2 if ks.scales[1] % 2 == 0 else 2 * ks.scales[1]
+            arrays = (K.input_view(arr).reshape(ks.values), codes.reshape(ks.codes), scales.reshape(ks.scales))
             self._run(kernel, lay, arrays, idx0, align)
         pts = self.per_tensor_scale if not isinstance(self.per_tensor_scale, str) else None
         if out is not None:
@@ -311,7 +313,7 @@ class BlockJob:
         ``shape`` and dtype ``src`` (see :func:`~neuron_kernels.kernels.blocks.binding`)."""
         from ..kernels import blocks as K
 
-        row = self.layout(shape).kernel_shapes()[0]
+        row = self.layout(shape).kernel_shapes().row
         source = "float32" if self.rotation is not None else src.name
         return K.binding(source, self.fmt, self.rounding, self.block_size, row, self._policy() != K.PLAIN, quantize)
 
@@ -321,7 +323,8 @@ class BlockJob:
 
         lay = self.layout(arr.shape)
         if arr.size:
-            row, vshape, _, _, _ = lay.kernel_shapes(split_rows=True)
+            ks = lay.kernel_shapes(split_rows=True)
+            row, vshape = ks.row, ks.values
             arr, source = self._source(arr, src, row)
             kernel = K.fake_quantize_kernel(
                 source, self.fmt, self.rounding, row, self._fused_rotation(row), self._policy() != K.PLAIN
@@ -337,8 +340,9 @@ class BlockJob:
 
         if self.rotation is not None or self.rounding != "nearest_even" or self.block_rows > 1:
             return None
-        row, vshape, _, _, _ = self.layout(arr.shape).kernel_shapes()
-        if not row:
+        ks = self.layout(arr.shape).kernel_shapes()
+        vshape = ks.values
+        if not ks.row:
             return None
         sums = np.zeros((vshape[0], K.N_SUMS), np.float64)
         if arr.size:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..formats import BLOCK_FORMATS, BlockFormat
 
-__all__ = ["BlockLayout", "Pieces", "Cut", "geometry"]
+__all__ = ["BlockLayout", "KernelShapes", "Pieces", "Cut", "geometry"]
 
 #: The longest row the quantising row kernels see (see BlockLayout.kernel_shapes): 256 KiB of
 #: float32, which a core's cache holds between a row's scale loop and its element loop (measured
@@ -38,6 +38,18 @@ def geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
     return outer, shape[axis], inner
+
+
+class KernelShapes(NamedTuple):
+    """How the kernels see a block array (:meth:`BlockLayout.kernel_shapes`): ``row`` (a row kernel,
+    2-D (A, L) arrays; else a tile kernel, 3-D arrays), the values', codes' and scales' shapes, and
+    the number of tasks (rows of blocks, or tiles) the work is split into."""
+
+    row: bool
+    values: tuple[int, ...]
+    codes: tuple[int, ...]
+    scales: tuple[int, ...]
+    tasks: int
 
 
 @dataclass(frozen=True)
@@ -98,10 +110,8 @@ class BlockLayout:
             seg //= 2
         return 1
 
-    def kernel_shapes(
-        self, split_rows: bool = False
-    ) -> tuple[bool, tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
-        """(row kernel?, values, codes and scales shapes as the kernels see them, tasks).
+    def kernel_shapes(self, split_rows: bool = False) -> KernelShapes:
+        """The shapes the kernels see the values, codes and scales as, and the tasks (see :class:`KernelShapes`).
 
         Row kernels see 2-D (A, L) arrays (1-D blocks along the last axis); tile kernels 3-D
         (A, R, C) arrays: 1-D blocks along another axis are tiles (block_size, 1) of (outer,
@@ -115,12 +125,14 @@ class BlockLayout:
             a = int(np.prod(self.shape[:-2], dtype=np.int64))
             r, c = self.shape[-2], self.shape[-1]
             nrt = self.scales_shape[-2]
-            return False, (a, r, c), (a, r, codes_len), (a, nrt, nb), a * nrt
+            return KernelShapes(False, (a, r, c), (a, r, codes_len), (a, nrt, nb), a * nrt)
         outer, length, inner = geometry(self.shape, self.axis)
         if inner == 1:
             k = self._row_split(length) if split_rows else 1
-            return True, (outer * k, length // k), (outer * k, codes_len // k), (outer * k, nb // k), outer * nb
-        return False, (outer, length, inner), (outer, codes_len, inner), (outer, nb, inner), outer * nb
+            return KernelShapes(
+                True, (outer * k, length // k), (outer * k, codes_len // k), (outer * k, nb // k), outer * nb
+            )
+        return KernelShapes(False, (outer, length, inner), (outer, codes_len, inner), (outer, nb, inner), outer * nb)
 
     def tile(self) -> tuple[int, int]:
         """(rows, cols) of a tile as the tile kernels see it."""

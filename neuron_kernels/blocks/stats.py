@@ -177,13 +177,14 @@ def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
     from .._parallel import read_only, run_tasks
     from ..kernels import blocks as K
 
-    _, vshape, cshape, sshape, _ = q.layout.kernel_shapes()
+    ks = q.layout.kernel_shapes()
+    vshape = ks.values
     sums = np.zeros((vshape[0], K.N_SUMS), np.float64)
     if x.size == 0:
         return sums
     kernel = K.row_error_kernel(input_array(x)[1].name, q.format, q.packed)
     size = min(q.block_size, max(vshape[1], 1))
-    codes, scales = read_only(q.codes.reshape(cshape)), read_only(q.scales.view(np.uint8).reshape(sshape))
+    codes, scales = read_only(q.codes.reshape(ks.codes)), read_only(q.scales.view(np.uint8).reshape(ks.scales))
     pts = np.float32(q.per_tensor_scale or 0.0)
     run_tasks(kernel, vshape[0], x.size, (K.input_view(x).reshape(vshape), codes, scales, size, pts, sums))
     return sums
@@ -192,7 +193,7 @@ def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
 def by_rows(q: Any) -> bool:
     """Whether the statistics of ``q`` (a block array, in memory or lazy) are folded from per-row
     sums (:func:`row_sums`): blocks along the last axis, no rotation."""
-    return q.layout.kernel_shapes()[0] and q.rotation is None
+    return q.layout.kernel_shapes().row and q.rotation is None
 
 
 def quantization_error(x: Any, q: BlockArray) -> QuantizationStats:
