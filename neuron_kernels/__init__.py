@@ -21,7 +21,7 @@ from .api import (
     shared_per_tensor_scale,
 )
 from .autograd import torch_fake_quantize
-from .blocks import BlockArray, MXArray, QuantizationStats, rotate
+from .blocks import BlockArray, BlockLayout, MXArray, QuantizationStats, rotate
 from .casting import auto_cast, pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
 from .checkpoints.state_dict import dequantize_state_dict, quantize_state_dict
@@ -71,6 +71,7 @@ __all__ = [
     "MX_FORMATS",
     "BlockArray",
     "BlockFormat",
+    "BlockLayout",
     "MXArray",
     "QuantizationStats",
     "ROUNDING_MODES",

@@ -67,6 +67,7 @@ import numpy as np
 
 from .blocks import nibbles
 from .blocks.array import BlockArray
+from .blocks.layout import BlockLayout
 from .casting import pack_x4, unpack_x4
 from .errors import InvalidTypeError, InvalidValueError
 from .formats import FORMATS, MX_FORMATS, BlockFormat
@@ -298,13 +299,8 @@ def from_nc_matmul_mx(
     return BlockArray.from_parts(
         np.ascontiguousarray(codes),
         np.ascontiguousarray(block_scales),
-        bfmt.name,
-        block_size,
-        k,
-        shape,
-        packed,
+        BlockLayout(bfmt.name, shape, k, block_size, block_rows, packed),
         "from_nc_matmul_mx",
-        block_rows=block_rows,
         rotation=rotation,
     )
 

@@ -99,7 +99,7 @@ import json
 import ml_dtypes
 import numpy as np
 import neuron_kernels as nk
-from neuron_kernels import MXArray
+from neuron_kernels import BlockLayout, MXArray
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 EXACT = np.tile(np.arange(-7, 9, dtype=np.float32), 4).reshape(2, 32)

@@ -84,7 +84,7 @@ def _readonly(x: np.ndarray) -> nk.BlockArray:
 def _strided(x: np.ndarray) -> nk.BlockArray:
     q = nk.quantize(x, "mxfp4_e2m1")
     wide = np.zeros((x.shape[0], 32), np.uint8)
-    strided = nk.BlockArray(wide[:, ::2], q.scales.copy(), "mxfp4_e2m1", 32, 1, x.shape, True)
+    strided = nk.BlockArray(wide[:, ::2], q.scales.copy(), nk.BlockLayout("mxfp4_e2m1", x.shape, 1, 32, 1, True))
     assert not strided.codes.flags.c_contiguous
     return strided
 
@@ -117,7 +117,9 @@ def test_out_sharing_the_input_is_refused():
     buf = np.zeros(2 * 64 * 4, np.uint8)
     x = buf.view(F32).reshape(2, 64)
     x[...] = block_binades((2, 64), 5)
-    out = nk.BlockArray(buf[:128].reshape(2, 64), np.zeros((2, 2), np.uint8), "mxfp8_e4m3", 32, 1, (2, 64))
+    out = nk.BlockArray(
+        buf[:128].reshape(2, 64), np.zeros((2, 2), np.uint8), nk.BlockLayout("mxfp8_e4m3", (2, 64), 1, 32)
+    )
     with pytest.raises(ValueError, match="out's codes overlap the input"):
         nk.quantize(x, "mxfp8_e4m3", out=out)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import MX_FORMATS, MXArray
+from neuron_kernels import MX_FORMATS, BlockLayout, MXArray
 
 from .helpers import (
     BAD_OUTS,
@@ -113,7 +113,7 @@ def test_out_overlapping_input():
     out = np.zeros((2, 32), F32)
     codes = out.view(np.uint8)[:, :32]
     codes[...] = MX8_EXACT.codes
-    mx = MXArray(codes, MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False)
+    mx = MXArray(codes, MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False))
     with pytest.raises(ValueError, match="out overlaps the input"):
         nk.dequantize_mx(mx, out=out)
 
@@ -312,24 +312,42 @@ def test_dequantize_strided_parts():
     """An MXArray over strided codes and plain uint8 scale bytes dequantises to the same values."""
     wide = np.zeros((2, 64), np.uint8)
     wide[:, ::2] = MX8_EXACT.codes
-    mx = MXArray(wide[:, ::2], MX8_EXACT.scales.view(np.uint8), "mxfp8_e4m3", 8, 1, (2, 32), False)
+    mx = MXArray(wide[:, ::2], MX8_EXACT.scales.view(np.uint8), BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False))
     np.testing.assert_array_equal(mx.dequantize(), EXACT)
 
 
 INCONSISTENT = {
-    "codes_too_short": ("MXArray(MX8.codes[:, :4], MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), False)", "codes"),
-    "scales_too_short": ("MXArray(MX8.codes, MX8.scales[:, :1], 'mxfp8_e4m3', 8, 1, (2, 32), False)", "scales"),
-    "no_scales": ("MXArray(MX8.codes, MX8.scales[:, :0], 'mxfp8_e4m3', 8, 1, (2, 32), False)", "scales"),
-    "shape_too_big": ("MXArray(MX8.codes, MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 10**6), False)", "codes|scales|shape"),
-    "block_size_0": ("MXArray(MX8.codes, MX8.scales, 'mxfp8_e4m3', 0, 1, (2, 32), False)", "block_size"),
-    "packed_fp8": ("MXArray(MX8.codes, MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), True)", "packed"),
-    "fp4_not_packed": ("MXArray(MX4.codes, MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), False)", "codes|packed"),
+    "codes_too_short": (
+        "MXArray(MX8.codes[:, :4], MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
+        "codes",
+    ),
+    "scales_too_short": (
+        "MXArray(MX8.codes, MX8.scales[:, :1], BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
+        "scales",
+    ),
+    "no_scales": (
+        "MXArray(MX8.codes, MX8.scales[:, :0], BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
+        "scales",
+    ),
+    "shape_too_big": (
+        "MXArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 10**6), 1, 8, 1, False))",
+        "codes|scales|shape",
+    ),
+    "block_size_0": (
+        "MXArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 0, 1, False))",
+        "block_size",
+    ),
+    "packed_fp8": ("MXArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, True))", "packed"),
+    "fp4_not_packed": (
+        "MXArray(MX4.codes, MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, False))",
+        "codes|packed",
+    ),
     "fp4_codes_unpacked_flagged_packed": (
-        "MXArray(MX4.unpacked_codes(), MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)",
+        "MXArray(MX4.unpacked_codes(), MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, True))",
         "codes|packed",
     ),
     "codes_float32": (
-        "MXArray(MX8.codes.astype(np.float32), MX8.scales, 'mxfp8_e4m3', 8, 1, (2, 32), False)",
+        "MXArray(MX8.codes.astype(np.float32), MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
         "codes",
         (TypeError, ValueError),
     ),
@@ -339,7 +357,7 @@ for _name, (_expr, *_) in INCONSISTENT.items():
 isolated(
     ISOLATED,
     "inconsistent_unpacked_codes",
-    "report(lambda: MXArray(MX4.codes[:, :2], MX4.scales, 'mxfp4_e2m1', 8, 1, (2, 32), True)"
+    "report(lambda: MXArray(MX4.codes[:, :2], MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, True))"
     ".unpacked_codes().tolist())",
 )
 
@@ -356,11 +374,19 @@ def test_inconsistent_mxarray_is_refused(isolated_runs, case):
     "make, pattern",
     [
         (
-            lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp9", 8, 1, (2, 32), False),
+            lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, BlockLayout("mxfp9", (2, 32), 1, 8, 1, False)),
             "unknown block format 'mxfp9'",
         ),
-        (lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, "mxfp8_e4m3", 8, 5, (2, 32), False), "axis"),
-        (lambda: MXArray(MX8_EXACT.codes.tolist(), MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False), "codes"),
+        (
+            lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 5, 8, 1, False)),
+            "axis",
+        ),
+        (
+            lambda: MXArray(
+                MX8_EXACT.codes.tolist(), MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False)
+            ),
+            "codes",
+        ),
     ],
     ids=["fmt", "axis", "codes_list"],
 )
@@ -374,7 +400,9 @@ def test_mxarray_bad_fields(make, pattern):
 def test_to_x4_of_inconsistent_mxarray():
     """An MXArray with short codes cannot be made, so to_x4 never sees one."""
     with pytest.raises(ValueError, match="codes"):
-        MXArray(MX8_EXACT.codes[:, :4].copy(), MX8_EXACT.scales, "mxfp8_e4m3", 8, 1, (2, 32), False).to_x4()
+        MXArray(
+            MX8_EXACT.codes[:, :4].copy(), MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False)
+        ).to_x4()
 
 
 # ---- 0-d and empty arrays -------------------------------------------------------------------------

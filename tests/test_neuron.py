@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import MXArray
+from neuron_kernels import BlockLayout, MXArray
 from neuron_kernels.neuron import NC_MATMUL_MX_FORMATS, nc_matmul_mx_scale_partitions
 
 from .reference_blocks import neuron_quantize_mx_ref, neuron_scale_tile_ref
@@ -45,7 +45,9 @@ def random_k_array(rng, fmt, k, free, axis, pack=True, scale_bytes=None):
     if packed:
         stored = _pack_along(stored, axis)
     scales = scale_bytes if axis == 0 else scale_bytes.T
-    q = MXArray.from_parts(np.ascontiguousarray(stored), np.ascontiguousarray(scales), fmt, 32, axis, shape, packed)
+    q = MXArray.from_parts(
+        np.ascontiguousarray(stored), np.ascontiguousarray(scales), BlockLayout(fmt, shape, axis, 32, 1, packed)
+    )
     return q, codes, scale_bytes
 
 
@@ -56,7 +58,7 @@ def random_tile_array(rng, fmt, rows, cols, pack=True):
     scale_bytes = rng.integers(0, 256, size=(rows // 8, cols // 4), dtype=np.uint8)
     packed = pack and bits == 4
     stored = pack_fp4_ref(codes) if packed else codes
-    q = MXArray.from_parts(stored, scale_bytes, fmt, 4, 1, (rows, cols), packed, block_rows=8)
+    q = MXArray.from_parts(stored, scale_bytes, BlockLayout(fmt, (rows, cols), 1, 4, 8, packed))
     return q, codes, scale_bytes
 
 
@@ -367,7 +369,7 @@ def test_to_refuses(k_array, make, kwargs, error, pattern):
 
 def test_to_refuses_a_rotated_tile_array():
     q = nk.quantize_mx(np.ones((32, 16), np.float32), block_shape=(8, 4))
-    rotated = MXArray.from_parts(q.codes, q.scales, q.fmt, 4, 1, q.shape, False, block_rows=8, rotation=(1,) * 16)
+    rotated = MXArray.from_parts(q.codes, q.scales, BlockLayout(q.fmt, q.shape, 1, 4, 8), rotation=(1,) * 16)
     with pytest.raises(ValueError, match="rotated along its free axis"):
         nk.to_nc_matmul_mx(rotated, "moving")
 

@@ -51,3 +51,17 @@ def test_family_functions_are_quantize_with_their_defaults(rng):
         assert family.per_tensor_scale == general.per_tensor_scale
         fake = nk.fake_quantize_nvfp4(x) if fmt == "nvfp4" else nk.fake_quantize_mx(x, fmt)
         np.testing.assert_array_equal(fake.view(np.uint32), nk.dequantize(general).view(np.uint32))
+
+
+def test_the_earlier_block_array_forms_warn_and_give_the_same_array():
+    q = nk.quantize(np.linspace(-3, 3, 128, dtype=np.float32).reshape(2, 64), "nvfp4")
+    with pytest.warns(DeprecationWarning, match="pass a layout"):
+        old = nk.BlockArray(q.codes, q.scales, "nvfp4", 16, 1, (2, 64), True, per_tensor_scale=q.per_tensor_scale)
+    with pytest.warns(DeprecationWarning, match="pass a layout"):
+        parts = nk.BlockArray.from_parts(q.codes, q.scales, "nvfp4", 16, 1, (2, 64), True, "here", block_rows=1,
+                                         per_tensor_scale=q.per_tensor_scale)  # fmt: skip
+    for a in (old, parts):
+        assert a.layout == q.layout and a.per_tensor_scale == q.per_tensor_scale
+        np.testing.assert_array_equal(a.dequantize().view(np.uint32), q.dequantize().view(np.uint32))
+    with pytest.raises(TypeError, match="layout"):
+        nk.BlockArray(q.codes, q.scales, q.layout, 16)

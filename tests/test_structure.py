@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "modes": 0,
     "_random": 0,
+    "_compat": 5,
     "_parallel": 0,
     "formats": 1,
     "dtypes": 1,

@@ -14,7 +14,8 @@ which sends lazy arrays to :mod:`neuron_kernels.lazy`.
 """
 
 from .array import BlockArray, MXArray
+from .layout import BlockLayout
 from .rotation import rotate
 from .stats import QuantizationStats
 
-__all__ = ["BlockArray", "MXArray", "QuantizationStats", "rotate"]
+__all__ = ["BlockArray", "BlockLayout", "MXArray", "QuantizationStats", "rotate"]

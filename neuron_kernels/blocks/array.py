@@ -55,9 +55,75 @@ def deliver(out: np.ndarray | None, target: np.ndarray | None, values: np.ndarra
     return out
 
 
-@dataclass(frozen=True, eq=False)
-class BlockArray:
-    """A block-quantised array (MX or NVFP4).
+class BlockFields:
+    """What a block array in memory and a lazy one (:class:`~neuron_kernels.lazy.blocks.LazyBlockArray`)
+    share: the ``layout`` (:class:`~neuron_kernels.blocks.layout.BlockLayout`: format, shape, axis,
+    blocks, packing), whose fields each reads as its own, ``per_tensor_scale``, ``rotation``,
+    ``codes`` and ``scales``; their size and the start of their repr."""
+
+    codes: Any
+    scales: Any
+    layout: BlockLayout
+    per_tensor_scale: float | None
+    rotation: tuple[int, ...] | None
+
+    @property
+    def fmt(self) -> str:
+        return self.layout.fmt
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    @property
+    def axis(self) -> int:
+        return self.layout.axis
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def packed(self) -> bool:
+        return self.layout.packed
+
+    @property
+    def block_rows(self) -> int:
+        return self.layout.block_rows
+
+    @property
+    def format(self) -> BlockFormat:
+        return self.layout.format
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return self.layout.block_shape
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of codes and scales (and the per-tensor scale's 4, when there is one)."""
+        return int(self.codes.nbytes + self.scales.nbytes + (4 if self.per_tensor_scale is not None else 0))
+
+    def _repr_head(self) -> str:
+        extra = f", block_shape={self.block_shape}" if self.block_rows > 1 else ""
+        if self.per_tensor_scale is not None:
+            extra += f", per_tensor_scale={self.per_tensor_scale:.6g}"
+        if self.rotation is not None:
+            extra += ", rotated"
+        return (
+            f"fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}{extra}, "
+            f"packed={self.packed}"
+        )
+
+
+@dataclass(frozen=True, eq=False, init=False)
+class BlockArray(BlockFields):
+    """A block-quantised array (MX or NVFP4): ``BlockArray(codes, scales, layout, per_tensor_scale=None,
+    rotation=None)``.
 
     Attributes
     ----------
@@ -68,30 +134,54 @@ class BlockArray:
     scales
         The block scales in the scale format's dtype (float8_e8m0fnu for MX, float8_e4m3fn for
         NVFP4): the original shape with each blocked axis replaced by its number of blocks.
-    fmt, block_size, axis, shape
-        The format name, the block length, the (non-negative) block axis, the original shape.
-    packed
-        Whether 4-bit codes are stored two per byte.
-    block_rows
-        Tiles of ``block_rows x block_size`` over the last two axes when above 1 (2-D blocks).
+    layout
+        A :class:`~neuron_kernels.blocks.layout.BlockLayout`: ``fmt``, ``shape``, ``axis`` (the
+        non-negative block axis), ``block_size``, ``block_rows`` (tiles of ``block_rows x
+        block_size`` over the last two axes when above 1) and ``packed`` (4-bit codes two per
+        byte), each also read as the array's own attribute.
     per_tensor_scale
         NVFP4's second level, the float32 decode multiplier ``pts`` (None: single level): a value
         is ``P * float32(pts * s)``.
     rotation
         The 16 signs of the random Hadamard rotation applied along the block axis before
         quantising, or None (see :func:`neuron_kernels.rotate`).
+
+    The constructor's earlier form, ``BlockArray(codes, scales, fmt, block_size, axis, shape,
+    packed=False, block_rows=1, per_tensor_scale=None, rotation=None)``, still works and warns
+    (``neuron_kernels._compat``).
     """
 
     codes: np.ndarray
     scales: np.ndarray
-    fmt: str
-    block_size: int
-    axis: int
-    shape: tuple[int, ...]
-    packed: bool = False
-    block_rows: int = 1
+    layout: BlockLayout
     per_tensor_scale: float | None = None
     rotation: tuple[int, ...] | None = None
+
+    def __init__(
+        self,
+        codes: np.ndarray,
+        scales: np.ndarray,
+        layout: Any,
+        *fields: Any,
+        per_tensor_scale: float | None = None,
+        rotation: tuple[int, ...] | None = None,
+        **named: Any,
+    ) -> None:
+        if not isinstance(layout, BlockLayout):
+            from .._compat import block_array_fields
+
+            layout, per_tensor_scale, rotation = block_array_fields(layout, fields, named, per_tensor_scale, rotation)
+        elif fields or named:
+            raise InvalidTypeError(
+                "BlockArray takes (codes, scales, layout, per_tensor_scale=None, rotation=None); "
+                f"got {len(fields)} more positional and {sorted(named)} named arguments"
+            )
+        object.__setattr__(self, "codes", codes)
+        object.__setattr__(self, "scales", scales)
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "per_tensor_scale", per_tensor_scale)
+        object.__setattr__(self, "rotation", rotation)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         """Refuse fields that do not fit together (the kernels trust them)."""
@@ -110,41 +200,13 @@ class BlockArray:
             raise InvalidValueError(f"inconsistent {family} block array: {problem}")
 
     @property
-    def layout(self) -> BlockLayout:
-        return BlockLayout(self.fmt, self.shape, self.axis, self.block_size, self.block_rows, self.packed)
-
-    @property
-    def format(self) -> BlockFormat:
-        return BLOCK_FORMATS[self.fmt]
-
-    @property
-    def block_shape(self) -> tuple[int, ...]:
-        return self.layout.block_shape
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of codes and scales (and the per-tensor scale's 4, when there is one)."""
-        return int(self.codes.nbytes + self.scales.nbytes + (4 if self.per_tensor_scale is not None else 0))
-
-    @property
     def bits_per_element(self) -> float:
         """Storage bits per element as stored."""
         return 8 * self.nbytes / self.size if self.size else 0.0
 
     def __repr__(self) -> str:
-        extra = f", block_shape={self.block_shape}" if self.block_rows > 1 else ""
-        if self.per_tensor_scale is not None:
-            extra += f", per_tensor_scale={self.per_tensor_scale:.6g}"
-        if self.rotation is not None:
-            extra += ", rotated"
         return (
-            f"BlockArray({self.format.family}, fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, "
-            f"axis={self.axis}"
-            f"{extra}, packed={self.packed}, blocks={self.scales.size}, nbytes={self.nbytes}, "
+            f"BlockArray({self.format.family}, {self._repr_head()}, blocks={self.scales.size}, nbytes={self.nbytes}, "
             f"bits_per_element={self.bits_per_element:.3g})"
         )
 
@@ -296,45 +358,46 @@ class BlockArray:
         cls,
         codes: Any,
         scales: Any,
-        fmt: Any,
-        block_size: Any,
-        axis: Any,
-        shape: Any,
-        packed: Any,
-        where: str = "BlockArray",
-        *,
-        block_rows: Any = 1,
+        layout: Any,
+        where: Any = "BlockArray",
+        *fields: Any,
         per_tensor_scale: Any = None,
         rotation: Any = None,
+        **named: Any,
     ) -> BlockArray:
-        """A block array from its fields, checked for consistency (``ValueError`` naming ``where``):
-        shapes, dtypes, and element codes within the element's width."""
+        """A block array from its parts as read from a file (``layout``'s fields as read too),
+        checked for consistency (``ValueError`` naming ``where``): shapes, dtypes, and element
+        codes within the element's width. (The earlier form, ``from_parts(codes, scales, fmt,
+        block_size, axis, shape, packed, where, block_rows=1, ...)``, still works and warns.)"""
+        if not isinstance(layout, BlockLayout):
+            from .._compat import from_parts_fields
+
+            layout, where = from_parts_fields(layout, (where, *fields), named)
+        elif fields or named:
+            raise InvalidTypeError(
+                "from_parts takes (codes, scales, layout, where, per_tensor_scale=None, rotation=None); "
+                f"got {len(fields)} more positional and {sorted(named)} named arguments"
+            )
         if not isinstance(codes, np.ndarray) or not isinstance(scales, np.ndarray):
             raise InvalidTypeError(f"{where}: codes and scales must be numpy arrays")
-        layout = BlockLayout(fmt, shape, axis, block_size, block_rows, packed)
         problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scales.dtype))
         if problem is None:
-            problem = _extra_problem(BLOCK_FORMATS[fmt], per_tensor_scale, rotation)
+            problem = _extra_problem(layout.format, per_tensor_scale, rotation)
         if problem:
             raise InvalidValueError(f"{where}: {problem}")
-        element = BLOCK_FORMATS[fmt].element_format
-        if not packed and codes.size and element.bits < 8 and int(codes.max()) >= 1 << element.bits:
+        fmt = layout.format
+        element = fmt.element_format
+        if not layout.packed and codes.size and element.bits < 8 and int(codes.max()) >= 1 << element.bits:
             raise InvalidValueError(
                 f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
-                f"{element.bits}-bit code of {fmt}"
+                f"{element.bits}-bit code of {fmt.name}"
             )
-        scale_dtype = BLOCK_FORMATS[fmt].scale_format.result_dtype
         return cls(
             np.ascontiguousarray(codes),
-            np.ascontiguousarray(scales).view(np.uint8).view(scale_dtype),
-            fmt,
-            int(block_size),
-            int(axis),
-            tuple(int(n) for n in shape),
-            bool(packed),
-            int(block_rows),
-            None if per_tensor_scale is None else float(per_tensor_scale),
-            None if rotation is None else tuple(int(v) for v in rotation),
+            np.ascontiguousarray(scales).view(np.uint8).view(fmt.scale_format.result_dtype),
+            layout.normalised(),
+            per_tensor_scale=None if per_tensor_scale is None else float(per_tensor_scale),
+            rotation=None if rotation is None else tuple(int(v) for v in rotation),
         )
 
 

@@ -298,14 +298,9 @@ class BlockJob:
         return BlockArray(
             codes,
             scales.view(self.fmt.scale_format.result_dtype),
-            self.fmt.name,
-            size,
-            self.axis,
-            arr.shape,
-            self.pack,
-            rows,
-            pts,
-            self.rotation,
+            BlockLayout(self.fmt.name, arr.shape, self.axis, size, rows, self.pack),
+            per_tensor_scale=pts,
+            rotation=self.rotation,
         )
 
     def binding(self, shape: tuple[int, ...], src: Format, quantize: bool = True) -> str:

@@ -134,6 +134,17 @@ class BlockLayout:
             )
         return KernelShapes(False, (outer, length, inner), (outer, codes_len, inner), (outer, nb, inner), outer * nb)
 
+    def normalised(self) -> BlockLayout:
+        """The same layout with its fields as Python's own types (a file's numbers are read as numpy's)."""
+        return BlockLayout(
+            str(self.fmt),
+            tuple(int(n) for n in self.shape),
+            int(self.axis),
+            int(self.block_size),
+            int(self.block_rows),
+            bool(self.packed),
+        )
+
     def tile(self) -> tuple[int, int]:
         """(rows, cols) of a tile as the tile kernels see it."""
         return (self.block_rows, self.block_size) if self.two_d else (self.block_size, 1)

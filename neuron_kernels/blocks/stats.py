@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import InvalidTypeError, InvalidValueError
 from .array import BlockArray
 from .inputs import input_array
-from .layout import Pieces
+from .layout import BlockLayout, Pieces
 from .rotation import rotate_array
 
 __all__ = ["QuantizationStats", "ErrorStats", "quantization_error", "row_sums", "by_rows"]
@@ -82,14 +82,9 @@ class ErrorStats:
             part = BlockArray(
                 codes[c0:c1].reshape(cshape),
                 scales[s0:s1].reshape(sshape),
-                q.fmt,
-                q.block_size,
-                lay.axis,
-                shape,
-                q.packed,
-                q.block_rows,
-                q.per_tensor_scale,
-                q.rotation,
+                BlockLayout(q.fmt, shape, lay.axis, q.block_size, q.block_rows, q.packed),
+                per_tensor_scale=q.per_tensor_scale,
+                rotation=q.rotation,
             )
             self._add(flat[start:stop].reshape(shape), part)
 

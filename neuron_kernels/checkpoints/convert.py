@@ -22,6 +22,7 @@ import numpy as np
 
 from ..blocks.array import BlockArray
 from ..blocks.job import DEFAULT, BlockJob, block_job
+from ..blocks.layout import BlockLayout
 from ..blocks.stats import ErrorStats, QuantizationStats
 from ..casting import cast
 from ..dtypes import get_format
@@ -639,11 +640,7 @@ def _decode_fill(w: Weight, dtype: str, chunk_bytes: int, progress: Progress) ->
             part = BlockArray.from_parts(
                 np.asarray(w.codes.read_flat(m * per_codes, (m + 1) * per_codes)).reshape(rows, -1),
                 np.asarray(w.scales.read_flat(m * per_scales, (m + 1) * per_scales)).reshape(rows, -1),
-                lay.fmt,
-                lay.block_size,
-                1,
-                (rows, cols),
-                lay.packed,
+                BlockLayout(lay.fmt, (rows, cols), 1, lay.block_size, 1, lay.packed),
                 w.codes.where,
                 per_tensor_scale=w.per_tensor_scale,
             )

@@ -224,17 +224,11 @@ def load_blocks(path: str | os.PathLike[str], name: str | None = None) -> BlockA
     if key not in arrays:
         raise InvalidValueError(f"{path} has no MX array named {name!r}; it has {names}")
     s = arrays[key]
-    lay = s.layout
     return BlockArray.from_parts(
         s.codes.read(),
         s.scales.read(),
-        lay.fmt,
-        lay.block_size,
-        lay.axis,
-        lay.shape,
-        lay.packed,
+        s.layout,
         path,
-        block_rows=lay.block_rows,
         per_tensor_scale=s.per_tensor_scale,
         rotation=s.rotation,
     )

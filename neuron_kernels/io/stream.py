@@ -210,13 +210,8 @@ def decoded_pieces(
         part = BlockArray.from_parts(
             np.asarray(codes.read_flat(c0, c1)).reshape(cshape),
             np.asarray(scales.read_flat(s0, s1)).reshape(sshape),
-            layout.fmt,
-            layout.block_size,
-            piece.axis,
-            piece.shape,
-            layout.packed,
+            piece,
             codes.where,
-            block_rows=layout.block_rows,
             per_tensor_scale=per_tensor_scale,
             rotation=rotation,
         )

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks.array import BlockArray
+from ..blocks.array import BlockArray, BlockFields
 from ..blocks.inputs import INPUT_DTYPES, input_format
 from ..blocks.job import BlockJob, input_array
 from ..blocks.layout import BlockLayout, Pieces
@@ -29,7 +29,7 @@ from ..blocks.rotation import check_length
 from ..blocks.stats import ErrorStats, QuantizationStats, by_rows, row_sums
 from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
-from ..formats import BLOCK_FORMATS, BlockFormat, Format
+from ..formats import Format
 from . import require
 from .chunks import Chunks, block_chunks, chunk_shape, contiguous_runs, rechunk_for
 
@@ -159,19 +159,16 @@ def quantize_lazy(x: Any, job: BlockJob) -> LazyBlockArray:
     codes = parts.map_blocks(operator.itemgetter(0), chunks=codes_chunks, dtype=np.uint8, meta=meta)
     scales = parts.map_blocks(operator.itemgetter(1), chunks=scales_chunks, dtype=np.uint8, meta=meta)
     size = x.shape[job.axis]
-    return LazyBlockArray(
-        codes,
-        scales,
+    layout = BlockLayout(
         job.fmt.name,
-        min(job.block_size, size) if x.size else job.block_size,
-        job.axis,
         tuple(x.shape),
-        job.pack,
+        job.axis,
+        min(job.block_size, size) if x.size else job.block_size,
         min(job.block_rows, x.shape[-2]) if x.size and job.block_rows > 1 else job.block_rows,
-        job.per_tensor_scale if not isinstance(job.per_tensor_scale, str) else None,
-        job.rotation,
-        x.chunks,
+        job.pack,
     )
+    pts = job.per_tensor_scale if not isinstance(job.per_tensor_scale, str) else None
+    return LazyBlockArray(codes, scales, layout, pts, job.rotation, x.chunks)
 
 
 def fake_quantize_lazy(x: Any, job: BlockJob) -> Any:
@@ -185,14 +182,9 @@ def _part(q: LazyBlockArray, codes: np.ndarray, scales: np.ndarray, shape: tuple
     return BlockArray(
         np.ascontiguousarray(codes),
         np.ascontiguousarray(scales).view(np.uint8).view(q.format.scale_format.dtype),
-        q.fmt,
-        q.block_size,
-        q.axis,
-        shape,
-        q.packed,
-        q.block_rows,
-        q.per_tensor_scale,
-        q.rotation,
+        replace(q.layout, shape=shape),
+        per_tensor_scale=q.per_tensor_scale,
+        rotation=q.rotation,
     )
 
 
@@ -203,9 +195,10 @@ def _dequantize_block(
 
 
 @dataclass(frozen=True, eq=False)
-class LazyBlockArray:
+class LazyBlockArray(BlockFields):
     """A block-quantised Dask array: the codes and scale bytes as Dask arrays, chunked like the
-    values (``chunks``), and the fields of :class:`~neuron_kernels.blocks.array.BlockArray`.
+    values (``chunks``), and the layout, per-tensor scale and rotation of a
+    :class:`~neuron_kernels.blocks.array.BlockArray` (:class:`~neuron_kernels.blocks.array.BlockFields`).
 
     ``compute()`` gives the BlockArray (the in-memory ``quantize``'s, bit for bit);
     ``dequantize()`` a lazy Dask array of the values; ``persist()`` keeps the codes and scales
@@ -215,12 +208,7 @@ class LazyBlockArray:
 
     codes: Any
     scales: Any
-    fmt: str
-    block_size: int
-    axis: int
-    shape: tuple[int, ...]
-    packed: bool
-    block_rows: int
+    layout: BlockLayout
     per_tensor_scale: float | None
     rotation: tuple[int, ...] | None
     chunks: Chunks
@@ -230,31 +218,9 @@ class LazyBlockArray:
         """The same fields without the Dask arrays: what the tasks of one chunk carry."""
         return replace(self, codes=None, scales=None)
 
-    @property
-    def format(self) -> BlockFormat:
-        return BLOCK_FORMATS[self.fmt]
-
-    @property
-    def layout(self) -> BlockLayout:
-        return BlockLayout(self.fmt, self.shape, self.axis, self.block_size, self.block_rows, self.packed)
-
-    @property
-    def block_shape(self) -> tuple[int, ...]:
-        return self.layout.block_shape
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.codes.nbytes + self.scales.nbytes + (4 if self.per_tensor_scale is not None else 0))
-
     def __repr__(self) -> str:
-        extra = f", block_shape={self.block_shape}" if self.block_rows > 1 else ""
-        if self.per_tensor_scale is not None:
-            extra += f", per_tensor_scale={self.per_tensor_scale:.6g}"
-        if self.rotation is not None:
-            extra += ", rotated"
         return (
-            f"LazyBlockArray(fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}"
-            f"{extra}, packed={self.packed}, chunks={tuple(c[0] if c else 0 for c in self.chunks)}, "
+            f"LazyBlockArray({self._repr_head()}, chunks={tuple(c[0] if c else 0 for c in self.chunks)}, "
             f"npartitions={self.codes.npartitions})"
         )
 
@@ -312,7 +278,7 @@ def _piece_totals(
     """The error sums of one piece of :class:`~..blocks.layout.Pieces` (flat ranges of the values,
     codes and scale bytes), as the in-memory statistics compute that piece."""
     arr, _ = input_array(np.ascontiguousarray(x).reshape(shape))
-    part = replace(q, axis=axis, shape=shape)
+    part = replace(q, layout=replace(q.layout, axis=axis, shape=shape))
     stats = ErrorStats()
     stats._add(arr, _part(part, np.asarray(codes).reshape(cshape), np.asarray(scales).reshape(sshape), shape))
     return stats.totals()
@@ -343,12 +309,7 @@ def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
     return LazyBlockArray(
         da.from_array(q.codes, chunks=codes_chunks),
         da.from_array(q.scales.view(np.uint8), chunks=scales_chunks),
-        q.fmt,
-        q.block_size,
-        q.axis,
-        q.shape,
-        q.packed,
-        q.block_rows,
+        q.layout,
         q.per_tensor_scale,
         q.rotation,
         values,

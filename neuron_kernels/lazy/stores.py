@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..blocks.layout import BlockLayout
 from ..blocks.stats import QuantizationStats
 from ..errors import ClusterError
 from ..io.files import FileFormatError, atomic_output
@@ -190,12 +191,14 @@ def open_quantized(path: str, name: str | None = None) -> Any:
     return LazyBlockArray(
         da.from_zarr(group["codes"]),
         da.from_zarr(group["scales"]),
-        record["format"],
-        int(record["block_size"]),
-        int(record["axis"]),
-        shape,
-        bool(record["packed"]),
-        int(record["block_rows"]),
+        BlockLayout(
+            record["format"],
+            shape,
+            int(record["axis"]),
+            int(record["block_size"]),
+            int(record["block_rows"]),
+            bool(record["packed"]),
+        ),
         record["per_tensor_scale"],
         tuple(rotation) if rotation is not None else None,
         chunks,

@@ -69,11 +69,7 @@ class StoredWeight:
         return BlockArray.from_parts(
             self.codes.read().reshape(lay.codes_shape),
             self.scales.read().reshape(lay.scales_shape),
-            lay.fmt,
-            lay.block_size,
-            lay.axis,
-            lay.shape,
-            lay.packed,
+            lay,
             self.codes.where,
             per_tensor_scale=self.per_tensor_scale,
         )
@@ -96,11 +92,7 @@ class StoredWeight:
             part = BlockArray.from_parts(
                 np.asarray(codes.read_flat(r0 * crow, r1 * crow)).reshape(r1 - r0, crow),
                 np.asarray(scales.read_flat(r0 * srow, r1 * srow)).reshape(r1 - r0, srow),
-                lay.fmt,
-                lay.block_size,
-                1,
-                (r1 - r0, cols),
-                lay.packed,
+                BlockLayout(lay.fmt, (r1 - r0, cols), 1, lay.block_size, 1, lay.packed),
                 codes.where,
                 per_tensor_scale=self.per_tensor_scale,
             )
