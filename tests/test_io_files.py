@@ -40,3 +40,25 @@ def test_safetensors_tensors_are_aligned_to_their_item_size(tmp_path, order):
     for name, value in ARRAYS.items():
         assert got[name].dtype == value.dtype
         np.testing.assert_array_equal(got[name].view(np.uint8), value.view(np.uint8))
+
+
+def test_file_kinds_register_themselves(tmp_path, monkeypatch):
+    from neuron_kernels.io import arrays
+    from neuron_kernels.io.files import ARRAY_FILES, ArrayEntry, ArrayFileKind, array_file_kind, open_arrays
+
+    assert list(ARRAY_FILES) == [".npy", ".npz", ".safetensors"]
+    monkeypatch.setattr(arrays, "ARRAY_FILES", dict(ARRAY_FILES))
+    values = np.arange(6, dtype=np.float32)
+
+    def open_raw(path):
+        data = np.fromfile(path, np.float32)
+        return [ArrayEntry(path, None, data.shape, data.dtype, lambda a, b: data[a:b])]
+
+    kind = arrays.register_file_kind(ArrayFileKind("raw", ".f32", open_raw, lambda path, items: None, one_array=True))
+    path = tmp_path / "x.f32"
+    values.tofile(path)
+    assert array_file_kind(str(path)) is kind
+    (entry,) = open_arrays(path)
+    np.testing.assert_array_equal(entry.read(), values)
+    with pytest.raises(ValueError, match="already registered"):
+        arrays.register_file_kind(kind)
