@@ -22,18 +22,16 @@ import numpy as np
 
 from ..blocks.array import BlockArray
 from ..blocks.job import DEFAULT, BlockJob, block_job
-from ..blocks.layout import BlockLayout
 from ..blocks.stats import ErrorStats, QuantizationStats
-from ..casting import cast
 from ..dtypes import get_format
 from ..formats import INPUT_DTYPES
 from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
-from ..io.stream import Progress, decoded_pieces, entry_amax, quantized_pieces, transposed_pieces
+from ..io.stream import Progress, entry_amax, quantized_pieces, transposed_pieces
 from .architecture import Architecture, architecture_of, transformers_available
 from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint
-from .layouts import LAYOUTS, CheckpointLayout, Output, ScaledWeight, StoredWeight, Weight, open_any, stored_weights
-from .layouts.modelopt import HF_QUANT_CONFIG
+from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, open_any, stored_weights
+from .layouts.records import FOREIGN_PARTS
 from .runtimes import runtime_notes
 from .selection import fused_groups, ignored_modules, module_decision
 
@@ -198,8 +196,9 @@ def _finish_folder(
             json.dump(config, fh, indent=2)
             fh.write("\n")
     if ckpt.folder is not None:
+        described = {f for lay in LAYOUTS.values() for f in lay.config_files}
         for name in ckpt.extra_files:
-            if name == HF_QUANT_CONFIG:  # ModelOpt's config of the input's quantisation, not the output's
+            if name in described:  # the input's quantisation, not the output's
                 continue
             shutil.copyfile(os.path.join(ckpt.folder, name), os.path.join(folder, name))
 
@@ -374,24 +373,20 @@ def _unknown_architecture(ckpt: Checkpoint, modules: str) -> str:
     )
 
 
-#: The last name component of tensors that only quantised layouts hold.
-_QUANTISED_PARTS = (
-    "weight_scale", "weight_scale_inv", "weight_scale_2", "weight_packed", "weight_global_scale",
-    "input_scale", "input_global_scale", "weight_zero_point", "qweight", "scales", "qzeros",
-)  # fmt: skip
-
-
 def _refuse_unannounced(ckpt: Checkpoint) -> None:
     """A checkpoint without a quantisation config (no layout) that holds a quantised layout's
-    tensors is refused: quantising the rest and relabelling it would write a checkpoint that
-    loads wrong."""
+    tensors (those the layouts declare, and those of layouts the package does not read) is
+    refused: quantising the rest and relabelling it would write a checkpoint that loads wrong."""
+    folders = [lay for lay in LAYOUTS.values() if not lay.single_file]
+    parts = {p for lay in folders for p in lay.parts} | set(FOREIGN_PARTS)
+    suffixes = tuple(s for lay in folders for s in lay.part_suffixes)
     for name, entry in ckpt.tensors.items():
         last = name.rpartition(".")[2]
-        if last in _QUANTISED_PARTS or last.endswith(("_blocks", "_scales")) and entry.dtype == np.uint8:
+        if last in parts or last.endswith(suffixes) and entry.dtype == np.uint8:
             raise FileFormatError(
                 f"{ckpt.path}: holds {name} ({entry.dtype}), a tensor of a quantised layout, but no "
                 f"quantization_config or hf_quant_config.json says which layout; this package will not guess "
-                f"(it reads {', '.join(n for n in LAYOUTS if n != 'npz')})"
+                f"(it reads {', '.join(lay.name for lay in folders)})"
             )
 
 
@@ -616,35 +611,8 @@ def dequantize_checkpoint(
 
 def _decode_fill(w: Weight, dtype: str, chunk_bytes: int, progress: Progress) -> Callable[[dict[str, Any]], None]:
     def fill(sinks: dict[str, Any]) -> None:
-        sink = sinks[w.out_name]
-        if isinstance(w, ScaledWeight):  # its exact float32 values, rows at a time, then ``dtype``
-            entry = w.decoded_entry()
-            step = max(w.shape[-1], (chunk_bytes // 4) // w.shape[-1] * w.shape[-1])
-            for start in range(0, entry.size, step):
-                values = entry.read_flat(start, min(start + step, entry.size))
-                sink.write(values if dtype == "float32" else cast(values, dtype))
-                progress(values.size)
-            return
-        if not w.transpose:
-            for values, used in decoded_pieces(w.codes, w.scales, w.layout, w.per_tensor_scale, None, dtype,
-                                               chunk_bytes):  # fmt: skip
-                sink.write(values)
-                progress(used)
-            return
-        # one matrix at a time: decoded [out, in], written transposed as [in, out]
-        lay = w.layout
-        rows, cols = lay.shape[-2], lay.shape[-1]
-        count = int(np.prod(lay.shape[:-2], dtype=np.int64))
-        per_codes, per_scales = rows * lay.codes_shape[-1], rows * lay.scales_shape[-1]
-        for m in range(count):
-            part = BlockArray.from_parts(
-                np.asarray(w.codes.read_flat(m * per_codes, (m + 1) * per_codes)).reshape(rows, -1),
-                np.asarray(w.scales.read_flat(m * per_scales, (m + 1) * per_scales)).reshape(rows, -1),
-                BlockLayout(lay.fmt, (rows, cols), 1, lay.block_size, 1, lay.packed),
-                w.codes.where,
-                per_tensor_scale=w.per_tensor_scale,
-            )
-            sink.write(np.ascontiguousarray(part.dequantize(dtype).T))
-            progress(per_codes + per_scales)
+        for values, used in w.decoded_pieces(dtype, chunk_bytes):
+            sinks[w.out_name].write(values)
+            progress(used)
 
     return fill

@@ -285,4 +285,6 @@ LAYOUT = CheckpointLayout(
     _ct_weights,
     decide=module_decision,
     fits=_ct_fits,
-)
+    parts=("weight_packed", "weight_scale", "weight_global_scale", "input_scale", "input_global_scale",
+           "weight_zero_point"),
+)  # fmt: skip

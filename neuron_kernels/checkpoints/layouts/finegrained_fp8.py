@@ -64,4 +64,5 @@ LAYOUT = CheckpointLayout(
     lambda fmt, kept, ignore: {},
     _detect,
     _weights,
+    parts=("weight_scale_inv", "input_scale"),
 )

@@ -156,4 +156,5 @@ LAYOUT = CheckpointLayout(
     decide=expert_decision,
     transpose=True,
     fits=_gptoss_fits,
+    part_suffixes=("_blocks", "_scales"),
 )

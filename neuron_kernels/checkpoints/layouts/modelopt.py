@@ -211,4 +211,6 @@ LAYOUT = CheckpointLayout(
     lambda fmt, kept, ignore: {},
     _detect,
     _weights,
+    parts=("weight_scale", "weight_scale_2", "input_scale"),
+    config_files=(HF_QUANT_CONFIG,),
 )

@@ -19,6 +19,7 @@ from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
 from ...formats import FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
+from ...io.stream import decoded_pieces
 from ..folder import Checkpoint
 from ..selection import tensor_decision
 
@@ -29,6 +30,7 @@ __all__ = [
     "Weight",
     "scaled_weight",
     "FP8_CODES",
+    "FOREIGN_PARTS",
     "Output",
     "uint8_view",
     "expect_tensor",
@@ -73,6 +75,28 @@ class StoredWeight:
             self.codes.where,
             per_tensor_scale=self.per_tensor_scale,
         )
+
+    def decoded_pieces(self, dtype: str, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
+        """The values in ``dtype`` in C order of the weight as written (a transposed stored weight as
+        [..., in, out], one matrix at a time), each piece with the bytes of codes and scales it read."""
+        if not self.transpose:
+            yield from decoded_pieces(
+                self.codes, self.scales, self.layout, self.per_tensor_scale, None, dtype, chunk_bytes
+            )
+            return
+        lay = self.layout
+        rows, cols = lay.shape[-2], lay.shape[-1]
+        count = int(np.prod(lay.shape[:-2], dtype=np.int64))
+        per_codes, per_scales = rows * lay.codes_shape[-1], rows * lay.scales_shape[-1]
+        for m in range(count):
+            part = BlockArray.from_parts(
+                np.asarray(self.codes.read_flat(m * per_codes, (m + 1) * per_codes)).reshape(rows, -1),
+                np.asarray(self.scales.read_flat(m * per_scales, (m + 1) * per_scales)).reshape(rows, -1),
+                BlockLayout(lay.fmt, (rows, cols), 1, lay.block_size, 1, lay.packed),
+                self.codes.where,
+                per_tensor_scale=self.per_tensor_scale,
+            )
+            yield np.ascontiguousarray(part.dequantize(dtype).T), per_codes + per_scales
 
     def decoded_entry(self) -> ArrayEntry:
         """The weight dequantised to float32 (exact: one rounding of code times scale), as an
@@ -161,6 +185,20 @@ class ScaledWeight:
         """The whole weight's exact float32 values (read into memory)."""
         return self.decoded_entry().read()
 
+    def decoded_pieces(self, dtype: str, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
+        """The values in ``dtype``, whole rows at a time in C order, each with the elements it read."""
+        from ...casting import cast
+
+        entry = self.decoded_entry()
+        step = max(self.shape[-1], (chunk_bytes // 4) // self.shape[-1] * self.shape[-1])
+        for start in range(0, entry.size, step):
+            values = entry.read_flat(start, min(start + step, entry.size))
+            yield (values if dtype == "float32" else cast(values, dtype)), values.size
+
+
+#: The last name components of the tensors of quantised layouts the package does not read (GPTQ,
+#: AWQ): a checkpoint holding one is refused like one of a layout it reads without its config.
+FOREIGN_PARTS = ("qweight", "scales", "qzeros")
 
 #: The dtype of the FP8 layouts' codes, and those of their scales.
 FP8_CODES = FORMATS["float8_e4m3fn"].result_dtype
@@ -211,7 +249,11 @@ class CheckpointLayout:
     :func:`tensor_decision` or :func:`expert_decision`; called with ``arch=``, the checkpoint's
     :class:`~..architecture.Architecture` or None); ``transpose``: a quantised [..., in, out]
     tensor is stored as [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised)``: raises if the layout cannot
-    express the checkpoint so that its runtime loads it."""
+    express the checkpoint so that its runtime loads it; ``parts``: the last name components of the
+    tensors only its quantised modules hold (and ``part_suffixes``: endings of those components, of
+    uint8 tensors), so that a checkpoint holding one without a config saying which layout is refused;
+    ``config_files``: files of a checkpoint that describe its quantisation in this layout (not
+    copied to an output of another)."""
 
     name: str
     help: str
@@ -224,6 +266,9 @@ class CheckpointLayout:
     decide: Callable[..., str | None] = tensor_decision
     transpose: bool = False
     fits: Callable[[Checkpoint, list[str]], None] = lambda ckpt, quantised: None
+    parts: tuple[str, ...] = ()
+    part_suffixes: tuple[str, ...] = ()
+    config_files: tuple[str, ...] = ()
 
     @property
     def single_file(self) -> bool:
