@@ -8,10 +8,33 @@ from typing import Any
 
 from .errors import InvalidTypeError
 
-__all__ = ["REMOVED_IN", "block_array_fields", "from_parts_fields"]
+__all__ = ["REMOVED_IN", "RENAMED", "block_array_fields", "from_parts_fields", "renamed"]
 
 #: The release that removes every form below.
 REMOVED_IN = "0.3.0"
+
+#: Names that changed, by module: the old name and the new one (MX -> block, where any block format
+#: is meant).
+RENAMED: dict[str, dict[str, str]] = {
+    "neuron_kernels.bench": {
+        "bench_mx": "bench_blocks",
+        "format_mx_table": "format_block_table",
+        "MXBenchRow": "BlockBenchRow",
+    },
+}
+
+
+def renamed(module: str, name: str, namespace: dict[str, Any]) -> Any:
+    """A module's ``__getattr__``: the new name's object for an old name of :data:`RENAMED`, with a
+    warning; an ``AttributeError`` for any other missing name."""
+    new = RENAMED.get(module, {}).get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} is now {module}.{new}; the old name goes in {REMOVED_IN}", DeprecationWarning, stacklevel=3
+    )
+    return namespace[new]
+
 
 _BLOCK_ARRAY_FIELDS = ("block_size", "axis", "shape", "packed", "block_rows", "per_tensor_scale", "rotation")
 

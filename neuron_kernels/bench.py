@@ -15,7 +15,7 @@ Casts (:func:`bench_casts`, one :class:`BenchRow` per (source, target) pair):
 A few pairs are measured again under ``rounding="stochastic"`` (:data:`STOCHASTIC_PAIRS`); no peer
 rounds stochastically, so their peer is ml_dtypes' round-to-nearest ``astype`` ("ml_dtypes RNE").
 
-Block formats (:func:`bench_mx`, one :class:`BlockBenchRow` per case of :data:`BLOCK_CASES`: every
+Block formats (:func:`bench_blocks`, one :class:`BlockBenchRow` per case of :data:`BLOCK_CASES`: every
 MX format with the floor scale, NVFP4 with its per-tensor scale from the amax (an extra pass) or
 given, NVFP4's policies and rotation, and a few formats from bfloat16 input; blocks along the last
 axis; bytes are those of the input dtype):
@@ -57,7 +57,6 @@ __all__ = [
     "BenchRow",
     "BLOCK_CASES",
     "BlockBenchRow",
-    "MXBenchRow",
     "measure",
     "synthetic_input",
     "default_pairs",
@@ -67,8 +66,8 @@ __all__ = [
     "numpy_reference_nvfp4",
     "peer_of",
     "torchao_peer",
-    "bench_mx",
-    "format_mx_table",
+    "bench_blocks",
+    "format_block_table",
 ]
 
 
@@ -318,9 +317,6 @@ class BlockBenchRow:
         }
 
 
-#: The name the MX rows had; the block rows are the same records.
-MXBenchRow = BlockBenchRow
-
 #: A per-tensor scale given by the caller, in :data:`BLOCK_CASES`: the one the amax gives, computed
 #: before the timing (static calibration).
 GIVEN = "given"
@@ -441,7 +437,7 @@ def torchao_peer(
     return lambda a: to_mx(torch.from_numpy(a), elem, 32)
 
 
-def bench_mx(
+def bench_blocks(
     n: int,
     repeat: int = 5,
     formats: list[str] | None = None,
@@ -495,8 +491,8 @@ def _binding(x: np.ndarray, fmt: str, options: dict[str, Any]) -> str:
     return block_job(fmt, arr.ndim, **options).resolved(arr, src).binding(arr.shape, src)
 
 
-def format_mx_table(rows: list[BlockBenchRow]) -> str:
-    """The rows of :func:`bench_mx` as a fixed-width table: allocating ``quantize`` against the fresh
+def format_block_table(rows: list[BlockBenchRow]) -> str:
+    """The rows of :func:`bench_blocks` as a fixed-width table: allocating ``quantize`` against the fresh
     ceiling, the ``out=`` calls against copy."""
     head = (
         f"{'block format':<16}{'quantise':>10}{'vs fresh':>9}{'dequant out=':>14}{'vs copy':>9}"
@@ -519,3 +515,9 @@ def format_mx_table(rows: list[BlockBenchRow]) -> str:
     if all(r.torchao_gbs is None for r in rows):
         lines.append("(torchao peer: torch and torchao are not installed; pip install torch torchao to add it)")
     return "\n".join(lines)
+
+
+def __getattr__(name: str) -> Any:
+    from ._compat import renamed
+
+    return renamed(__name__, name, globals())

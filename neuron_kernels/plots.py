@@ -21,7 +21,7 @@ import numpy as np
 from .errors import InvalidValueError, NeuronKernelsError
 
 if TYPE_CHECKING:
-    from .bench import BenchRow, MXBenchRow
+    from .bench import BenchRow, BlockBenchRow
 
 __all__ = ["PlotUnavailable", "require_matplotlib", "bench_chart", "error_histogram", "relative_errors"]
 
@@ -93,7 +93,7 @@ def _bars(ax: Any, labels: list[str], series: list[tuple[str, str, list[float]]]
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
 
 
-def bench_chart(cast_rows: Sequence[BenchRow], mx_rows: Sequence[MXBenchRow], path: str | os.PathLike[str]) -> None:
+def bench_chart(cast_rows: Sequence[BenchRow], mx_rows: Sequence[BlockBenchRow], path: str | os.PathLike[str]) -> None:
     """A PNG of bench results: GB/s per cast pair (ours with ``out=``, the peer) and per MX format
     (quantise, dequantise, fake-quantise, the peer), each against the copy baseline."""
     if not cast_rows and not mx_rows:

@@ -4,7 +4,7 @@ helpers from here or from another helper module, never from another test module)
 ``special_float32`` and ``child_env`` (every subprocess started by a test imports this checkout,
 whatever its working directory); the helpers of the bad-input tests (``test_*_bad_input.py`` and the
 bad-input sections of ``test_promotion.py`` and ``test_registry.py``): bit-exact comparisons, the
-inputs and out= arrays several of them use, MX files with any member replaced, and ``isolated`` /
+inputs and out= arrays several of them use, block files with any member replaced, and ``isolated`` /
 ``outcome_of`` (with the ``isolated_runs`` fixture), which run a call that may crash or hang the
 interpreter in a subprocess of its own. The command line runs in the test process: ``cli_runner.run``.
 """
@@ -304,7 +304,7 @@ MISSING = object()
 
 
 def write_mx(path, codes=None, scales=None, meta=None, raw_meta=None, **extra):
-    """An MX file of ``mx8_exact()`` as np.savez writes it, with any member replaced."""
+    """A block file of ``mx8_exact()`` as np.savez writes it, with any member replaced."""
     np.savez(
         path,
         codes=mx8_exact().codes if codes is None else codes,

@@ -1,4 +1,4 @@
-"""MX throughput rows of ``neuron-kernels bench``, the numpy reference quantiser, and the PNG charts."""
+"""Block-format throughput rows of ``neuron-kernels bench``, the numpy reference quantiser, and the PNG charts."""
 
 import math
 import os
@@ -13,11 +13,11 @@ import neuron_kernels as nk
 from neuron_kernels.bench import (
     BLOCK_CASES,
     BenchRow,
-    MXBenchRow,
+    BlockBenchRow,
+    bench_blocks,
     bench_casts,
-    bench_mx,
     default_cases,
-    format_mx_table,
+    format_block_table,
     format_table,
     numpy_reference_nvfp4,
     numpy_reference_quantize,
@@ -31,8 +31,8 @@ HINT = "plotting needs matplotlib: pip install 'neuron_kernels[plot]'"
 
 
 @pytest.fixture(scope="module")
-def mx_rows() -> list[MXBenchRow]:
-    return bench_mx(4096, repeat=1)
+def mx_rows() -> list[BlockBenchRow]:
+    return bench_blocks(4096, repeat=1)
 
 
 def assert_png(path) -> None:
@@ -41,7 +41,7 @@ def assert_png(path) -> None:
     assert os.path.getsize(path) > 1000
 
 
-def test_bench_mx_rows(mx_rows):
+def test_bench_blocks_rows(mx_rows):
     assert [(r.label, r.fmt) for r in mx_rows] == [(label, fmt) for label, fmt, _ in BLOCK_CASES]
     assert {r.fmt for r in mx_rows} == set(nk.MX_FORMATS) | {"nvfp4"}
     for r in mx_rows:
@@ -59,21 +59,21 @@ def test_bench_mx_rows(mx_rows):
         assert (r.torchao_gbs is None) == (d["vs_torchao"] is None)
 
 
-def test_bench_mx_sqnr_grows_with_mantissa(mx_rows):
+def test_bench_blocks_sqnr_grows_with_mantissa(mx_rows):
     sqnr = {r.label: r.sqnr_db for r in mx_rows}
     assert sqnr["mxfp4_e2m1"] < sqnr["mxfp6_e3m2"] < sqnr["mxfp6_e2m3"] < sqnr["mxint8"]
 
 
-def test_bench_mx_one_dimensional_partial_block():
+def test_bench_blocks_one_dimensional_partial_block():
     progress: list[str] = []
-    rows = bench_mx(1000, repeat=1, formats=["mxfp4_e2m1", "mxint8"], progress=progress.append)
+    rows = bench_blocks(1000, repeat=1, formats=["mxfp4_e2m1", "mxint8"], progress=progress.append)
     assert progress == ["mxfp4_e2m1", "mxint8"]
     assert [r.fmt for r in rows] == ["mxfp4_e2m1", "mxint8"]
     assert all(r.peer_gbs > 0 and math.isfinite(r.sqnr_db) for r in rows)
 
 
-def test_format_mx_table(mx_rows):
-    table = format_mx_table(mx_rows)
+def test_format_block_table(mx_rows):
+    table = format_block_table(mx_rows)
     lines = table.splitlines()
     for label, _, _ in BLOCK_CASES:
         assert sum(re.split(r"\s{2,}", line)[0] == label for line in lines) == 1

@@ -1,5 +1,5 @@
 """The command line against bad input: big-endian and Fortran-ordered members, non-finite data, a block
-size beyond int64, a corrupt MX file, an unexpected dtype.
+size beyond int64, a corrupt block file, an unexpected dtype.
 
 Each run of the command (in this process: ``cli_runner``) either writes what the in-memory functions compute
 or exits with status 2 and one line on stderr, without a traceback or an output file. The file subcommands'
@@ -75,12 +75,12 @@ def test_cli_quantize_huge_block_size(tmp_path):
 
 
 def test_cli_dequantize_corrupt_metadata(tmp_path):
-    """dequantize of an MX file with an unsupported version: status 2, one line, no output."""
+    """dequantize of a block file with an unsupported version: status 2, one line, no output."""
     write_mx(tmp_path / "v2.npz", meta=meta_with(version=2))
     r = run("dequantize", "v2.npz", "o.npy", cwd=tmp_path, check=False)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "MX file version 2 is not supported" in lines[0], r.stderr
+    assert len(lines) == 1 and "block file version 2 is not supported" in lines[0], r.stderr
     assert not (tmp_path / "o.npy").exists()
 
 

@@ -86,7 +86,7 @@ def test_quantize_containers_keep_names(files):
         got = nk.load_blocks(d / "qm.npz", name=name)
         want = nk.quantize_mx(arr, "mxfp8_e4m3", scale_mode="rceil")
         np.testing.assert_array_equal(got.codes, want.codes)
-    with pytest.raises(ValueError, match="holds 2 MX arrays; pick one with name="):
+    with pytest.raises(ValueError, match="holds 2 block arrays; pick one with name="):
         nk.load_blocks(d / "qm.npz")
     run("quantize", "t.safetensors", "qt.npz", "--format", "mxint8", "--name", "w", cwd=d)
     got = nk.load_blocks(d / "qt.npz", name="w")
@@ -261,8 +261,8 @@ def test_bad_input(files):
     fails("quantize", "m.npz", "o.npz", *q, "--name", "nope", cwd=d, message="has no array named 'nope'; it has w, b")
     fails("cast", "x.npy", "o.npy", "--to", "float9", cwd=d, message="float9")
     fails("cast", "x.npy", "o.csv", "--to", "bfloat16", cwd=d, message="unsupported output file type '.csv'")
-    fails("dequantize", "x.npy", "o.npy", cwd=d, message="an MX file is a .npz file")
-    fails("dequantize", "m.npz", "o.npy", cwd=d, message="not an MX file")
+    fails("dequantize", "x.npy", "o.npy", cwd=d, message="a block file is a .npz file")
+    fails("dequantize", "m.npz", "o.npy", cwd=d, message="not a block file")
     fails("quantize", "x.npy", "no/such/dir/o.npz", *q, cwd=d, message="does not exist")
     fails("error", "x.npy", "--plot", "hist.jpg", cwd=d, message="ending in .png")
 

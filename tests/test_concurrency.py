@@ -86,7 +86,7 @@ def _jobs() -> dict[str, Callable[[], object]]:
 
 
 def _bytes(result: object) -> list[np.ndarray]:
-    """A result as byte arrays (MX arrays: codes and scales), for bitwise comparison."""
+    """A result as byte arrays (block arrays: codes and scales), for bitwise comparison."""
     if isinstance(result, nk.MXArray):
         return [np.ascontiguousarray(result.codes).view(np.uint8), result.scales.view(np.uint8)]
     assert isinstance(result, np.ndarray)

@@ -260,7 +260,7 @@ def test_load_rejects_bad_files(tmp_path):
     for name, message in [
         ("trunc", "cannot read"),
         ("junk", "cannot read"),
-        ("other", "not an MX file"),
+        ("other", "not a block file"),
         ("shape", "codes must be"),
         ("meta", "corrupt MX metadata"),
         ("fmt", "unknown block format"),

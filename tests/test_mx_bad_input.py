@@ -578,8 +578,8 @@ def test_mx_nonfinite_other_input_dtypes(dtype):
 
 
 META_CASES = [
-    ("version_0", meta_with(version=0), {}, "MX file version 0 is not supported"),
-    ("version_2", meta_with(version=2), {}, "MX file version 2 is not supported"),
+    ("version_0", meta_with(version=0), {}, "block file version 0 is not supported"),
+    ("version_2", meta_with(version=2), {}, "block file version 2 is not supported"),
     ("version_str", meta_with(version="1"), {}, r"version '1' is not supported"),
     ("version_null", meta_with(version=None), {}, "version None is not supported"),
     ("version_true", meta_with(version=True), {}, "version True is not supported"),
@@ -681,12 +681,12 @@ def test_load_bad_members(tmp_path, members, pattern):
 
 
 def test_load_npz_without_mx_members(tmp_path):
-    """A valid .npz that is not an MX file says which members it has and which it needs."""
+    """A valid .npz that is not a block file says which members it has and which it needs."""
     np.savez(tmp_path / "a.npz", codes=MX8_EXACT.codes, scales=MX8_EXACT.scales.view(np.uint8))
-    with pytest.raises(ValueError, match=r"not an MX file \(it has \['codes', 'scales'\]; expected codes"):
+    with pytest.raises(ValueError, match=r"not a block file \(it has \['codes', 'scales'\]; expected codes"):
         nk.load_blocks(tmp_path / "a.npz")
     np.savez(tmp_path / "b.npz", w=EXACT)
-    with pytest.raises(ValueError, match="not an MX file"):
+    with pytest.raises(ValueError, match="not a block file"):
         nk.load_blocks(tmp_path / "b.npz")
     zipfile.ZipFile(tmp_path / "c.npz", "w").close()
     with pytest.raises(ValueError, match="holds no arrays"):
@@ -726,7 +726,7 @@ def test_load_truncated_zip(tmp_path, good_file, fraction):
     """A saved file cut anywhere is a ValueError naming it ('cannot read')."""
     path = tmp_path / "cut.npz"
     path.write_bytes(good_file[: int(len(good_file) * fraction)])
-    with pytest.raises(ValueError, match=r"cut\.npz: cannot read an MX file"):
+    with pytest.raises(ValueError, match=r"cut\.npz: cannot read a block file"):
         nk.load_blocks(path)
 
 
@@ -783,7 +783,7 @@ def test_load_paths(tmp_path, good_file):
     with pytest.raises(ValueError, match="not a regular file"):
         nk.load_blocks(tmp_path / "folder.npz")
     np.save(tmp_path / "x.npy", EXACT)
-    with pytest.raises(ValueError, match=r"an MX file is a \.npz file"):
+    with pytest.raises(ValueError, match=r"a block file is a \.npz file"):
         nk.load_blocks(tmp_path / "x.npy")
     for bad in (None, 3, 1.5):
         with pytest.raises(TypeError):
@@ -806,9 +806,9 @@ def test_load_names(tmp_path):
         },
     )
     assert_same_mx(nk.load_blocks(two, name="b"), MX8_EXACT)
-    with pytest.raises(ValueError, match=r"holds 2 MX arrays; pick one with name= \(a, b\)"):
+    with pytest.raises(ValueError, match=r"holds 2 block arrays; pick one with name= \(a, b\)"):
         nk.load_blocks(two)
-    with pytest.raises(ValueError, match="has no MX array named 'c'; it has a, b"):
+    with pytest.raises(ValueError, match="has no block array named 'c'; it has a, b"):
         nk.load_blocks(two, name="c")
 
 
@@ -816,7 +816,7 @@ def test_load_name_of_a_single_array_file(tmp_path):
     """name= on a file of one unnamed array says so, rather than listing 'None'."""
     one = tmp_path / "one.npz"
     nk.save_blocks(one, MX8_EXACT)
-    with pytest.raises(ValueError, match="has no MX array named 'w'") as info:
+    with pytest.raises(ValueError, match="has no block array named 'w'") as info:
         nk.load_blocks(one, name="w")
     assert "it has None" not in str(info.value), info.value
 

@@ -65,3 +65,14 @@ def test_the_earlier_block_array_forms_warn_and_give_the_same_array():
         np.testing.assert_array_equal(a.dequantize().view(np.uint32), q.dequantize().view(np.uint32))
     with pytest.raises(TypeError, match="layout"):
         nk.BlockArray(q.codes, q.scales, q.layout, 16)
+
+
+def test_renamed_functions_warn_and_are_the_new_ones():
+    from neuron_kernels import bench
+
+    with pytest.warns(DeprecationWarning, match="bench_blocks"):
+        assert bench.bench_mx is bench.bench_blocks
+    with pytest.warns(DeprecationWarning, match="format_block_table"):
+        assert bench.format_mx_table is bench.format_block_table
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        bench.nothing  # noqa: B018

@@ -200,7 +200,7 @@ def quantization_error(x: Any, q: BlockArray) -> QuantizationStats:
         raise InvalidTypeError(f"quantization_error takes a BlockArray (a block-format array), got {type(q).__name__}")
     arr, _ = input_array(x)
     if arr.shape != q.shape:
-        raise InvalidValueError(f"x has shape {arr.shape} but the MX array has shape {q.shape}")
+        raise InvalidValueError(f"x has shape {arr.shape} but the block array has shape {q.shape}")
     stats = ErrorStats()
     stats.add(arr, q)
     return stats.result()

@@ -53,7 +53,7 @@ def _file_command(sub: Any, name: str, help_: str, source: str, output: str | No
     p.add_argument("input", help=source)
     if output:
         p.add_argument("output", help=output)
-    p.add_argument("--name", help="only the array of this name (.npz/.safetensors/MX files of several)")
+    p.add_argument("--name", help="only the array of this name (.npz/.safetensors/block files of several)")
     p.add_argument(
         "--chunk-mb",
         type=_positive_int,
@@ -135,7 +135,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         "quantize",
         "quantise the arrays of a file (to the package's .npz file) or a checkpoint (to a layout runtimes load)",
         arrays + ", a checkpoint folder of .safetensors shards, or a Zarr store (.zarr)",
-        "the MX file to write (.npz), the checkpoint folder to write, or the Zarr store (.zarr)",
+        "the block file to write (.npz), the checkpoint folder to write, or the Zarr store (.zarr)",
     )
     q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
     q.add_argument(
@@ -193,8 +193,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     d = _file_command(
         sub,
         "dequantize",
-        "an MX file back to float arrays, or a quantised checkpoint back to a plain one",
-        "an MX .npz file, or a quantised checkpoint folder (any --layout of quantize)",
+        "a block file back to float arrays, or a quantised checkpoint back to a plain one",
+        "a block file (.npz), or a quantised checkpoint folder (any --layout of quantize)",
         ".npy (one array), .npz or .safetensors; or a checkpoint folder",
     )
     d.add_argument(

@@ -71,11 +71,11 @@ def read_block_file(path: str | os.PathLike[str]) -> dict[str | None, StoredBloc
     their metadata validated against their codes and scales; no data is read."""
     path = os.fspath(path)
     if not path.lower().endswith(".npz"):
-        raise FileFormatError(f"{path}: an MX file is a .npz file (the package's file of MX and NVFP4 arrays)")
+        raise FileFormatError(f"{path}: a block file is a .npz file (the package's file of block arrays: MX, NVFP4)")
     try:
         entries = open_arrays(path)
     except FileFormatError as exc:
-        raise FileFormatError(f"{path}: cannot read an MX file ({exc})") from None
+        raise FileFormatError(f"{path}: cannot read a block file ({exc})") from None
     groups: dict[str | None, dict[str, ArrayEntry]] = {}
     for entry in entries:
         prefix, _, part = (entry.name or "").rpartition("/")
@@ -84,7 +84,7 @@ def read_block_file(path: str | os.PathLike[str]) -> dict[str | None, StoredBloc
     arrays = {name: parts for name, parts in groups.items() if set(parts) == set(_MEMBERS)}
     if not arrays:
         found = sorted(e.name or "" for e in entries)
-        raise FileFormatError(f"{path}: not an MX file (it has {found}; expected codes, scales, meta)")
+        raise FileFormatError(f"{path}: not a block file (it has {found}; expected codes, scales, meta)")
     return {name: _stored(path, name, parts) for name, parts in arrays.items()}
 
 
@@ -106,7 +106,7 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
         raise FileFormatError(f"{where}: corrupt MX metadata ({exc})") from None
     if type(version) is not int or version != FILE_VERSION:
         raise FileFormatError(
-            f"{where}: MX file version {version!r} is not supported (this package reads {FILE_VERSION})"
+            f"{where}: block file version {version!r} is not supported (this package reads {FILE_VERSION})"
         )
     codes, scales = parts["codes"], parts["scales"]
     problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scales.dtype))
@@ -219,10 +219,10 @@ def load_blocks(path: str | os.PathLike[str], name: str | None = None) -> BlockA
     arrays = read_block_file(path)
     names = ", ".join(sorted(map(str, arrays))) if None not in arrays else "one unnamed array (no name= needed)"
     if name is None and len(arrays) > 1:
-        raise InvalidValueError(f"{path} holds {len(arrays)} MX arrays; pick one with name= ({names})")
+        raise InvalidValueError(f"{path} holds {len(arrays)} block arrays; pick one with name= ({names})")
     key = next(iter(arrays)) if name is None else name
     if key not in arrays:
-        raise InvalidValueError(f"{path} has no MX array named {name!r}; it has {names}")
+        raise InvalidValueError(f"{path} has no block array named {name!r}; it has {names}")
     s = arrays[key]
     return BlockArray.from_parts(
         s.codes.read(),

@@ -72,7 +72,7 @@ def _check_quantizable(entry: ArrayEntry) -> None:
             f"bfloat16 and float64 arrays can be quantised"
         )
     if not entry.shape:
-        raise FileFormatError(f"{entry.where}: a 0-d array cannot be MX-quantised (blocks run along an axis)")
+        raise FileFormatError(f"{entry.where}: a 0-d array cannot be block-quantised (blocks run along an axis)")
 
 
 def _input_pieces(entry: ArrayEntry, pieces: Pieces, chunk_bytes: int) -> Iterator[tuple[int, int, np.ndarray, Any]]:
@@ -245,14 +245,14 @@ def dequantize_file(
     progress: Progress = _no_progress,
     shown: str | None = None,
 ) -> list[str]:
-    """Dequantise the MX file ``src`` (every array, or ``name``) into ``dst`` (.npy/.npz/.safetensors;
+    """Dequantise the block file ``src`` (every array, or ``name``) into ``dst`` (.npy/.npz/.safetensors;
     a temporary path, called ``shown`` in messages). Returns the names written."""
     kind = array_file_kind(shown or dst, "output")
     stored = read_block_file(src)
     if name is not None:
         if name not in stored:
             raise FileFormatError(
-                f"{src} has no MX array named {name!r}; it has {', '.join(sorted(str(k) for k in stored))}"
+                f"{src} has no block array named {name!r}; it has {', '.join(sorted(str(k) for k in stored))}"
             )
         stored = {name: stored[name]}
     kind.check_count(shown or dst, len(stored))

@@ -329,9 +329,9 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
     if isinstance(q, BlockArray):
         q = lazy_block_array(q, x.chunks if isinstance(x, da.Array) else "auto")
     if not isinstance(q, LazyBlockArray):
-        raise InvalidTypeError(f"quantization_error takes an MXArray (a block-format array), got {type(q).__name__}")
+        raise InvalidTypeError(f"quantization_error takes a BlockArray (a block-format array), got {type(q).__name__}")
     if tuple(x.shape) != q.shape:
-        raise InvalidValueError(f"x has shape {tuple(x.shape)} but the MX array has shape {q.shape}")
+        raise InvalidValueError(f"x has shape {tuple(x.shape)} but the block array has shape {q.shape}")
     _source(x)
     x = da.asarray(x).rechunk(q.chunks)
     codes, scales = q.codes, q.scales

@@ -16,7 +16,7 @@ __all__ = ["cmd_bench", "cmd_warmup"]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ...bench import BLOCK_CASES, bench_casts, bench_mx, default_cases, format_mx_table, format_table
+    from ...bench import BLOCK_CASES, bench_blocks, bench_casts, default_cases, format_block_table, format_table
 
     if args.plot:
         check_png(args.plot, force=True)
@@ -30,14 +30,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     total = len(default_cases()) + len(BLOCK_CASES)
     with progress_bar(args, total, "bench", unit="pair") as step:
         rows = bench_casts(args.size, repeat=args.repeat, progress=step)
-        mx_rows = bench_mx(args.size, repeat=args.repeat, progress=step)
+        mx_rows = bench_blocks(args.size, repeat=args.repeat, progress=step)
     print(
         f"{args.size:,} float32 elements, median of {args.repeat} runs, "
         f"{os.environ.get('NEURON_KERNELS_NUM_THREADS') or 'all available'} threads"
     )
     print(format_table(rows))
     print()
-    print(format_mx_table(mx_rows))
+    print(format_block_table(mx_rows))
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as fh:

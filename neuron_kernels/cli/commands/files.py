@@ -28,7 +28,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ...io.stream import quantize_file
 
     if array_file_kind(args.output, "output").name != "npz":
-        raise UsageError(f"OUTPUT must be a .npz file (the package's MX file), not {args.output!r}")
+        raise UsageError(f"OUTPUT must be a .npz file (the package's block file), not {args.output!r}")
     options = block_options_of(args)
     entries = _entries(args)
     with (
