@@ -1,4 +1,4 @@
-"""PNG charts of ``neuron-kernels bench`` results and of MX quantisation errors.
+"""PNG charts of ``neuron-kernels bench`` results and of block quantisation errors.
 
 matplotlib is an optional dependency (``pip install 'neuron_kernels[plot]'``). It is imported only
 when a chart is drawn, and drawn with the Agg backend on a standalone figure (pyplot's global

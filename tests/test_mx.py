@@ -262,7 +262,7 @@ def test_load_rejects_bad_files(tmp_path):
         ("junk", "cannot read"),
         ("other", "not a block file"),
         ("shape", "codes must be"),
-        ("meta", "corrupt MX metadata"),
+        ("meta", "corrupt block file metadata"),
         ("fmt", "unknown block format"),
     ]:
         with pytest.raises(ValueError, match=message):

@@ -583,12 +583,12 @@ META_CASES = [
     ("version_str", meta_with(version="1"), {}, r"version '1' is not supported"),
     ("version_null", meta_with(version=None), {}, "version None is not supported"),
     ("version_true", meta_with(version=True), {}, "version True is not supported"),
-    ("version_missing", meta_with(version=MISSING), {}, "corrupt MX metadata.*version"),
+    ("version_missing", meta_with(version=MISSING), {}, "corrupt block file metadata.*version"),
     ("fmt_unknown", meta_with(fmt="mxfp9"), {}, "unknown block format 'mxfp9'"),
     ("fmt_null", meta_with(fmt=None), {}, "unknown block format None"),
     ("fmt_int", meta_with(fmt=3), {}, "unknown block format 3"),
     ("fmt_upper", meta_with(fmt="MXFP8_E4M3"), {}, "unknown block format 'MXFP8_E4M3'"),
-    ("fmt_missing", meta_with(fmt=MISSING), {}, "corrupt MX metadata.*fmt"),
+    ("fmt_missing", meta_with(fmt=MISSING), {}, "corrupt block file metadata.*fmt"),
     ("fmt_codes_out_of_range", meta_with(fmt="mxfp6_e2m3"), {}, "codes"),
     ("block_size_0", meta_with(block_size=0), {}, "invalid block_size 0"),
     ("block_size_negative", meta_with(block_size=-1), {}, "invalid block_size -1"),
@@ -597,7 +597,7 @@ META_CASES = [
     ("block_size_str", meta_with(block_size="8"), {}, "invalid block_size '8'"),
     ("block_size_null", meta_with(block_size=None), {}, "invalid block_size None"),
     ("block_size_inconsistent", meta_with(block_size=16), {}, r"scales must be e8m0 bytes of shape \(2, 2\)"),
-    ("block_size_missing", meta_with(block_size=MISSING), {}, "corrupt MX metadata.*block_size"),
+    ("block_size_missing", meta_with(block_size=MISSING), {}, "corrupt block file metadata.*block_size"),
     ("axis_2", meta_with(axis=2), {}, r"invalid axis 2 for shape \(2, 32\)"),
     ("axis_negative", meta_with(axis=-1), {}, "invalid axis -1"),
     ("axis_float", meta_with(axis=1.0), {}, "invalid axis 1.0"),
@@ -605,7 +605,7 @@ META_CASES = [
     ("axis_str", meta_with(axis="1"), {}, "invalid axis '1'"),
     ("axis_null", meta_with(axis=None), {}, "invalid axis None"),
     ("axis_inconsistent", meta_with(axis=0), {}, "scales must be|codes must be"),
-    ("axis_missing", meta_with(axis=MISSING), {}, "corrupt MX metadata.*axis"),
+    ("axis_missing", meta_with(axis=MISSING), {}, "corrupt block file metadata.*axis"),
     ("shape_short", meta_with(shape=[2]), {}, "invalid axis 1 for shape|invalid shape"),
     ("shape_inconsistent", meta_with(shape=[2, 31]), {}, r"codes must be uint8 of shape \(2, 31\)"),
     ("shape_long", meta_with(shape=[2, 32, 1]), {}, "codes must be"),
@@ -613,20 +613,20 @@ META_CASES = [
     ("shape_negative", meta_with(shape=[2, -32]), {}, "invalid shape"),
     ("shape_floats", meta_with(shape=[2.0, 32.0]), {}, "invalid shape"),
     ("shape_str", meta_with(shape="ab"), {}, "invalid shape"),
-    ("shape_int", meta_with(shape=5), {}, "corrupt MX metadata|invalid shape"),
-    ("shape_null", meta_with(shape=None), {}, "corrupt MX metadata|invalid shape"),
+    ("shape_int", meta_with(shape=5), {}, "corrupt block file metadata|invalid shape"),
+    ("shape_null", meta_with(shape=None), {}, "corrupt block file metadata|invalid shape"),
     (
         "shape_bool",
         meta_with(shape=[True, 32]),
         {"codes": MX8_EXACT.codes[:1], "scales": MX8_EXACT.scales.view(np.uint8)[:1]},
         "invalid shape",
     ),
-    ("shape_missing", meta_with(shape=MISSING), {}, "corrupt MX metadata.*shape"),
+    ("shape_missing", meta_with(shape=MISSING), {}, "corrupt block file metadata.*shape"),
     ("packed_fp8", meta_with(packed=True), {}, "invalid packed flag True for mxfp8_e4m3"),
     ("packed_null", meta_with(packed=None), {}, "invalid packed flag None"),
     ("packed_int", meta_with(packed=1), {}, "invalid packed flag 1"),
     ("packed_str", meta_with(packed="false"), {}, "invalid packed flag 'false'"),
-    ("packed_missing", meta_with(packed=MISSING), {}, "corrupt MX metadata.*packed"),
+    ("packed_missing", meta_with(packed=MISSING), {}, "corrupt block file metadata.*packed"),
 ]
 
 
@@ -645,9 +645,9 @@ def test_load_bad_metadata(tmp_path, meta, members, pattern):
     ids=["list", "string", "number", "null", "not_utf8", "empty", "not_json", "cut_json"],
 )
 def test_load_metadata_not_an_object(tmp_path, raw):
-    """Metadata that is not a JSON object is 'corrupt MX metadata'."""
+    """Metadata that is not a JSON object is 'corrupt block file metadata'."""
     path = write_mx(tmp_path / "bad.npz", raw_meta=raw)
-    with pytest.raises(ValueError, match="corrupt MX metadata"):
+    with pytest.raises(ValueError, match="corrupt block file metadata"):
         nk.load_blocks(path)
 
 

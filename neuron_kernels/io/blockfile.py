@@ -103,7 +103,7 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
         )
         version, pts, rotation = meta["version"], meta.get("per_tensor_scale"), meta.get("rotation")
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-        raise FileFormatError(f"{where}: corrupt MX metadata ({exc})") from None
+        raise FileFormatError(f"{where}: corrupt block file metadata ({exc})") from None
     if type(version) is not int or version != FILE_VERSION:
         raise FileFormatError(
             f"{where}: block file version {version!r} is not supported (this package reads {FILE_VERSION})"

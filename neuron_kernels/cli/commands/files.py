@@ -1,5 +1,5 @@
 """``quantize``, ``dequantize``, ``cast`` and ``error`` of array files (``.npy``, ``.npz``,
-``.safetensors``, and the package's MX ``.npz`` file), in pieces of bounded memory, written
+``.safetensors``, and the package's block ``.npz`` file), in pieces of bounded memory, written
 atomically."""
 
 from __future__ import annotations
