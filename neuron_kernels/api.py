@@ -31,7 +31,7 @@ from .blocks.stats import QuantizationStats
 from .blocks.stats import quantization_error as _in_memory_error
 from .dtypes import DTypeLike, get_format
 from .errors import InvalidTypeError, InvalidValueError, NotApplicableError
-from .formats import BLOCK_FORMATS
+from .formats import MX_FORMATS
 from .interop import from_torch, is_torch, to_torch
 from .lazy import is_lazy, is_lazy_blocks
 
@@ -53,8 +53,6 @@ __all__ = [
     "quantization_error",
     "shared_per_tensor_scale",
 ]
-
-MX_FORMAT_NAMES: tuple[str, ...] = tuple(n for n, f in BLOCK_FORMATS.items() if f.is_mx)
 
 
 def _route(
@@ -365,7 +363,7 @@ def quantize_mx(
         seed=seed,
         pack=pack,
         scale_search=scale_search,
-        formats=MX_FORMAT_NAMES,
+        formats=tuple(MX_FORMATS),
         what="MX format",
     )
 
@@ -601,7 +599,7 @@ def fake_quantize_mx(
         rounding=rounding,
         seed=seed,
         scale_search=scale_search,
-        formats=MX_FORMAT_NAMES,
+        formats=tuple(MX_FORMATS),
         what="MX format",
     )
 

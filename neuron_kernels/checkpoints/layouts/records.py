@@ -17,6 +17,7 @@ import numpy as np
 
 from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
+from ...casting import cast
 from ...formats import FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ...io.stream import decoded_pieces
@@ -160,8 +161,6 @@ class ScaledWeight:
 
     def decoded_entry(self) -> ArrayEntry:
         """The exact float32 values as an :class:`ArrayEntry` read piece by piece."""
-        from ...casting import cast
-
         rows, cols = self.shape[-2], self.shape[-1]
         bm, bn = self.block
         srows, scols = -(-rows // bm), -(-cols // bn)
@@ -187,8 +186,6 @@ class ScaledWeight:
 
     def decoded_pieces(self, dtype: str, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
         """The values in ``dtype``, whole rows at a time in C order, each with the elements it read."""
-        from ...casting import cast
-
         entry = self.decoded_entry()
         step = max(self.shape[-1], (chunk_bytes // 4) // self.shape[-1] * self.shape[-1])
         for start in range(0, entry.size, step):
