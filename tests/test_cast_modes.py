@@ -410,6 +410,25 @@ def test_small_source_to_small_target_in_one_pass(source, target, rounding, satu
     assert_same(c, codes_of(got), want, f"{source} -> {target} {rounding} saturate={saturate}")
 
 
+SIXTEEN_BIT_TO_ONE_BYTE = [
+    (s, k.target, m)
+    for s in ("float16", "bfloat16")
+    for i, k in enumerate(k for k in ENCODERS if FORMATS[k.target].itemsize == 1)
+    for m in (("nearest_even", ROUNDING_MODES[i % len(ROUNDING_MODES)]) if s == "float16" else ("nearest_even",))
+]
+
+
+@pytest.mark.parametrize("source, target, rounding", sorted(set(SIXTEEN_BIT_TO_ONE_BYTE)))
+def test_every_16_bit_code_to_every_one_byte_format(source, target, rounding):
+    """The 16-bit sources' element loops (no table of results) on every code: float16 in the
+    default mode and one more per target, bfloat16 in the default mode."""
+    c = every_code(source)
+    rand = random_bits(SEED, c.size) if rounding == "stochastic" else None
+    got = nk.cast(c.view(ML_DTYPES[source]), target, rounding=rounding, **stochastic_kwargs(rounding))
+    want = encode_ref(decode_ref(c, source), target, rounding=rounding, rand=rand)
+    assert_same(c, codes_of(got), want, f"{source} -> {target} {rounding}")
+
+
 INT_TYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 
 
