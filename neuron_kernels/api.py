@@ -177,6 +177,7 @@ def quantize(
     four_over_six: str | None = ...,
     scale_search: str | None = ...,
     rht: Any = ...,
+    scale_dtype: Any = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray: ...
 @overload
@@ -196,6 +197,7 @@ def quantize(
     four_over_six: str | None = ...,
     scale_search: str | None = ...,
     rht: Any = ...,
+    scale_dtype: Any = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray | LazyBlockArray: ...
 
@@ -216,6 +218,7 @@ def quantize(
     four_over_six: str | None = None,
     scale_search: str | None = None,
     rht: Any = False,
+    scale_dtype: Any = None,
     out: BlockArray | None = None,
 ) -> Any:
     """Quantise an array to a block-scaled format (any of ``neuron_kernels.BLOCK_FORMATS``).
@@ -227,17 +230,23 @@ def quantize(
         first; float16 and bfloat16 are exact in float32).
     fmt
         ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``, ``mxint8``
-        (MX: e8m0 scales) or ``nvfp4`` (float8_e4m3fn scales, optional per-tensor scale).
+        (MX: e8m0 scales), ``nvfp4`` (float8_e4m3fn scales, optional per-tensor scale), or FP8
+        E4M3 with float scales: ``fp8_block`` (one per 128 x 128 tile), ``fp8_channel`` (one per
+        row) and ``fp8_tensor`` (one per matrix).
     block_size, block_shape
         1-D blocks of ``block_size`` along ``axis`` (default: the format's, 32 for MX and 16 for
         NVFP4; the last block may be partial), or ``block_shape=(r, c)``: one scale per r x c tile
         of the last two axes (partial tiles at the edges), e.g. (16, 16) for NVFP4 weights or
-        (8, 4) for Neuron's ``quantize_mx``.
+        (8, 4) for Neuron's ``quantize_mx``. ``fp8_channel`` with a ``block_size`` is FP8 per
+        group.
     axis
         The block axis of 1-D blocks (any; the last is the fastest).
     scale_mode
         MX: ``floor`` (OCP, the default), ``ceil``, ``even``, ``rceil`` (NVIDIA), ``neuron``
-        (Neuron's ``quantize_mx``); NVFP4: ``nearest`` (its only rule). The formulas are in
+        (Neuron's ``quantize_mx``); NVFP4: ``nearest`` (its only rule); float scales: ``divide``
+        (``s = amax / 448``, each element divided by ``s``: DeepSeek, compressed-tensors, vLLM;
+        the default) or ``reciprocal`` (``m = 448 / amax``, each element multiplied by ``m``,
+        ``1 / m`` stored: transformers' FineGrainedFP8). The formulas are in
         :data:`neuron_kernels.modes.SCALE_MODES`.
     rounding
         Elements: ``nearest_even``, ``nearest_away``, ``toward_zero``, ``stochastic`` (with
@@ -265,6 +274,10 @@ def quantize(
     rht
         Rotate every 16-element group along the block axis by the random Hadamard transform
         before quantising: True (the default signs) or 16 signs (see :func:`neuron_kernels.rotate`).
+    scale_dtype
+        Float scales only: the dtype they are stored as, ``float32`` (the default), ``bfloat16`` or
+        ``float16`` (compressed-tensors keeps the weight's dtype). The scale is rounded to it
+        before the elements are divided by it.
 
     out
         A block array to write the codes and scales into instead of new arrays (a loop over pieces
@@ -294,6 +307,7 @@ def quantize(
         four_over_six=four_over_six,
         scale_search=scale_search,
         rht=rht,
+        scale_dtype=scale_dtype,
     )
 
 

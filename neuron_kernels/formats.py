@@ -20,12 +20,14 @@ import ml_dtypes
 import numpy as np
 
 from .errors import InvalidValueError
-from .modes import E8M0_SCALE_MODES
+from .modes import E8M0_SCALE_MODES, FLOAT_SCALE_MODES
 
 __all__ = [
     "BLOCK_FORMATS",
     "MX_FORMATS",
     "BlockFormat",
+    "WHOLE",
+    "FLOAT_SCALE_DTYPES",
     "SPECIALS",
     "Format",
     "NKDType",
@@ -414,9 +416,12 @@ class BlockFormat:
     """One block-scaled format: elements of one format that share, per block, a scale of another.
 
     ``element`` is a float or fixed-point row of :data:`FORMATS`, ``scale`` the scale's row
-    (``float8_e8m0fnu`` for MX, ``float8_e4m3fn`` for NVFP4), ``block_size`` the default block
-    length, ``per_tensor_scale`` whether a float32 per-tensor scale may apply on top (NVFP4's two
-    levels). Every other number is derived from these rows.
+    (``float8_e8m0fnu`` for MX, ``float8_e4m3fn`` for NVFP4, ``float32`` for FP8 with float
+    scales, which may be stored as ``bfloat16`` or ``float16`` too: :data:`FLOAT_SCALE_DTYPES`),
+    ``block_size`` the default block length and ``block_rows`` the default rows of a 2-D tile
+    (:data:`WHOLE`: the whole axis, per channel or per tensor), ``per_tensor_scale`` whether a
+    float32 per-tensor scale may apply on top (NVFP4's two levels). Every other number is derived
+    from these rows.
     """
 
     name: str
@@ -424,6 +429,7 @@ class BlockFormat:
     scale: str
     block_size: int
     per_tensor_scale: bool = False
+    block_rows: int = 1
 
     @property
     def element_format(self) -> Format:
@@ -471,7 +477,25 @@ class BlockFormat:
     @property
     def scale_modes(self) -> tuple[str, ...]:
         """The scale modes (``modes.SCALE_MODES``) of this scale format; the first is the default."""
+        if self.float_scales:
+            return FLOAT_SCALE_MODES
         return E8M0_SCALE_MODES if self.scale_format.specials == "e8m0" else ("nearest",)
+
+    @property
+    def float_scales(self) -> bool:
+        """Whether the scales are floats of 16 or 32 bits (FP8 with float scales), not bytes."""
+        return self.scale_format.kind == "float" and self.scale_format.bits >= 16
+
+    @property
+    def scale_dtypes(self) -> tuple[str, ...]:
+        """The dtypes the scales may be stored as; the first is the default."""
+        return FLOAT_SCALE_DTYPES if self.float_scales else (self.scale,)
+
+    @property
+    def default_block_shape(self) -> tuple[int, ...]:
+        """The default block, ``(block_size,)`` or the 2-D tile ``(block_rows, block_size)``
+        (:data:`WHOLE` where it spans the axis)."""
+        return (self.block_size,) if self.block_rows == 1 else (self.block_rows, self.block_size)
 
     @property
     def is_mx(self) -> bool:
@@ -480,9 +504,20 @@ class BlockFormat:
 
     @property
     def family(self) -> str:
-        """The family's name, as messages and reprs say it: ``MX``, or the format's own (``NVFP4``)."""
+        """The family's name, as messages and reprs say it: ``MX``, ``FP8`` (float scales), or the
+        format's own (``NVFP4``)."""
+        if self.float_scales:
+            return "FP8"
         return "MX" if self.is_mx else self.name.upper()
 
+
+#: A block length that spans its whole axis: one scale per row (per channel) or, as the rows of a
+#: tile too, per matrix. Any block is cut to the array it lies in, so the largest length will do.
+WHOLE = 2**62
+
+#: The dtypes float scales may be stored as (the first is the default): float32 (DeepSeek, vLLM,
+#: transformers), bfloat16 and float16 (compressed-tensors keeps the weight's dtype).
+FLOAT_SCALE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 _BLOCK_TABLE: tuple[BlockFormat, ...] = (
     BlockFormat("mxfp8_e4m3", "float8_e4m3fn", "float8_e8m0fnu", 32),
@@ -492,6 +527,9 @@ _BLOCK_TABLE: tuple[BlockFormat, ...] = (
     BlockFormat("mxfp4_e2m1", "float4_e2m1fn", "float8_e8m0fnu", 32),
     BlockFormat("mxint8", "fixed8_q6", "float8_e8m0fnu", 32),
     BlockFormat("nvfp4", "float4_e2m1fn", "float8_e4m3fn", 16, per_tensor_scale=True),
+    BlockFormat("fp8_block", "float8_e4m3fn", "float32", 128, block_rows=128),
+    BlockFormat("fp8_channel", "float8_e4m3fn", "float32", WHOLE),
+    BlockFormat("fp8_tensor", "float8_e4m3fn", "float32", WHOLE, block_rows=WHOLE),
 )
 
 #: Every block format, by name.

@@ -11,6 +11,7 @@ __all__ = [
     "BLOCK_ROUNDING_MODES",
     "SCALE_MODES",
     "E8M0_SCALE_MODES",
+    "FLOAT_SCALE_MODES",
     "FOUR_OVER_SIX",
     "SCALE_SEARCHES",
 ]
@@ -41,11 +42,17 @@ BLOCK_ROUNDING_MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward
 #: - ``neuron`` (``nki.isa.quantize_mx``): ``floor(log2(amax)) - (emax - 1)``, so that the block's
 #:   largest element never saturates;
 #: - ``nearest`` (NVFP4's float8_e4m3fn scales): ``s = amax / max`` (divided by the per-tensor
-#:   scale when there is one), clamped to [2^-6, 448] and rounded to the nearest e4m3fn value.
+#:   scale when there is one), clamped to [2^-6, 448] and rounded to the nearest e4m3fn value;
+#: - ``divide`` (float scales: DeepSeek, compressed-tensors, vLLM): ``s = amax / max`` in float32,
+#:   rounded to the scale's dtype; every element is divided by ``s``;
+#: - ``reciprocal`` (float32 scales: transformers' FineGrainedFP8): ``m = max / amax`` in float32;
+#:   every element is multiplied by ``m`` and the scale stored is ``1 / m``.
 #:
-#: The first five give e8m0 scales (exponents clamped to [-127, 127]), the last e4m3fn ones.
-SCALE_MODES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "neuron", "nearest")
+#: The first five give e8m0 scales (exponents clamped to [-127, 127]), ``nearest`` e4m3fn ones,
+#: the last two float ones.
+SCALE_MODES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "neuron", "nearest", "divide", "reciprocal")
 E8M0_SCALE_MODES: tuple[str, ...] = SCALE_MODES[:5]
+FLOAT_SCALE_MODES: tuple[str, ...] = SCALE_MODES[6:]
 
 #: The error measures of the ``four_over_six`` scale policy (NVFP4): the block is quantised with
 #: scales from ``amax / 6`` and from ``amax / 4`` and the one with the smaller error is kept.

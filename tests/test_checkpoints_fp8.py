@@ -21,7 +21,7 @@ from neuron_kernels.checkpoints import load_checkpoint
 from .checkpoint_helpers import read_dir, read_safetensors, write_safetensors
 from .cli_runner import run
 from .command_checks import fails
-from .fp8_checkpoints import STRATEGIES, make_ct_fp8, make_fp8
+from .fp8_checkpoints import LLAMA, STRATEGIES, make_ct_fp8, make_fp8
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -47,8 +47,12 @@ def make(kind, folder, options):
 def test_fp8_checkpoints_read_exactly(tmp_path, kind, options):
     expected = make(kind, tmp_path / "in", options)
     loaded = load_checkpoint(tmp_path / "in")
+    block_format = (
+        "fp8_block" if kind == "fp8" else f"fp8_{ {'group': 'channel'}.get(options['strategy'], options['strategy']) }"
+    )
     for name, value in expected.items():
-        assert np.array_equal(u32(loaded[name]), u32(value)), name
+        assert loaded[name].fmt == block_format, name
+        assert np.array_equal(u32(loaded[name].dequantize()), u32(value)), name
     r = run("dequantize", "in", "out", cwd=tmp_path)  # bfloat16 by default
     assert "7 weight(s) dequantised" in r.stdout
     out = read_dir(tmp_path / "out")[0]
@@ -102,3 +106,67 @@ def test_bad_float_quantized_configs_are_refused(tmp_path):
     tensors[name] = tensors[name][:-1]
     write_safetensors(tmp_path / "in" / "model.safetensors", tensors)
     fails("dequantize", "in", "out", cwd=tmp_path, message="does not fit the weight")
+
+
+# ---- writing: the command's FP8 layouts (the runtimes' own loaders: tests/test_checkpoints_runtimes.py) ----
+
+QKV = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
+
+
+def _ignore(*modules):
+    return [a for m in modules for a in ("--ignore", m)]
+
+
+@pytest.mark.parametrize("layout", ["compressed-tensors", "fp8"])
+def test_fp8_tiles_that_straddle_a_fused_layer_are_refused_as_vllm_refuses_them(tmp_path, layout):
+    """vLLM's ``validate_fp8_block_shape`` (vllm/model_executor/layers/quantization/utils/fp8_utils.py):
+    in a merged GEMM (q/k/v, gate/up) every shard but the last must have a multiple of the tile's
+    rows. The Llama's q and k have 64: refused, in one line naming the shard and the rule; with
+    q/k/v kept, gate/up (128 rows) and the rest are written."""
+    fails("quantize", LLAMA, "out", "--layout", layout, "--format", "fp8_block", cwd=tmp_path,
+          message="model.layers.0.self_attn.q_proj.weight has 64 output rows")  # fmt: skip
+    r = run("quantize", LLAMA, "out", "--layout", layout, "--format", "fp8_block", *_ignore(*QKV), cwd=tmp_path)
+    assert "4 tensor(s) quantised" in r.stdout, r.stdout
+    plain, written = load_checkpoint(LLAMA), load_checkpoint(tmp_path / "out")
+    scales = "bfloat16" if layout == "compressed-tensors" else "float32"  # llm-compressor keeps the weight's dtype
+    for name in ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.self_attn.o_proj.weight"):
+        want = nk.quantize(plain[name], "fp8_block", scale_dtype=scales)
+        assert written[name].fmt == "fp8_block" and written[name].scales.dtype == want.scales.dtype
+        assert np.array_equal(written[name].codes, want.codes) and np.array_equal(written[name].scales, want.scales)
+    for name in QKV:
+        assert written[f"{name}.weight"].dtype == BF16
+
+
+def test_fp8_layouts_convert_into_each_other_as_their_bytes(tmp_path):
+    """compressed-tensors FP8_BLOCK -> fine-grained FP8 -> compressed-tensors: each weight's codes
+    and scales copied (the same 128 x 128 tiles), none quantised anew; per channel to per tensor is
+    quantised anew (other blocks of FP8)."""
+    run("quantize", LLAMA, "ct", "--format", "fp8_block", *_ignore(*QKV), cwd=tmp_path)
+    r = run("quantize", "ct", "fine", "--layout", "fp8", "--format", "fp8_block", *_ignore(*QKV), cwd=tmp_path)
+    assert "bytes copied from compressed-tensors" in r.stdout and "4 converted (bytes copied)" in r.stdout, r.stdout
+    r = run("quantize", "fine", "back", "--format", "fp8_block", *_ignore(*QKV), cwd=tmp_path)
+    assert "bytes copied from fp8" in r.stdout, r.stdout
+    ct, fine, back = (load_checkpoint(tmp_path / n) for n in ("ct", "fine", "back"))
+    for name, q in ct.items():
+        if isinstance(q, nk.BlockArray):
+            for other in (fine[name], back[name]):
+                assert other.fmt == "fp8_block" and np.array_equal(other.codes, q.codes), name
+                assert other.scales.dtype == q.scales.dtype and np.array_equal(other.scales, q.scales), name
+    run("quantize", LLAMA, "chan", "--format", "fp8_channel", cwd=tmp_path)
+    r = run("quantize", "chan", "tens", "--format", "fp8_tensor", cwd=tmp_path)
+    assert "7 tensor(s) quantised" in r.stdout and "dequantised from fp8 (float-quantized)" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--layout", "fp8", "--format", "fp8_channel"), "stores fp8_block, not fp8_channel"),
+        (("--format", "fp8_block", "--block-shape", "64x64"), "tiles of 128 x 128"),
+        (("--format", "fp8_channel", "--scale-mode", "reciprocal", "--scale-dtype", "bfloat16"), "reciprocal"),
+        (("--format", "fp8_channel", "--four-over-six", "mse"), "float8_e4m3fn or e8m0 scales"),
+        (("--format", "nvfp4", "--scale-dtype", "bfloat16"), "scale_dtype 'bfloat16' is not one of nvfp4's"),
+        (("--layout", "modelopt", "--format", "fp8_tensor"), "invalid choice: 'modelopt'"),
+    ],
+)
+def test_fp8_options_a_layout_cannot_hold_are_refused(tmp_path, options, message):
+    fails("quantize", LLAMA, "out", *options, cwd=tmp_path, message=message)

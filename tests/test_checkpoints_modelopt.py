@@ -89,9 +89,10 @@ def test_modelopt_fp8_checkpoints_read_as_modelopt_decodes_them(algo):
         assert {(2, 2), (3, 2), (2, 3)} == set(grids.values())
     loaded = load_checkpoint(FIXTURES / algo)
     assert not any(k.endswith("_scale") for k in loaded)
+    block_format = {"fp8": "fp8_tensor", "fp8_pc_pt": "fp8_channel", "fp8_pb_wo": "fp8_block"}[algo]
     for name, value in expected.items():
-        assert loaded[name].dtype == np.float32
-        np.testing.assert_array_equal(bits(loaded[name]), bits(value), err_msg=name)
+        assert isinstance(loaded[name], nk.BlockArray) and loaded[name].fmt == block_format, name
+        np.testing.assert_array_equal(bits(loaded[name].dequantize()), bits(value), err_msg=name)
     for name, value in loaded.items():
         if name not in expected:
             np.testing.assert_array_equal(value.view(np.uint8), source[name].view(np.uint8))

@@ -163,8 +163,91 @@ def test_the_producers_decoders_read_fp8_checkpoints_as_the_package_does(ct_load
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
     ours = nk.load_checkpoint(llama / name)
     for weight, value in ct_loaded["fp8-expected"][name].items():
-        assert np.array_equal(ours[weight], value), weight
-        np.testing.assert_array_equal(loaded[weight], ours[weight].astype(BF16).astype(np.float32), err_msg=weight)
+        values = ours[weight].dequantize()
+        assert np.array_equal(values, value), weight
+        np.testing.assert_array_equal(loaded[weight], values.astype(BF16).astype(np.float32), err_msg=weight)
+
+
+# A Llama whose attention fits 128 x 128 tiles (q 256 rows, k and v 128) and whose MLP does not
+# (320): gate/up are one fused layer whose first shard vLLM refuses in partial tiles, down_proj has
+# 320 columns (a partial tile per row of tiles).
+MAKE_LLAMA_320 = MAKE_LLAMA.replace("hidden_size=64, intermediate_size=128", "hidden_size=256, intermediate_size=320")
+MLP = ("--ignore", "model.layers.0.mlp.gate_proj", "--ignore", "model.layers.0.mlp.up_proj")
+#: (output folder, command options, loader kind) of each FP8 checkpoint the command writes
+FP8_WRITTEN = {
+    "ct-fp8_block": (("--format", "fp8_block", *MLP), "compressed-tensors"),
+    "ct-fp8_channel": (("--format", "fp8_channel"), "compressed-tensors"),
+    "ct-fp8_tensor": (("--format", "fp8_tensor"), "compressed-tensors"),
+    "ct-fp8_channel-f32": (("--format", "fp8_channel", "--scale-dtype", "float32"), "compressed-tensors"),
+    "fp8-block": (("--layout", "fp8", "--format", "fp8_block", *MLP, "--ignore", "model.layers.0.mlp.down_proj"),
+                  "fp8"),
+    "fp8-reciprocal": (("--layout", "fp8", "--format", "fp8_block", "--scale-mode", "reciprocal", *MLP,
+                        "--ignore", "model.layers.0.mlp.down_proj"), "fp8"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fp8_loaded(runtime, tmp_path_factory):
+    """The 320 Llama written by the command in each FP8 layout and loaded by transformers (one
+    process): name -> (the command's output, loading info, loaded weights)."""
+    d = tmp_path_factory.mktemp("fp8")
+    runtime(MAKE_LLAMA_320, d / "llama")
+    args, outputs = [], {}
+    for name, (options, kind) in FP8_WRITTEN.items():
+        outputs[name] = run("quantize", "llama", name, *options, cwd=d).stdout
+        args += [d / name, d / f"{name}.npz", kind]
+    infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(FP8_WRITTEN) :]]
+    loaded = {n: (outputs[n], info, np.load(d / f"{n}.npz")) for n, info in zip(FP8_WRITTEN, infos)}
+    return d, loaded
+
+
+@pytest.mark.parametrize("name", list(FP8_WRITTEN))
+def test_transformers_loads_the_fp8_layouts_the_command_writes(fp8_loaded, name):
+    """compressed-tensors float-quantized (each strategy; scales in the weight's dtype by default,
+    as llm-compressor writes them, or float32) and fine-grained FP8 (DeepSeek's division by
+    ``amax / 448``, or transformers' own reciprocal rule): no missing, unexpected or mismatched key,
+    each quantised weight the package's quantisation of the original, rounded to bfloat16 once (the
+    product of an FP8 code and its scale is exact in float32), every other tensor as it was."""
+    d, loaded = fp8_loaded
+    out, info, weights = loaded[name]
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    options, kind = FP8_WRITTEN[name]
+    fmt = options[options.index("--format") + 1]
+    scale_dtype = options[options.index("--scale-dtype") + 1] if "--scale-dtype" in options else None
+    mode = options[options.index("--scale-mode") + 1] if "--scale-mode" in options else "divide"
+    if scale_dtype is None:  # compressed-tensors keeps the weight's dtype, fine-grained FP8 float32
+        scale_dtype = "bfloat16" if kind == "compressed-tensors" else "float32"
+    original = nk.load_checkpoint(d / "llama")
+    written = nk.load_checkpoint(d / name)
+    quantised = {n for n, v in written.items() if isinstance(v, nk.BlockArray)}
+    ignored = {f"{options[i + 1]}.weight" for i, o in enumerate(options) if o == "--ignore"}
+    assert quantised == {n for n in original if n.endswith("_proj.weight")} - ignored
+    for n in quantised:
+        q = nk.quantize(original[n], fmt, scale_mode=mode, scale_dtype=scale_dtype)
+        assert written[n].fmt == fmt and written[n].scales.dtype == q.scales.dtype, n
+        assert np.array_equal(written[n].codes, q.codes) and np.array_equal(written[n].scales, q.scales), n
+        np.testing.assert_array_equal(weights[n], q.dequantize("bfloat16").astype(np.float32), err_msg=n)
+    for n in original:
+        if n not in quantised:
+            np.testing.assert_array_equal(weights[n], original[n].astype(np.float32), err_msg=n)
+    if name == "ct-fp8_block":  # down_proj's 320 columns: partial tiles, which compressed-tensors reads
+        assert written["model.layers.0.mlp.down_proj.weight"].scales.shape == (2, 3)
+
+
+def test_transformers_refuses_fine_grained_fp8_in_partial_tiles_and_the_summary_says_so(fp8_loaded, runtime):
+    """transformers' bug (neuron_kernels/checkpoints/runtimes.py): it derives the block from the
+    scale grid, so down_proj's 320 columns in tiles of 128 are refused (vLLM, which allocates the
+    grid with a ceiling, loads them); the command writes them, as DeepSeek's checkpoints hold
+    them, and its summary names the weight. A strict xfail: a release that reads them is noticed."""
+    d, _ = fp8_loaded
+    out = run("quantize", "llama", "fp8-partial", "--layout", "fp8", "--format", "fp8_block", *MLP, cwd=d).stdout
+    assert "refuses fine-grained FP8 weights" in out and "model.layers.0.mlp.down_proj.weight" in out, out
+    try:
+        runtime(LOAD, d / "fp8-partial", d / "fp8-partial.npz", "fp8")
+    except AssertionError as exc:
+        assert "conversion" in str(exc).lower() or "divisible" in str(exc).lower(), str(exc)[-500:]
+        pytest.xfail("transformers refuses fine-grained FP8 weights in partial tiles (its bug, known through 5.25)")
+    pytest.fail("transformers now loads fine-grained FP8 in partial tiles: drop the note in runtimes.py")
 
 
 MAKE_GPT_OSS = """

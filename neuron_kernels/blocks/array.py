@@ -191,7 +191,12 @@ class BlockArray(BlockFields):
                     f"block array {name} must be a numpy array, got {type(getattr(self, name)).__name__}"
                 )
         problem = self.layout.problem((self.codes.shape, self.codes.dtype), (self.scales.shape, self.scales.dtype))
-        if problem is None and self.scales.dtype.kind == "f" and self.scales.dtype != self.format.scale_format.dtype:
+        if (
+            problem is None
+            and not self.format.float_scales
+            and self.scales.dtype.kind == "f"
+            and self.scales.dtype != self.format.scale_format.dtype
+        ):
             problem = f"scales must be {self.format.scale} bytes, got dtype {self.scales.dtype}"
         if problem is None:
             problem = _extra_problem(self.format, self.per_tensor_scale, self.rotation)
@@ -260,12 +265,16 @@ class BlockArray(BlockFields):
         pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.packed and not ks.row else int(self.packed)
         kernel = K.dequantize_kernel(self.format, pack, ks.row)
         pts = np.float32(self.per_tensor_scale or 0.0)
-        codes, scales = (
-            read_only(self.codes.reshape(ks.codes)),
-            read_only(self.scales.view(np.uint8).reshape(ks.scales)),
-        )
+        codes, scales = read_only(self.codes.reshape(ks.codes)), read_only(self.scale_words().reshape(ks.scales))
         geometry = (min(self.block_size, max(ks.values[-1], 1)),) if ks.row else lay.tile()
         run_tasks(kernel, ks.tasks, values.size, (codes, scales, values.reshape(ks.values), *geometry, pts))
+
+    def scale_words(self) -> np.ndarray:
+        """The scales as the kernels read them: bytes (uint8), or float scales as float32 patterns
+        (uint32; bfloat16 and float16 scales widened exactly)."""
+        if self.format.float_scales:
+            return np.ascontiguousarray(self.scales, np.float32).view(np.uint32)
+        return self.scales.view(np.uint8)
 
     def unpacked_codes(self) -> np.ndarray:
         """The codes one per byte (unpacking 4-bit codes if stored packed)."""
@@ -392,9 +401,10 @@ class BlockArray(BlockFields):
                 f"{where}: codes hold values above {(1 << element.bits) - 1}, the largest "
                 f"{element.bits}-bit code of {fmt.name}"
             )
+        scales = np.ascontiguousarray(scales)
         return cls(
             np.ascontiguousarray(codes),
-            np.ascontiguousarray(scales).view(np.uint8).view(fmt.scale_format.result_dtype),
+            scales if fmt.float_scales else scales.view(np.uint8).view(fmt.scale_format.result_dtype),
             layout.normalised(),
             per_tensor_scale=None if per_tensor_scale is None else float(per_tensor_scale),
             rotation=None if rotation is None else tuple(int(v) for v in rotation),

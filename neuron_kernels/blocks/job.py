@@ -79,10 +79,15 @@ def _axis(axis: Any, ndim: int) -> int:
 
 
 def _blocks(block_size: Any, block_shape: Any, fmt: BlockFormat, axis: Any, ndim: int) -> tuple[int, int, int]:
-    """(block_size, block_rows, axis) from ``block_size`` / ``block_shape`` / ``axis``."""
+    """(block_size, block_rows, axis) from ``block_size`` / ``block_shape`` / ``axis`` (a format's
+    default 2-D tile where neither is given, but of a 1-D array or along another axis: the tile's
+    row, a block of ``block_size``)."""
     if block_shape is None:
         size = fmt.block_size if block_size is DEFAULT else _positive_int(block_size, "block_size")
-        return size, 1, _axis(axis, ndim)
+        ax = _axis(axis, ndim)
+        if block_size is DEFAULT and fmt.block_rows > 1 and ndim >= 2 and ax == ndim - 1:
+            return size, fmt.block_rows, ax
+        return size, 1, ax
     if (
         isinstance(block_shape, (str, bytes))
         or not isinstance(block_shape, (tuple, list))
@@ -101,6 +106,19 @@ def _blocks(block_size: Any, block_shape: Any, fmt: BlockFormat, axis: Any, ndim
     if _axis(axis, ndim) != ndim - 1:
         raise InvalidValueError(f"2-D blocks {tuple(dims)} tile the last two axes; axis must be -1, got {axis}")
     return dims[1], dims[0], ndim - 1
+
+
+def _with_scale_dtype(bf: BlockFormat, scale_dtype: Any) -> BlockFormat:
+    """The format with its scales stored as ``scale_dtype`` (None: the format's own): float scales
+    may be float32, bfloat16 or float16 (see ``formats.FLOAT_SCALE_DTYPES``)."""
+    if scale_dtype is None:
+        return bf
+    name = getattr(scale_dtype, "name", scale_dtype) if not isinstance(scale_dtype, str) else scale_dtype
+    if isinstance(scale_dtype, type):
+        name = np.dtype(scale_dtype).name
+    if not isinstance(name, str) or name not in bf.scale_dtypes:
+        raise InvalidValueError(f"scale_dtype {scale_dtype!r} is not one of {bf.name}'s: {', '.join(bf.scale_dtypes)}")
+    return bf if name == bf.scale else replace(bf, scale=name)
 
 
 def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
@@ -211,6 +229,25 @@ class BlockJob:
 
         return K.policy_id(self.four_over_six, self.scale_search)
 
+    def _rule(self) -> str:
+        """The scale mode compiled into the kernels: that of float scales, else none."""
+        return self.scale_mode if self.fmt.float_scales else ""
+
+    def _scale_buffer(self, shape: tuple[int, ...]) -> np.ndarray:
+        """What the kernels write the scales into: bytes, or float32 patterns for float scales."""
+        return np.empty(shape, np.uint32 if self.fmt.float_scales else np.uint8)
+
+    def _stored_scales(self, words: np.ndarray) -> np.ndarray:
+        """The scales the kernels wrote, as the array stores them: bytes viewed as the scale format;
+        float32 patterns as the scale dtype (the reciprocal rule's multipliers ``m`` as ``1 / m``)."""
+        if not self.fmt.float_scales:
+            return words.view(self.fmt.scale_format.result_dtype)
+        values = words.view(np.float32)
+        if self.scale_mode == "reciprocal":
+            with np.errstate(divide="ignore"):
+                np.divide(np.float32(1.0), values, out=values)
+        return values if self.fmt.scale == "float32" else values.astype(self.fmt.scale_format.result_dtype)
+
     def _run(self, kernel: Any, lay: BlockLayout, arrays: tuple[np.ndarray, ...], idx0: int, align: int = 1) -> None:
         from ..kernels import blocks as K
 
@@ -243,6 +280,10 @@ class BlockJob:
         rows = min(self.block_rows, shape[-2]) if self.block_rows > 1 else self.block_rows
         return min(self.block_size, shape[self.axis]), rows
 
+    def stored_blocks(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(block_size, block_rows) as the block array of an array of ``shape`` records them."""
+        return self._stored(shape)
+
     def out_buffers(self, out: Any, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The codes and scale bytes of ``out`` (a BlockArray) to write the quantisation of ``arr``
         into, once checked: the same format, shape, axis, blocks, packing and rotation as the
@@ -261,6 +302,10 @@ class BlockJob:
                 raise InvalidValueError(f"out's {name} must be a writeable C-contiguous array")
             if np.may_share_memory(a, arr) and np.shares_memory(a, arr, max_work=10**6):  # type: ignore[arg-type, unused-ignore]
                 raise InvalidValueError(f"out's {name} overlap the input; pass a separate block array")
+        if self.fmt.float_scales:  # written as float32 patterns, then stored as the scale dtype
+            if out.scales.dtype != self.fmt.scale_format.result_dtype:
+                raise InvalidValueError(f"out's scales must be {self.fmt.scale} (the result's), got {out.scales.dtype}")
+            return out.codes.view(np.ndarray), self._scale_buffer(out.scales.shape)
         return out.codes.view(np.ndarray), out.scales.view(np.uint8)
 
     def quantize(self, arr: np.ndarray, src: Format, idx0: int = 0, out: BlockArray | None = None) -> BlockArray:
@@ -273,7 +318,7 @@ class BlockJob:
         lay = self.layout(arr.shape)
         if out is None:
             codes = np.empty(lay.codes_shape, np.uint8)
-            scales = np.empty(lay.scales_shape, np.uint8)
+            scales = self._scale_buffer(lay.scales_shape)
         else:
             codes, scales = self.out_buffers(out, arr)
         if arr.size:
@@ -282,7 +327,14 @@ class BlockJob:
             arr, source = self._source(arr, src, row)
             pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.pack and not row else int(self.pack)
             kernel = K.quantize_kernel(
-                source, self.fmt, self.rounding, pack, row, self._fused_rotation(row), self._policy() != K.PLAIN
+                source,
+                self.fmt,
+                self.rounding,
+                pack,
+                row,
+                self._fused_rotation(row),
+                self._policy() != K.PLAIN,
+                self._rule(),
             )
             # Two blocks of odd length along the block axis share bytes of packed codes: keep such
             # pairs on one thread (whole pairs of rows of tasks if a row has an odd number).
@@ -293,11 +345,13 @@ class BlockJob:
             self._run(kernel, lay, arrays, idx0, align)
         pts = self.per_tensor_scale if not isinstance(self.per_tensor_scale, str) else None
         if out is not None:
+            if self.fmt.float_scales:
+                out.scales[...] = self._stored_scales(scales)
             return out if out.per_tensor_scale == pts else replace(out, per_tensor_scale=pts)
         size, rows = self._stored(arr.shape)
         return BlockArray(
             codes,
-            scales.view(self.fmt.scale_format.result_dtype),
+            self._stored_scales(scales),
             BlockLayout(self.fmt.name, arr.shape, self.axis, size, rows, self.pack),
             per_tensor_scale=pts,
             rotation=self.rotation,
@@ -322,7 +376,7 @@ class BlockJob:
             row, vshape = ks.row, ks.values
             arr, source = self._source(arr, src, row)
             kernel = K.fake_quantize_kernel(
-                source, self.fmt, self.rounding, row, self._fused_rotation(row), self._policy() != K.PLAIN
+                source, self.fmt, self.rounding, row, self._fused_rotation(row), self._policy() != K.PLAIN, self._rule()
             )
             self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
 
@@ -341,7 +395,7 @@ class BlockJob:
             return None
         sums = np.zeros((vshape[0], K.N_SUMS), np.float64)
         if arr.size:
-            kernel = K.quantize_error_kernel(src.name, self.fmt)
+            kernel = K.quantize_error_kernel(src.name, self.fmt, self._rule())
             size = min(self.block_size, max(vshape[1], 1))
             options = (K.scale_mode_id(self.scale_mode), self._policy(), self._pts(), self.key)
             run_tasks(kernel, vshape[0], arr.size, (K.input_view(arr).reshape(vshape), size, *options, sums))
@@ -364,12 +418,13 @@ def block_job(
     four_over_six: Any = None,
     scale_search: Any = None,
     rht: Any = False,
+    scale_dtype: Any = None,
     formats: tuple[str, ...] = tuple(BLOCK_FORMATS),
     what: str = "block format",
 ) -> BlockJob:
     """Validate the options of :func:`neuron_kernels.quantize` for arrays of ``ndim`` dimensions
     (``formats``: the formats accepted, named ``what`` in errors)."""
-    bf = block_format(fmt, formats, what)
+    bf = _with_scale_dtype(block_format(fmt, formats, what), scale_dtype)
     size, rows, ax = _blocks(block_size, block_shape, bf, axis, ndim)
     mode = bf.scale_modes[0] if scale_mode is DEFAULT else scale_mode
     if isinstance(mode, str) and mode in SCALE_MODES and mode not in bf.scale_modes:
@@ -393,6 +448,14 @@ def block_job(
         raise InvalidValueError(
             f"scale_bound must be a float in (0, {largest:g}] (the largest {bf.scale} value, the default; "
             f"256 with four_over_six), got {scale_bound}"
+        )
+    if bf.float_scales and mode == "reciprocal" and bf.scale != "float32":
+        raise NotApplicableError(
+            f"scale mode 'reciprocal' stores float32 scales (transformers' rule); got scale_dtype {bf.scale!r}"
+        )
+    if bf.float_scales and (four_over_six is not None or scale_search is not None):
+        raise NotApplicableError(
+            f"four_over_six and scale_search choose among float8_e4m3fn or e8m0 scales; {bf.name}'s are floats"
         )
     if four_over_six is not None:
         choice(four_over_six, FOUR_OVER_SIX, "four_over_six error measure")

@@ -178,12 +178,16 @@ class BlockLayout:
             return f"invalid packed flag {packed!r} for {fmt}"
         if np.dtype(codes[1]) != np.uint8 or tuple(codes[0]) != self.codes_shape:
             return f"codes must be uint8 of shape {self.codes_shape}"
-        if (
+        bf = self.format
+        if bf.float_scales:
+            if np.dtype(scales[1]).name not in bf.scale_dtypes or tuple(scales[0]) != self.scales_shape:
+                return f"scales must be floats ({', '.join(bf.scale_dtypes)}) of shape {self.scales_shape}"
+        elif (
             np.dtype(scales[1]).itemsize != 1
             or np.dtype(scales[1]).kind not in "uVf"
             or tuple(scales[0]) != (self.scales_shape)
         ):
-            kind = "e8m0" if self.format.is_mx else self.format.scale
+            kind = "e8m0" if bf.is_mx else bf.scale
             return f"scales must be {kind} bytes of shape {self.scales_shape}"
         return None
 

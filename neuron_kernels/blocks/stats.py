@@ -179,7 +179,7 @@ def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
         return sums
     kernel = K.row_error_kernel(input_array(x)[1].name, q.format, q.packed)
     size = min(q.block_size, max(vshape[1], 1))
-    codes, scales = read_only(q.codes.reshape(ks.codes)), read_only(q.scales.view(np.uint8).reshape(ks.scales))
+    codes, scales = read_only(q.codes.reshape(ks.codes)), read_only(q.scale_words().reshape(ks.scales))
     pts = np.float32(q.per_tensor_scale or 0.0)
     run_tasks(kernel, vshape[0], x.size, (K.input_view(x).reshape(vshape), codes, scales, size, pts, sums))
     return sums

@@ -24,7 +24,7 @@ from ..blocks.array import BlockArray
 from ..blocks.job import DEFAULT, BlockJob, block_job
 from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
-from ..formats import INPUT_DTYPES
+from ..formats import BLOCK_FORMATS, INPUT_DTYPES, WHOLE
 from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
 from ..io.stream import Progress, entry_amax, quantized_pieces, transposed_pieces
@@ -53,8 +53,8 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
     ``path``: a checkpoint folder or ``.safetensors`` file in any layout of :data:`LAYOUTS` (or
     plain), or the package's ``.npz`` file. ``names``: only these names (an iterable). Keys are
     the weights' names (``NAME.weight``; ``NAME`` for gpt-oss's experts) and the other tensors'.
-    The FP8 layouts' weights (float scales, no block format of the table) come as their exact
-    float32 values.
+    The FP8 layouts' weights come as block arrays of ``fp8_block``, ``fp8_channel`` or ``fp8_tensor``
+    (float scales in their stored dtype).
     NVFP4's per-tensor scale is the one quantised with when this package wrote the checkpoint,
     else ``1 / weight_global_scale`` in float32."""
     ckpt, layout = open_any(os.fspath(path))
@@ -64,7 +64,7 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
     for w in stored_weights(ckpt, layout):
         taken.update(w.parts)
         if wanted is None or w.name in wanted:
-            out[w.name] = w.block_array() if isinstance(w, StoredWeight) else w.values()
+            out[w.name] = w.block_array()
     for name, entry in ckpt.tensors.items():
         if name not in taken and (wanted is None or name in wanted):
             out[name] = np.array(entry.read())
@@ -278,7 +278,8 @@ class _Plan:
                 continue
             shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
             w = self.copies.get(name)
-            outputs = layout.outputs(name, w.layout if w is not None else job.layout(shape))
+            scale_dtype = w.scales.dtype.name if w is not None else job.fmt.scale
+            outputs = layout.outputs(name, w.layout if w is not None else job.layout(shape), scale_dtype)
             report.outputs = tuple(s.name for s, _ in outputs)
             if w is not None:
                 items.append(_converted_item(w, outputs, progress))
@@ -310,9 +311,9 @@ def _plan(
     if options.get("axis", -1) not in (-1, None):
         raise FileFormatError("checkpoint layouts block the last axis (the input dimension); --axis must be -1")
     probe = block_job(fmt, 2, **options)
-    if not layout.single_file and (probe.block_size != probe.fmt.block_size or probe.block_rows != 1):
+    if not layout.single_file and (probe.block_size, probe.block_rows) != (probe.fmt.block_size, probe.fmt.block_rows):
         raise FileFormatError(
-            f"the {layout.name} layout stores {fmt} with 1-D blocks of {probe.fmt.block_size}; "
+            f"the {layout.name} layout stores {fmt} with {_blocks_of(probe.fmt)}; "
             f"--block-size/--block-shape other than that need --layout npz"
         )
     if not layout.single_file and probe.rotation is not None:
@@ -327,9 +328,11 @@ def _plan(
         if arch is None and not only:
             raise FileFormatError(_unknown_architecture(ckpt, modules))
     copies: dict[str, StoredWeight] = {}
+    whole = 1 if probe.fmt.float_scales else probe.block_size  # float scales: edge blocks may be partial
     for name, entry in inputs.items():
-        why = layout.decide(name, entry.dtype, entry.shape, probe.block_size, ignore, only, arch=arch)
-        chosen.append((name, entry, None if why else block_job(fmt, len(entry.shape), **options)))
+        why = layout.decide(name, entry.dtype, entry.shape, whole, ignore, only, arch=arch)
+        job = None if why else block_job(fmt, len(entry.shape), **_layout_options(layout, fmt, entry, options))
+        chosen.append((name, entry, job))
         w = by_name.get(name)
         if why:
             reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.label})" if w else "")))
@@ -340,7 +343,7 @@ def _plan(
         else:
             how = f"dequantised from {w.label}{_dropped_note(w)}" if w is not None else ""
             reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how))
-    layout.fits(ckpt, [n for n, _, j in chosen if j is not None])
+    layout.fits(ckpt, {n: e.shape for n, e, j in chosen if j is not None}, fmt)
     if not any(j is not None for _, _, j in chosen):
         why = Counter(r.reason for r in reports).most_common(3)
         raise FileFormatError(
@@ -356,8 +359,25 @@ def _plan(
     kept = [(n, e) for (n, e, j) in chosen if j is None]
     ignored = ignored_modules(kept, arch, inputs)
     config = {} if layout.single_file else layout.config(fmt, kept, ignored)
-    notes = runtime_notes(layout.name, fmt, arch, [n for n, _, j in chosen if j is not None])
+    notes = runtime_notes(layout.name, fmt, arch, {n: e.shape for n, e, j in chosen if j is not None})
     return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, notes)
+
+
+def _blocks_of(bf: Any) -> str:
+    """A format's default blocks, as messages say them."""
+    whole = {WHOLE: "a whole axis"}
+    if bf.block_rows == 1:
+        return f"1-D blocks of {whole.get(bf.block_size, bf.block_size)}"
+    return f"tiles of {whole.get(bf.block_rows, bf.block_rows)} x {whole.get(bf.block_size, bf.block_size)}"
+
+
+def _layout_options(layout: CheckpointLayout, fmt: str, entry: ArrayEntry, options: dict[str, Any]) -> dict[str, Any]:
+    """The options of a weight's job: the user's, and the scale dtype its layout stores float scales
+    of a weight of its dtype in where the user chose none."""
+    if options.get("scale_dtype") is not None or not BLOCK_FORMATS[fmt].float_scales:
+        return options
+    chosen = layout.scale_dtype(entry.dtype)
+    return options if chosen is None else {**options, "scale_dtype": chosen}
 
 
 def _unknown_architecture(ckpt: Checkpoint, modules: str) -> str:
@@ -416,6 +436,8 @@ def _copies_bytes(w: Weight, layout: Any, fmt: str, options: dict[str, Any]) -> 
     the layout stores. Options that would change its bytes are refused (they need it dequantised)."""
     if not isinstance(w, StoredWeight) or w.layout.fmt != fmt or w.transpose != layout.transpose:
         return False
+    if (w.layout.block_size, w.layout.block_rows) != block_job(fmt, len(w.shape)).stored_blocks(w.shape):
+        return False  # other blocks of the same format (FP8 per group, not per channel): quantised anew
     neutral = {"axis": (-1, None), "pack": (True,), "rounding": ("nearest_even",), "rht": (False,)}
     given = {k: v for k, v in options.items() if v is not None and v is not DEFAULT and v not in neutral.get(k, ())}
     if given:
@@ -551,7 +573,7 @@ def _quantize_to_block_file(
                 continue
             job = resolve(name)
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
-            with writer.array(name, job.layout(entry.shape), pts, job.rotation) as out:
+            with writer.array(name, job.layout(entry.shape), pts, job.rotation, job.fmt.scale) as out:
                 pieces = quantized_pieces(entry, job, chunk_bytes)
                 acc = _pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress)
             report.stats = acc.result()

@@ -11,6 +11,12 @@ Each entry is a runtime's own bug met with the layout as written, pinned by a st
 
 MXFP4 MoE experts load exactly there, and vLLM, whose fused MoE reads each expert's Linear
 tensors, loads all three.
+
+- transformers (5.25) reads a fine-grained FP8 weight's block as its shape divided by the scale
+  grid's (``Fp8Dequantize``), so it refuses a weight whose rows or columns are not a multiple of
+  the block (DeepSeek's 576-row ``kv_a_proj_with_mqa``), and would read the wrong block where that
+  division happens to be exact; vLLM allocates the grid with a ceiling and loads them (pinned in
+  ``tests/test_checkpoints_runtimes.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +42,11 @@ def transformers_version() -> str | None:
         return None
 
 
-def runtime_notes(layout: str, fmt: str, arch: Any, quantised: list[str]) -> list[str]:
-    """The summary's notes on the runtimes for a checkpoint written in ``layout`` / ``fmt``."""
+def runtime_notes(layout: str, fmt: str, arch: Any, quantised: dict[str, tuple[int, ...]]) -> list[str]:
+    """The summary's notes on the runtimes for a checkpoint written in ``layout`` / ``fmt``
+    (``quantised``: the shape of each weight quantised)."""
+    if layout == "fp8":
+        return _partial_blocks_note(fmt, quantised)
     if layout != "compressed-tensors" or arch is None or fmt not in TRANSFORMERS_EXPERT_BUGS:
         return []
     experts = [n for n in quantised if arch.kind(n.rpartition(".")[0]) == "expert"]
@@ -49,4 +58,21 @@ def runtime_notes(layout: str, fmt: str, arch: Any, quantised: list[str]) -> lis
         f"{which} {TRANSFORMERS_EXPERT_BUGS[fmt]}: {len(experts)} expert weight(s) here; a bug of transformers "
         f"(known through {CHECKED_WITH}), not of this checkpoint, which vLLM loads; for transformers, "
         f"--format mxfp4_e2m1 loads MoE experts exactly (docs/checkpoints.md)"
+    ]
+
+
+def _partial_blocks_note(fmt: str, quantised: dict[str, tuple[int, ...]]) -> list[str]:
+    from ..formats import BLOCK_FORMATS
+
+    bf = BLOCK_FORMATS[fmt]
+    partial = [n for n, shape in quantised.items() if shape[-2] % bf.block_rows or shape[-1] % bf.block_size]
+    if not partial:
+        return []
+    installed = transformers_version()
+    which = f"transformers {installed} (installed)" if installed else "transformers"
+    return [
+        f"{which} refuses fine-grained FP8 weights whose rows or columns are not a multiple of "
+        f"{bf.block_rows} x {bf.block_size} blocks (it derives the block from the scale grid): {len(partial)} "
+        f"here, e.g. {partial[0]}; a bug of transformers (known through {CHECKED_WITH}), not of this checkpoint, "
+        f"which vLLM loads; for transformers, --ignore them or choose --format fp8_channel (docs/checkpoints.md)"
     ]

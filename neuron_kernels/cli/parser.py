@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from ..errors import NeuronKernelsError
-from ..formats import INPUT_DTYPES
+from ..formats import FLOAT_SCALE_DTYPES, INPUT_DTYPES
 from .quantities import parse_bytes, parse_size
 
 __all__ = ["UsageError", "block_options_of", "build_parser"]
@@ -44,6 +44,7 @@ def block_options_of(args: argparse.Namespace) -> dict[str, Any]:
         "four_over_six": args.four_over_six,
         "scale_search": args.scale_search,
         "rht": args.rht,
+        "scale_dtype": args.scale_dtype,
     }
 
 
@@ -177,6 +178,11 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     )
     q.add_argument("--scale-search", choices=list(SCALE_SEARCHES), help="try the neighbouring scales of each block")
     q.add_argument("--rht", action="store_true", help="NVFP4: random Hadamard rotation of 16-element groups")
+    q.add_argument(
+        "--scale-dtype",
+        choices=list(FLOAT_SCALE_DTYPES),
+        help="FP8 with float scales: the dtype of the scales (default: float32, or the layout's)",
+    )
     q.add_argument(
         "--workers",
         type=_positive_int,

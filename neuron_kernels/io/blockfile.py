@@ -7,7 +7,9 @@ Layout (version 1). An array is three zip members, each an ordinary ``.npy`` arr
   tiles), ``"per_tensor_scale"`` (NVFP4's two levels, a float) and ``"rotation"`` (the 16 signs
   of a random Hadamard rotation applied before quantising);
 - ``codes.npy``: uint8 element codes (see :class:`~neuron_kernels.blocks.array.BlockArray`);
-- ``scales.npy``: uint8 scale bytes (e8m0 for MX, float8_e4m3fn for NVFP4).
+- ``scales.npy``: uint8 scale bytes (e8m0 for MX, float8_e4m3fn for NVFP4), or float scales (FP8)
+  as the unsigned integers of their bits, their dtype in the metadata's ``"scale_dtype"``
+  (``float32``, ``bfloat16`` or ``float16``: ``.npy`` has no bfloat16).
 
 A file written by :func:`save_blocks` holds one array under exactly these names. A file of several
 arrays (``neuron-kernels quantize`` of an ``.npz`` or ``.safetensors`` input) prefixes each array's
@@ -33,6 +35,7 @@ import numpy as np
 from ..blocks.array import BlockArray
 from ..blocks.layout import BlockLayout
 from ..errors import InvalidTypeError, InvalidValueError
+from ..formats import BLOCK_FORMATS, FORMATS
 from .files import ArrayEntry, FileFormatError, NpzWriter, atomic_output, open_arrays
 
 __all__ = ["FILE_VERSION", "StoredBlocks", "read_block_file", "BlockFileWriter", "save_blocks", "load_blocks"]
@@ -56,10 +59,16 @@ class StoredBlocks:
     rotation: tuple[int, ...] | None
     codes: ArrayEntry
     scales: ArrayEntry
+    scale_dtype: str | None = None
 
     @property
     def fmt(self) -> str:
         return self.layout.fmt
+
+    def scale_values(self, raw: np.ndarray) -> np.ndarray:
+        """Scales as read from the file, as the block array holds them (float scales' bits viewed
+        as their dtype; scale bytes as they are)."""
+        return raw if self.scale_dtype is None else raw.view(FORMATS[self.scale_dtype].result_dtype)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -102,6 +111,7 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
             meta["packed"],
         )
         version, pts, rotation = meta["version"], meta.get("per_tensor_scale"), meta.get("rotation")
+        scale_dtype = meta.get("scale_dtype")
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise FileFormatError(f"{where}: corrupt block file metadata ({exc})") from None
     if type(version) is not int or version != FILE_VERSION:
@@ -109,21 +119,36 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
             f"{where}: block file version {version!r} is not supported (this package reads {FILE_VERSION})"
         )
     codes, scales = parts["codes"], parts["scales"]
-    problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scales.dtype))
+    bf = layout.format if layout.fmt in BLOCK_FORMATS else None
+    scale_type: Any = scales.dtype
+    if bf is not None and bf.float_scales:
+        if scale_dtype not in bf.scale_dtypes or scales.dtype != FORMATS[scale_dtype].storage_dtype:
+            raise FileFormatError(
+                f"{where}: {bf.name} scales need a scale_dtype ({', '.join(bf.scale_dtypes)}) and its bits as "
+                f"unsigned integers; got {scale_dtype!r} and {scales.dtype}"
+            )
+        scale_type = FORMATS[scale_dtype].result_dtype
+    elif scale_dtype is not None:
+        raise FileFormatError(f"{where}: a scale_dtype ({scale_dtype!r}) belongs to float scales, not {layout.fmt}'s")
+    problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scale_type))
     if problem is None and pts is not None and not (isinstance(pts, float) and np.isfinite(pts) and pts > 0):
         problem = f"invalid per_tensor_scale {pts!r}"
     if problem is None and rotation is not None and not _signs(rotation):
         problem = f"invalid rotation {rotation!r} (16 signs, each 1 or -1)"
     if problem:
         raise FileFormatError(f"{where}: {problem}")
-    return StoredBlocks(path, name, layout, pts, None if rotation is None else tuple(rotation), codes, scales)
+    return StoredBlocks(
+        path, name, layout, pts, None if rotation is None else tuple(rotation), codes, scales, scale_dtype
+    )
 
 
 def _signs(rotation: Any) -> bool:
     return isinstance(rotation, list) and len(rotation) == 16 and all(type(v) is int and v in (1, -1) for v in rotation)
 
 
-def _meta_bytes(layout: BlockLayout, per_tensor_scale: float | None, rotation: tuple[int, ...] | None) -> np.ndarray:
+def _meta_bytes(
+    layout: BlockLayout, per_tensor_scale: float | None, rotation: tuple[int, ...] | None, scale_dtype: str | None
+) -> np.ndarray:
     meta: dict[str, Any] = {
         "version": FILE_VERSION,
         "fmt": layout.fmt,
@@ -138,6 +163,8 @@ def _meta_bytes(layout: BlockLayout, per_tensor_scale: float | None, rotation: t
         meta["per_tensor_scale"] = float(per_tensor_scale)
     if rotation is not None:
         meta["rotation"] = [int(v) for v in rotation]
+    if scale_dtype is not None:
+        meta["scale_dtype"] = scale_dtype
     return np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
 
 
@@ -173,21 +200,30 @@ class BlockFileWriter:
         layout: BlockLayout,
         per_tensor_scale: float | None = None,
         rotation: tuple[int, ...] | None = None,
+        scale_dtype: str | None = None,
     ) -> Iterator[_ArrayPieces]:
-        self._npz.add(_member(name, "meta"), _meta_bytes(layout, per_tensor_scale, rotation))
+        """``scale_dtype``: the dtype of float scales (their format's default if not given)."""
+        bf = layout.format
+        if bf.float_scales:
+            scale_dtype = scale_dtype or bf.scale
+            stored = FORMATS[scale_dtype].storage_dtype
+        else:
+            scale_dtype, stored = None, np.dtype(np.uint8)
+        self._npz.add(_member(name, "meta"), _meta_bytes(layout, per_tensor_scale, rotation, scale_dtype))
         folder = os.path.dirname(os.path.abspath(self._path))
         with tempfile.TemporaryFile(dir=folder, prefix=".mx-scales-") as spill:
             with self._npz.member(_member(name, "codes"), layout.codes_shape, np.uint8) as codes:
                 yield _ArrayPieces(codes, spill)
             spill.seek(0)
-            with self._npz.member(_member(name, "scales"), layout.scales_shape, np.uint8) as scales:
+            with self._npz.member(_member(name, "scales"), layout.scales_shape, stored) as scales:
                 while block := spill.read(1 << 24):
                     scales.write_bytes(block)
 
     def add(self, name: str | None, blocks: Any) -> None:
         """Write a whole in-memory block array (anything with ``layout``, ``codes``, ``scales``,
         ``per_tensor_scale`` and ``rotation``)."""
-        with self.array(name, blocks.layout, blocks.per_tensor_scale, blocks.rotation) as rows:
+        dtype = blocks.scales.dtype.name if blocks.layout.format.float_scales else None
+        with self.array(name, blocks.layout, blocks.per_tensor_scale, blocks.rotation, dtype) as rows:
             rows.write(blocks.codes, blocks.scales)
 
     def __enter__(self) -> BlockFileWriter:
@@ -226,7 +262,7 @@ def load_blocks(path: str | os.PathLike[str], name: str | None = None) -> BlockA
     s = arrays[key]
     return BlockArray.from_parts(
         s.codes.read(),
-        s.scales.read(),
+        s.scale_values(s.scales.read()),
         s.layout,
         path,
         per_tensor_scale=s.per_tensor_scale,

@@ -169,7 +169,9 @@ def quantize_file(
             job = resolved_job(entry, job, chunk_bytes)
             acc = ErrorStats()
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
-            with writer.array(entry.name if named else None, job.layout(entry.shape), pts, job.rotation) as out:
+            with writer.array(
+                entry.name if named else None, job.layout(entry.shape), pts, job.rotation, job.fmt.scale
+            ) as out:
                 for arr, mx in quantized_pieces(entry, job, chunk_bytes):
                     out.write(mx.codes, mx.scales)
                     acc.add(arr, mx)
@@ -186,9 +188,11 @@ def decoded_pieces(
     rotation: tuple[int, ...] | None,
     dtype: str,
     chunk_bytes: int,
+    scale_dtype: str | None = None,
 ) -> Iterator[tuple[np.ndarray, int]]:
     """(values, bytes of codes and scales read) of a stored block array, piece by piece in C
-    order: ``codes`` and ``scales`` hold its codes and scale bytes in C order (any shapes).
+    order: ``codes`` and ``scales`` hold its codes and scale bytes in C order (any shapes;
+    ``scale_dtype``: the dtype of float scales stored as the unsigned integers of their bits).
 
     The values of a piece are valid until the next piece is asked for: they live in buffers
     reused from piece to piece (fresh pages would cost the operating system's zeroing each time)."""
@@ -209,7 +213,7 @@ def decoded_pieces(
         piece = pieces.piece_layout(cut)
         part = BlockArray.from_parts(
             np.asarray(codes.read_flat(c0, c1)).reshape(cshape),
-            np.asarray(scales.read_flat(s0, s1)).reshape(sshape),
+            _scale_view(np.asarray(scales.read_flat(s0, s1)).reshape(sshape), scale_dtype),
             piece,
             codes.where,
             per_tensor_scale=per_tensor_scale,
@@ -223,6 +227,10 @@ def decoded_pieces(
             yield values, used
         else:
             yield part.dequantize(dtype), used
+
+
+def _scale_view(raw: np.ndarray, scale_dtype: str | None) -> np.ndarray:
+    return raw if scale_dtype is None else raw.view(get_format(scale_dtype).result_dtype)
 
 
 def stored_dtype(dtype: Any, path: str) -> np.dtype:
@@ -262,7 +270,7 @@ def dequantize_file(
     def pieces(s: StoredBlocks) -> Callable[[], Iterator[np.ndarray]]:
         def run() -> Iterator[np.ndarray]:
             for values, used in decoded_pieces(
-                s.codes, s.scales, s.layout, s.per_tensor_scale, s.rotation, out_fmt.name, chunk_bytes
+                s.codes, s.scales, s.layout, s.per_tensor_scale, s.rotation, out_fmt.name, chunk_bytes, s.scale_dtype
             ):
                 progress(used)
                 yield _stored_as(values, out_dtype)

@@ -29,7 +29,7 @@ from ..blocks.rotation import check_length
 from ..blocks.stats import ErrorStats, QuantizationStats, by_rows, row_sums
 from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
-from ..formats import Format
+from ..formats import BlockFormat, Format
 from . import require
 from .chunks import Chunks, block_chunks, chunk_shape, contiguous_runs, rechunk_for
 
@@ -98,13 +98,22 @@ def _quantize_block(
     src = get_format(source)
     if job.rounding != "stochastic":
         q = job.quantize(arr, src)
-        return q.codes, q.scales.view(np.uint8)
+        return q.codes, _raw_scales(q.scales, job.fmt)
     lay = job.layout(arr.shape)
-    codes, scales = np.empty(lay.codes_shape, np.uint8), np.empty(lay.scales_shape, np.uint8)
+    codes, scales = np.empty(lay.codes_shape, np.uint8), np.empty(lay.scales_shape, _raw_dtype(job.fmt))
     for idx, start in contiguous_runs(shape, block_info[0]["array-location"], _first_axis(job, len(shape))):
         q = replace(job, axis=job.axis - len(idx)).quantize(arr[idx], src, idx0=start)
-        codes[idx], scales[idx] = q.codes, q.scales.view(np.uint8)
+        codes[idx], scales[idx] = q.codes, _raw_scales(q.scales, job.fmt)
     return codes, scales
+
+
+def _raw_dtype(fmt: BlockFormat) -> np.dtype:
+    """The dtype the tasks hand scales over in: bytes (uint8), or float scales as they are stored."""
+    return fmt.scale_format.result_dtype if fmt.float_scales else np.dtype(np.uint8)
+
+
+def _raw_scales(scales: np.ndarray, fmt: BlockFormat) -> np.ndarray:
+    return scales if fmt.float_scales else scales.view(np.uint8)
 
 
 def _fake_block(block: np.ndarray, job: BlockJob, source: str, shape: tuple[int, ...], block_info: Any = None) -> Any:
@@ -157,7 +166,10 @@ def quantize_lazy(x: Any, job: BlockJob) -> LazyBlockArray:
     parts = x.map_blocks(_quantize_block, job, src.name, x.shape, dtype=object, meta=np.empty((0,) * x.ndim, object))
     meta = np.empty((0,) * x.ndim, np.uint8)
     codes = parts.map_blocks(operator.itemgetter(0), chunks=codes_chunks, dtype=np.uint8, meta=meta)
-    scales = parts.map_blocks(operator.itemgetter(1), chunks=scales_chunks, dtype=np.uint8, meta=meta)
+    raw = _raw_dtype(job.fmt)
+    scales = parts.map_blocks(
+        operator.itemgetter(1), chunks=scales_chunks, dtype=raw, meta=np.empty((0,) * x.ndim, raw)
+    )
     size = x.shape[job.axis]
     layout = BlockLayout(
         job.fmt.name,
@@ -181,7 +193,9 @@ def _part(q: LazyBlockArray, codes: np.ndarray, scales: np.ndarray, shape: tuple
     """The block array of one chunk of ``q``."""
     return BlockArray(
         np.ascontiguousarray(codes),
-        np.ascontiguousarray(scales).view(np.uint8).view(q.format.scale_format.dtype),
+        np.ascontiguousarray(scales)
+        if q.format.float_scales
+        else np.ascontiguousarray(scales).view(np.uint8).view(q.format.scale_format.dtype),
         replace(q.layout, shape=shape),
         per_tensor_scale=q.per_tensor_scale,
         rotation=q.rotation,
@@ -308,7 +322,7 @@ def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
     codes_chunks, scales_chunks = _chunks_of(values, q.layout)
     return LazyBlockArray(
         da.from_array(q.codes, chunks=codes_chunks),
-        da.from_array(q.scales.view(np.uint8), chunks=scales_chunks),
+        da.from_array(_raw_scales(q.scales, q.format), chunks=scales_chunks),
         q.layout,
         q.per_tensor_scale,
         q.rotation,

@@ -18,10 +18,10 @@ import os
 from ...io.files import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
 from . import compressed_tensors, finegrained_fp8, gptoss, modelopt, npz
-from .records import CheckpointLayout, Output, ScaledWeight, StoredWeight, Weight
+from .records import CheckpointLayout, Output, StoredWeight, Weight
 
 __all__ = [
-    "LAYOUTS", "WRITABLE", "CheckpointLayout", "StoredWeight", "ScaledWeight", "Weight", "Output", "detect_layout",
+    "LAYOUTS", "WRITABLE", "CheckpointLayout", "StoredWeight", "Weight", "Output", "detect_layout",
     "open_any", "stored_weights",
 ]  # fmt: skip
 

@@ -4,12 +4,16 @@ Per quantised ``NAME.weight``, ``NAME.weight_packed`` uint8 [..., out, in/2],
 ``NAME.weight_scale`` float8_e4m3fn [..., out, in/16] and ``NAME.weight_global_scale`` float32
 [1] (= 1 / per-tensor scale) for ``nvfp4``; ``NAME.weight_packed`` and ``NAME.weight_scale``
 uint8 (e8m0) [..., out, in/32] for ``mxfp4_e2m1``; ``NAME.weight`` float8_e4m3fn [..., out, in]
-and ``NAME.weight_scale`` uint8 [..., out, in/32] for ``mxfp8_e4m3``. Which tensors are
+and ``NAME.weight_scale`` uint8 [..., out, in/32] for ``mxfp8_e4m3``; ``float-quantized`` FP8
+with float scales, as llm-compressor's presets write them: ``NAME.weight`` float8_e4m3fn and
+``NAME.weight_scale`` in the weight's dtype (or ``--scale-dtype``) of shape [ceil(out / 128),
+ceil(in / 128)] for ``fp8_block`` (FP8_BLOCK: dynamic activations in groups of 128), [out, 1]
+for ``fp8_channel`` (FP8_DYNAMIC: dynamic per-token activations) and [1] for ``fp8_tensor``
+(dynamic per-token activations: FP8's static ones need calibration). Which tensors are
 quantised: :func:`neuron_kernels.checkpoints.selection.module_decision`.
 
-Read only: ``float-quantized`` (FP8 with float scales, tensor / channel / block / group
-strategies; :class:`~.records.ScaledWeight`), and the W4A4 form of NVFP4, whose
-``input_global_scale`` is the activations' (dropped with the weight).
+Read also: ``float-quantized`` of the group strategy (``fp8_channel`` in groups), and the W4A4
+form of NVFP4, whose ``input_global_scale`` is the activations' (dropped with the weight).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .records import (
     Output,
     StoredWeight,
     Weight,
+    check_fused_blocks,
     expect_tensor,
     scaled_weight,
     scales_and_codes,
@@ -44,6 +49,14 @@ __all__ = ["LAYOUT"]
 #: compressed-tensors' format strings by block format.
 _CT_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp4_e2m1": "mxfp4-pack-quantized", "mxfp8_e4m3": "mxfp8-quantized"}
 
+#: FP8 with float scales (``float-quantized``): the weights' strategy of each format, and the
+#: dynamic activations of llm-compressor's preset that goes with it (none needs calibration).
+_CT_FP8 = {
+    "fp8_block": ("block", {"strategy": "group", "group_size": 128}),
+    "fp8_channel": ("channel", {"strategy": "token", "group_size": None}),
+    "fp8_tensor": ("tensor", {"strategy": "token", "group_size": None}),
+}
+
 
 def _ct_codes(bf: BlockFormat) -> str:
     """The tensor that holds a weight's codes: ``weight_packed`` for codes packed two per byte
@@ -51,18 +64,36 @@ def _ct_codes(bf: BlockFormat) -> str:
     return "weight_packed" if bf.packable else "weight"
 
 
-def _ct_outputs(name: str, layout: BlockLayout) -> list[Output]:
+def _ct_outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
     base = name[: -len(".weight")] if name.endswith(".weight") else name
     bf = BLOCK_FORMATS[layout.fmt]
     codes = TensorSpec(f"{base}.{_ct_codes(bf)}", stored_codes_dtype(bf), layout.codes_shape)
-    scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf), layout.scales_shape)
+    grid = (1,) if layout.fmt == "fp8_tensor" else layout.scales_shape  # one scale per tensor: [1]
+    scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf, scale_dtype), grid)
     out = [(codes, "codes"), (scales, "scales")]
     if bf.per_tensor_scale:
         out.append((TensorSpec(f"{base}.weight_global_scale", np.dtype(np.float32), (1,)), "per_tensor"))
     return out
 
 
+def _ct_fp8_group(fmt: str) -> dict[str, Any]:
+    """The config group of FP8 with float scales (llm-compressor's preset of each strategy)."""
+    strategy, activations = _CT_FP8[fmt]
+    float8 = {"num_bits": 8, "type": "float", "symmetric": True}
+    weights = {**float8, "group_size": None, "strategy": strategy, "dynamic": False}
+    weights["block_structure"] = [128, 128] if strategy == "block" else None
+    return {
+        "targets": ["Linear"],
+        "weights": weights,
+        "input_activations": {**float8, **activations, "dynamic": True},
+        "output_activations": None,
+        "format": None,
+    }
+
+
 def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
+    if fmt in _CT_FP8:
+        return _ct_document(_FLOAT_QUANTIZED, _ct_fp8_group(fmt), ignore)
     bf = BLOCK_FORMATS[fmt]
     weights = {
         "num_bits": bf.element_bits,
@@ -84,9 +115,13 @@ def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) 
         "output_activations": None,
         "format": _CT_FORMATS[fmt],
     }
+    return _ct_document(_CT_FORMATS[fmt], group, ignore)
+
+
+def _ct_document(fmt: str, group: dict[str, Any], ignore: list[str]) -> dict[str, Any]:
     return {
         "quant_method": "compressed-tensors",
-        "format": _CT_FORMATS[fmt],
+        "format": fmt,
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
         "ignore": ignore,
@@ -95,8 +130,9 @@ def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) 
     }
 
 
-def _ct_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
-    """vLLM refuses a fused layer whose shards are quantised in part (``should_ignore_layer``)."""
+def _ct_fits(ckpt: Checkpoint, quantised: list[str], fmt: str) -> None:
+    """vLLM refuses a fused layer whose shards are quantised in part (``should_ignore_layer``), and
+    FP8 blocks that do not fit a fused layer (:func:`~.records.check_fused_blocks`)."""
     done = set(quantised)
     for group in dict.fromkeys(fused_groups(n for n in ckpt.tensors if n.endswith(".weight")).values()):
         if 0 < len(done.intersection(group)) < len(group):
@@ -105,6 +141,7 @@ def _ct_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
                 f"{ckpt.path}: {', '.join(group)} are one fused layer in the runtimes, which refuse it quantised in "
                 f"part ({kept} kept); --ignore all of them or none"
             )
+    check_fused_blocks(ckpt, quantised, fmt)
 
 
 def _ct_detect(ckpt: Checkpoint) -> bool:
@@ -132,9 +169,10 @@ def _ct_format(ckpt: Checkpoint) -> str:
 _FLOAT_QUANTIZED = "float-quantized"
 
 
-def _ct_fp8_block(ckpt: Checkpoint, rows: int, cols: int) -> tuple[int, int]:
+def _ct_fp8_block(ckpt: Checkpoint, rows: int, cols: int) -> tuple[tuple[int, int], str]:
     """The block of one ``weight_scale`` entry of an FP8 weight of [rows, cols], by the config's
-    ``strategy``: tensor, channel, block (``block_structure``) or group (``group_size``)."""
+    ``strategy`` (tensor, channel, block of ``block_structure``, group of ``group_size``), and the
+    block format that holds it."""
     groups = [g for g in ((ckpt.quantization_config or {}).get("config_groups") or {}).values() if isinstance(g, dict)]
     weights = [g.get("weights") for g in groups if isinstance(g.get("weights"), dict)]
     if len({json.dumps(w, sort_keys=True) for w in weights}) != 1:
@@ -146,13 +184,13 @@ def _ct_fp8_block(ckpt: Checkpoint, rows: int, cols: int) -> tuple[int, int]:
         )
     strategy = w.get("strategy")
     if strategy == "tensor":
-        return rows, cols
+        return (rows, cols), "fp8_tensor"
     if strategy == "channel":
-        return 1, cols
+        return (1, cols), "fp8_channel"
     if strategy == "block" and isinstance(w.get("block_structure"), list) and len(w["block_structure"]) == 2:
-        return int(w["block_structure"][0]), int(w["block_structure"][1])
+        return (int(w["block_structure"][0]), int(w["block_structure"][1])), "fp8_block"
     if strategy == "group" and isinstance(w.get("group_size"), int):
-        return 1, w["group_size"]
+        return (1, w["group_size"]), "fp8_channel"
     raise FileFormatError(
         f"{ckpt.path}: float-quantized strategy {strategy!r} (block_structure {w.get('block_structure')!r}, "
         f"group_size {w.get('group_size')!r}) is not one this package reads (tensor, channel, block, group)"
@@ -165,9 +203,9 @@ def _ct_fp8_weights(ckpt: Checkpoint) -> list[Weight]:
     for base, scale, codes in scales_and_codes(ckpt, "weight_scale"):
         name = f"{base}.weight_scale"
         rows, cols = codes.shape[-2:] if len(codes.shape) >= 2 else (0, 0)
-        block = _ct_fp8_block(ckpt, rows, cols)
+        block, fmt = _ct_fp8_block(ckpt, rows, cols)
         parts = (f"{base}.weight", name) + tuple(f"{base}.{p}" for p in ("input_scale",) if f"{base}.{p}" in t)
-        found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, "fp8 (float-quantized)"))
+        found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, "fp8 (float-quantized)", fmt))
     _ct_check_rest(ckpt, {p for w in found for p in w.parts}, 1)
     return found
 
@@ -275,10 +313,15 @@ def _ct_check_rest(ckpt: Checkpoint, claimed: set[str], block_size: int) -> None
             )
 
 
+def _ct_scale_dtype(dtype: np.dtype) -> str:
+    """llm-compressor keeps float scales in the weight's dtype (float32 for any other)."""
+    return dtype.name if dtype.name in ("float32", "bfloat16", "float16") else "float32"
+
+
 LAYOUT = CheckpointLayout(
     "compressed-tensors",
-    "vLLM / transformers compressed-tensors (weight_packed, weight_scale, weight_global_scale)",
-    tuple(_CT_FORMATS),
+    "vLLM / transformers compressed-tensors (weight_packed, weight_scale, weight_global_scale; FP8 float-quantized)",
+    (*_CT_FORMATS, *_CT_FP8),
     _ct_outputs,
     _ct_config,
     _ct_detect,
@@ -287,4 +330,5 @@ LAYOUT = CheckpointLayout(
     fits=_ct_fits,
     parts=("weight_packed", "weight_scale", "weight_global_scale", "input_scale", "input_global_scale",
            "weight_zero_point"),
+    scale_dtype=_ct_scale_dtype,
 )  # fmt: skip

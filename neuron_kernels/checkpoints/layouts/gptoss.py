@@ -33,7 +33,7 @@ _FORMAT = BLOCK_FORMATS["mxfp4_e2m1"]
 _BLOCK_BYTES = _FORMAT.block_size * _FORMAT.element_bits // 8
 
 
-def _gptoss_outputs(name: str, layout: BlockLayout) -> list[Output]:
+def _gptoss_outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
     groups = layout.scales_shape[-1]
     blocks = layout.shape[:-1] + (groups, _BLOCK_BYTES)
     return [
@@ -52,7 +52,7 @@ def _gptoss_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[st
     return {"quant_method": "mxfp4", "modules_to_not_convert": list(GPTOSS_NOT_CONVERTED) + experts}
 
 
-def _gptoss_fits(ckpt: Checkpoint, quantised: list[str]) -> None:
+def _gptoss_fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str) -> None:
     """transformers reads MXFP4 into gpt-oss's experts only: refuse what it would load wrong."""
     model_type = (ckpt.config or {}).get("model_type")
     fit = "--layout compressed-tensors (--format mxfp4_e2m1) suits other models"

@@ -152,7 +152,8 @@ def _fp8_weights(ckpt: Checkpoint, algo: str) -> list[Weight]:
             if len(scale.shape) == 4 and scale.shape[1] == scale.shape[3] == 1:
                 scale = dataclasses.replace(scale, shape=(scale.shape[0], scale.shape[2]))
         parts = (f"{base}.weight", name, *_not_weight_parts(ckpt, base))
-        found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, f"ModelOpt {algo}"))
+        fmt = {"tensor": "fp8_tensor", "channel": "fp8_channel"}.get(strategy, "fp8_block")
+        found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, f"ModelOpt {algo}", fmt))
     _check_rest(ckpt, found, algo)
     return found
 
@@ -207,7 +208,7 @@ LAYOUT = CheckpointLayout(
     "modelopt",
     "NVIDIA ModelOpt (hf_quant_config.json; NVFP4, MXFP8, FP8 per tensor, channel or block): read only",
     (),
-    lambda name, layout: [],
+    lambda name, layout, scale_dtype: [],
     lambda fmt, kept, ignore: {},
     _detect,
     _weights,

@@ -47,7 +47,7 @@ LAYOUT = CheckpointLayout(
     "npz",
     "the package's file of block arrays (one .npz)",
     tuple(BLOCK_FORMATS),
-    lambda name, layout: [],
+    lambda name, layout, scale_dtype: [],
     _no_config,
     _npz_detect,
     _npz_weights,

@@ -17,17 +17,15 @@ import numpy as np
 
 from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
-from ...casting import cast
-from ...formats import FORMATS, BlockFormat
+from ...formats import BLOCK_FORMATS, FORMATS, WHOLE, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ...io.stream import decoded_pieces
 from ..folder import Checkpoint
-from ..selection import tensor_decision
+from ..selection import fused_groups, tensor_decision
 
 __all__ = [
     "CheckpointLayout",
     "StoredWeight",
-    "ScaledWeight",
     "Weight",
     "scaled_weight",
     "FP8_CODES",
@@ -38,6 +36,7 @@ __all__ = [
     "scales_and_codes",
     "stored_codes_dtype",
     "stored_scales_dtype",
+    "check_fused_blocks",
 ]
 
 
@@ -48,8 +47,10 @@ _NOT_WEIGHT_PARTS = ("input_scale", "input_global_scale", "k_scale", "v_scale")
 @dataclass(frozen=True)
 class StoredWeight:
     """A quantised weight as a layout stores it: its block layout, per-tensor scale, where its
-    codes and scales are (uint8, C order), the stored tensors it takes, and the name and
-    orientation of its dequantised tensor (``transpose``: the last two axes swapped)."""
+    codes and scales are (codes as uint8, scales as bytes or, for FP8 with float scales, as their
+    float dtype; C order), the stored tensors it takes, the name and orientation of its
+    dequantised tensor (``transpose``: the last two axes swapped), and what reports call it
+    (``description``; its block format by default)."""
 
     name: str
     layout: BlockLayout
@@ -59,6 +60,7 @@ class StoredWeight:
     parts: tuple[str, ...]
     out_name: str
     transpose: bool = False
+    description: str | None = None
 
     @property
     def dropped(self) -> tuple[str, ...]:
@@ -102,95 +104,58 @@ class StoredWeight:
     def decoded_entry(self) -> ArrayEntry:
         """The weight dequantised to float32 (exact: one rounding of code times scale), as an
         :class:`ArrayEntry` read piece by piece: the rows a piece touches are decoded when it is
-        read. For a stored [..., out, in] weight (not gpt-oss's transposed experts)."""
+        read (whole rows of tiles of 2-D blocks). For a stored [..., out, in] weight blocked along
+        ``in`` (not gpt-oss's transposed experts)."""
         lay = self.layout
-        if self.transpose or lay.axis != len(lay.shape) - 1 or lay.block_rows != 1:
+        if self.transpose or lay.axis != len(lay.shape) - 1:
             raise FileFormatError(
                 f"{self.codes.where}: {self.name} is stored transposed; dequantize the checkpoint first "
                 f"(neuron-kernels dequantize), then quantise the result"
             )
         cols, crow, srow = lay.shape[-1], lay.codes_shape[-1], lay.scales_shape[-1]
+        tile = lay.block_rows if lay.two_d else 1  # rows that share a row of scales
+        rows = lay.shape[-2] if lay.two_d else 1  # rows of one matrix (tiles do not cross them)
         codes, scales = self.codes, self.scales
 
-        def read(start: int, stop: int) -> np.ndarray:
-            r0, r1 = start // cols, -(-stop // cols)
+        def rows_of(r0: int, r1: int, s: int) -> np.ndarray:
+            """Rows [r0, r1) of the flattened [..., out] (one row of tiles at most), scales from row ``s``."""
+            n = r1 - r0
             part = BlockArray.from_parts(
-                np.asarray(codes.read_flat(r0 * crow, r1 * crow)).reshape(r1 - r0, crow),
-                np.asarray(scales.read_flat(r0 * srow, r1 * srow)).reshape(r1 - r0, srow),
-                BlockLayout(lay.fmt, (r1 - r0, cols), 1, lay.block_size, 1, lay.packed),
+                np.asarray(codes.read_flat(r0 * crow, r1 * crow)).reshape(n, crow),
+                np.asarray(scales.read_flat(s * srow, (s + (n if tile == 1 else 1)) * srow)).reshape(-1, srow),
+                BlockLayout(lay.fmt, (n, cols), 1, lay.block_size, n if tile > 1 else 1, lay.packed),
                 codes.where,
                 per_tensor_scale=self.per_tensor_scale,
             )
-            return part.dequantize("float32").reshape(-1)[start - r0 * cols : stop - r0 * cols]
+            return part.dequantize("float32")
+
+        def read(start: int, stop: int) -> np.ndarray:
+            r0, r1 = start // cols, -(-stop // cols)
+            if tile == 1:
+                values = rows_of(r0, r1, r0)
+            else:
+                per = -(-rows // tile)  # rows of tiles per matrix
+                first = (r0 // rows) * rows + (r0 % rows) // tile * tile  # the first row of r0's tile
+                t = (r0 // rows) * per + (r0 % rows) // tile
+                pieces = []
+                while first < r1:
+                    last = min(first + tile, (first // rows + 1) * rows)
+                    pieces.append(rows_of(first, last, t))
+                    first, t = last, t + 1
+                skip = (r0 % rows) % tile
+                values = np.concatenate(pieces)[skip : skip + (r1 - r0)]
+            return values.reshape(-1)[start - r0 * cols : stop - r0 * cols]
 
         return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read)
 
     @property
     def label(self) -> str:
-        """What the weight is stored as, as reports say it: its block format."""
-        return self.layout.fmt
+        """What the weight is stored as, as reports say it: its block format (or description)."""
+        return self.description or self.layout.fmt
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.layout.shape
-
-
-@dataclass(frozen=True)
-class ScaledWeight:
-    """A weight stored as float8_e4m3fn codes times a float scale per block of ``block`` = (rows,
-    cols) elements of its last two axes (the whole matrix for one scale per tensor, (1, in) per
-    channel, (1, g) per group): the FP8 layouts (fine-grained FP8, compressed-tensors
-    ``float-quantized``), whose float scales no block format of the table holds. Read as its exact
-    float32 values: ``float32(code) * float32(scale)``, one rounding (none for 16-bit scales: the
-    product of an FP8 and a bfloat16 or float16 value fits in float32); partial edge blocks take the
-    scale of their block, as the producers' padding gives them."""
-
-    name: str
-    shape: tuple[int, ...]
-    codes: ArrayEntry
-    scales: ArrayEntry
-    block: tuple[int, int]
-    parts: tuple[str, ...]
-    out_name: str
-    label: str
-    transpose: bool = False
-
-    @property
-    def dropped(self) -> tuple[str, ...]:
-        return tuple(p for p in self.parts if p.rpartition(".")[2] in _NOT_WEIGHT_PARTS)
-
-    def decoded_entry(self) -> ArrayEntry:
-        """The exact float32 values as an :class:`ArrayEntry` read piece by piece."""
-        rows, cols = self.shape[-2], self.shape[-1]
-        bm, bn = self.block
-        srows, scols = -(-rows // bm), -(-cols // bn)
-        codes, scales = self.codes, self.scales
-
-        def read(start: int, stop: int) -> np.ndarray:
-            r0, r1 = start // cols, -(-stop // cols)
-            flat_rows = np.arange(r0, r1, dtype=np.int64)
-            grid_rows = (flat_rows // rows) * srows + (flat_rows % rows) // bm
-            g0 = int(grid_rows.min()) if flat_rows.size else 0
-            g1 = int(grid_rows.max()) + 1 if flat_rows.size else 0
-            grid = np.asarray(scales.read_flat(g0 * scols, g1 * scols)).astype(np.float32).reshape(g1 - g0, scols)
-            per_element = np.repeat(grid[grid_rows - g0], bn, axis=1)[:, :cols]
-            values = cast(np.asarray(codes.read_flat(r0 * cols, r1 * cols)).reshape(r1 - r0, cols), "float32")
-            values *= per_element
-            return values.reshape(-1)[start - r0 * cols : stop - r0 * cols]
-
-        return ArrayEntry(codes.path, self.out_name, self.shape, np.dtype(np.float32), read)
-
-    def values(self) -> np.ndarray:
-        """The whole weight's exact float32 values (read into memory)."""
-        return self.decoded_entry().read()
-
-    def decoded_pieces(self, dtype: str, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
-        """The values in ``dtype``, whole rows at a time in C order, each with the elements it read."""
-        entry = self.decoded_entry()
-        step = max(self.shape[-1], (chunk_bytes // 4) // self.shape[-1] * self.shape[-1])
-        for start in range(0, entry.size, step):
-            values = entry.read_flat(start, min(start + step, entry.size))
-            yield (values if dtype == "float32" else cast(values, dtype)), values.size
 
 
 #: The last name components of the tensors of quantised layouts the package does not read (GPTQ,
@@ -202,14 +167,25 @@ FP8_CODES = FORMATS["float8_e4m3fn"].result_dtype
 FP8_SCALES = tuple(FORMATS[n].result_dtype for n in ("float32", "bfloat16", "float16"))
 
 #: A quantised weight as a checkpoint stores it.
-Weight = StoredWeight | ScaledWeight
+Weight = StoredWeight
 
 
 def scaled_weight(
-    name: str, codes: ArrayEntry, scales: ArrayEntry, block: tuple[int, int], parts: tuple[str, ...], label: str
-) -> ScaledWeight:
-    """The :class:`ScaledWeight` of ``codes`` (float8_e4m3fn, 2 or more axes) and ``scales`` (a float32,
-    bfloat16 or float16 grid of ``block``-sized blocks of the last two axes), refusing what does not fit."""
+    name: str,
+    codes: ArrayEntry,
+    scales: ArrayEntry,
+    block: tuple[int, int],
+    parts: tuple[str, ...],
+    label: str,
+    fmt: str = "fp8_block",
+) -> StoredWeight:
+    """The weight of ``codes`` (float8_e4m3fn, 2 or more axes) and ``scales`` (a float32, bfloat16 or
+    float16 grid of ``block`` = (rows, cols) blocks of the last two axes: the whole matrix for one
+    scale per tensor, (1, in) per channel, (1, g) per group), refusing what does not fit: the FP8
+    layouts (fine-grained FP8, compressed-tensors ``float-quantized``, ModelOpt's FP8) as ``fmt``, a
+    block format of the table with float scales (``fp8_tensor``, ``fp8_channel`` per channel or
+    group, ``fp8_block``), its values ``float32(code) * float32(scale)``, partial edge blocks taking
+    the scale of their block as the producers' padding gives them."""
     if codes.dtype != FP8_CODES or len(codes.shape) < 2:
         raise FileFormatError(
             f"{codes.where}: FP8 weights must be float8_e4m3fn with 2 or more axes, found {codes.dtype} of shape "
@@ -225,7 +201,10 @@ def scaled_weight(
             f"{scales.where}: a scale grid of shape {scales.shape} does not fit the weight {codes.shape} in blocks "
             f"of {bm}x{bn} (expected {grid})"
         )
-    return ScaledWeight(name, codes.shape, codes, scales, block, parts, name, label)
+    bm, bn = min(bm, rows), min(bn, cols)  # a block is cut to the matrix, as a block array records it
+    layout = BlockLayout(fmt, codes.shape, len(codes.shape) - 1, bn, bm, False)
+    grid_entry = dataclasses.replace(scales, shape=grid)
+    return StoredWeight(name, layout, None, uint8_view(codes), grid_entry, parts, name, False, label)
 
 
 #: (tensor spec, what fills it: "codes", "scales" or "per_tensor") of one quantised weight.
@@ -236,36 +215,41 @@ Output = tuple[TensorSpec, str]
 class CheckpointLayout:
     """One checkpoint layout (see the module docstring).
 
-    ``formats``: the block formats it stores; ``outputs(name, layout)``: the tensors a quantised
-    weight becomes; ``config(fmt, kept, ignore)``: the ``quantization_config`` given the (name,
-    entry) of the tensors kept and the Linear modules left plain (:func:`ignored_modules`);
-    ``detect(ckpt)``: whether a checkpoint is in this layout; ``weights(ckpt)``: its quantised
-    weights (raising :class:`FileFormatError` where the checkpoint is not what its config
-    promises); ``suffix``: the layout is one file with this suffix (the package's), not a folder
-    of shards; ``decide``: its rule of which tensors are quantised (:func:`module_decision`,
-    :func:`tensor_decision` or :func:`expert_decision`; called with ``arch=``, the checkpoint's
+    ``formats``: the block formats it stores; ``outputs(name, layout, scale_dtype)``: the tensors
+    a quantised weight becomes (``scale_dtype``: that of its scales, which float scales choose);
+    ``config(fmt, kept, ignore)``: the ``quantization_config`` given the (name, entry) of the
+    tensors kept and the Linear modules left plain (:func:`ignored_modules`); ``detect(ckpt)``:
+    whether a checkpoint is in this layout; ``weights(ckpt)``: its quantised weights (raising
+    :class:`FileFormatError` where the checkpoint is not what its config promises); ``suffix``:
+    the layout is one file with this suffix (the package's), not a folder of shards; ``decide``:
+    its rule of which tensors are quantised (:func:`module_decision`, :func:`tensor_decision` or
+    :func:`expert_decision`; called with ``arch=``, the checkpoint's
     :class:`~..architecture.Architecture` or None); ``transpose``: a quantised [..., in, out]
-    tensor is stored as [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised)``: raises if the layout cannot
-    express the checkpoint so that its runtime loads it; ``parts``: the last name components of the
-    tensors only its quantised modules hold (and ``part_suffixes``: endings of those components, of
-    uint8 tensors), so that a checkpoint holding one without a config saying which layout is refused;
-    ``config_files``: files of a checkpoint that describe its quantisation in this layout (not
-    copied to an output of another)."""
+    tensor is stored as [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised, fmt)``:
+    raises if the layout cannot express the checkpoint so that its runtime loads it
+    (``quantised``: the shape of each weight to quantise); ``parts``: the last name components of
+    the tensors only its quantised modules hold (and ``part_suffixes``: endings of those
+    components, of uint8 tensors), so that a checkpoint holding one without a config saying which
+    layout is refused; ``config_files``: files of a checkpoint that describe its quantisation in
+    this layout (not copied to an output of another); ``scale_dtype(dtype)``: the dtype it stores
+    the float scales of a weight of ``dtype`` in, unless the user chooses one (None: the format's
+    own, float32)."""
 
     name: str
     help: str
     formats: tuple[str, ...]
-    outputs: Callable[[str, BlockLayout], list[Output]]
+    outputs: Callable[[str, BlockLayout, str], list[Output]]
     config: Callable[[str, list[tuple[str, ArrayEntry]], list[str]], dict[str, Any]]
     detect: Callable[[Checkpoint], bool]
     weights: Callable[[Checkpoint], list[Weight]]
     suffix: str | None = None
     decide: Callable[..., str | None] = tensor_decision
     transpose: bool = False
-    fits: Callable[[Checkpoint, list[str]], None] = lambda ckpt, quantised: None
+    fits: Callable[[Checkpoint, dict[str, tuple[int, ...]], str], None] = lambda ckpt, quantised, fmt: None
     parts: tuple[str, ...] = ()
     part_suffixes: tuple[str, ...] = ()
     config_files: tuple[str, ...] = ()
+    scale_dtype: Callable[[np.dtype], str | None] = lambda dtype: None
 
     @property
     def single_file(self) -> bool:
@@ -287,9 +271,12 @@ def stored_codes_dtype(bf: BlockFormat) -> np.dtype:
     return np.dtype(np.uint8) if bf.packable else np.dtype(bf.element_format.result_dtype)
 
 
-def stored_scales_dtype(bf: BlockFormat) -> np.dtype:
+def stored_scales_dtype(bf: BlockFormat, scale_dtype: str | None = None) -> np.dtype:
     """The dtype a checkpoint stores the block scales of ``bf`` in: e8m0 scales (MX) as their
-    byte, uint8, other scales as their own dtype (float8_e4m3fn for ``nvfp4``)."""
+    byte, uint8, other scales as their own dtype (float8_e4m3fn for ``nvfp4``; float scales as
+    ``scale_dtype``, float32 by default)."""
+    if bf.float_scales and scale_dtype is not None:
+        return np.dtype(FORMATS[scale_dtype].result_dtype)
     return bf.scale_format.storage_dtype if bf.is_mx else np.dtype(bf.scale_format.result_dtype)
 
 
@@ -320,6 +307,25 @@ def scales_and_codes(
         if codes is None:
             raise FileFormatError(f"{ckpt.path}: {name} has no {module}.{codes_suffix} beside it")
         yield module, scale, codes
+
+
+def check_fused_blocks(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str) -> None:
+    """FP8 in 2-D tiles, as vLLM loads it: each shard of a fused layer (q/k/v, gate/up), but the
+    last, must have a number of output rows that is a multiple of the tile's (vLLM's
+    ``validate_fp8_block_shape`` for a merged GEMM, vllm/model_executor/layers/quantization/utils/
+    fp8_utils.py: a tile that straddled two shards would have one scale for both)."""
+    bf = BLOCK_FORMATS[fmt]
+    if bf.block_rows in (1, WHOLE):
+        return
+    for group in dict.fromkeys(fused_groups(quantised).values()):
+        for name in group[:-1]:
+            rows = quantised[name][-2] if len(quantised[name]) >= 2 else 1
+            if rows % bf.block_rows:
+                raise FileFormatError(
+                    f"{ckpt.path}: {name} has {rows} output rows, not a multiple of {fmt}'s {bf.block_rows}-row "
+                    f"tiles, and is fused with {', '.join(n for n in group if n != name)} in vLLM, which refuses "
+                    f"such a layer (validate_fp8_block_shape); --ignore the fused layer, or choose fp8_channel"
+                )
 
 
 def expect_tensor(entry: ArrayEntry, dtype: str, shape: tuple[int, ...], what: str) -> None:

@@ -12,15 +12,20 @@ from .. import codec as C
 from .. import sources as S
 from ..codec import NEAREST_EVEN
 from ..sources import SOURCE_BF16, SOURCE_F32  # bare names: numba prunes branches on them
+from .spec import BY_DIVISION, BY_E8M0
 
 
 @jit(inline="always")
-def _scaled(u, mul, e8m0):  # pragma: no cover - compiled
-    """The element value before encoding, ``x * mul``. NVFP4's multiplier overflows to inf for a
-    tensor of tiny amax: a zero element stays a signed zero (not 0 * inf = NaN)."""
+def _scaled(u, mul, scaling):  # pragma: no cover - compiled
+    """The element value before encoding, ``x * mul`` (``x / mul`` for float scales that divide;
+    ``scaling``: ``BY_*`` of :mod:`.spec`). A multiplier of NVFP4 (or of the reciprocal rule)
+    overflows to inf for a tensor of tiny amax: a zero element stays a signed zero (not 0 * inf =
+    NaN)."""
     x = f32_from_bits(u)
+    if scaling == BY_DIVISION:
+        return x / mul
     v = x * mul
-    if e8m0:
+    if scaling == BY_E8M0:
         return v
     return v if x != 0 else x
 

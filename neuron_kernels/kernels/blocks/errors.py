@@ -69,7 +69,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     src = source_of(source)
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
     top = fmt.element_format.max_code
-    kind, _, _, e8m0 = _flags(src, el, sc)
+    kind, _, _, scaling = _flags(src, el, sc)
 
     @jit
     def kernel(x, codes, scales, size, pts, out, t0, t1):  # pragma: no cover - compiled
@@ -78,7 +78,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
             xr, cr, sr = x[r], codes[r], scales[r]
             sums = _no_errors()
             for j in range(sr.size):
-                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
+                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, scaling)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
                     code = nibble(cr[i >> 1], i & 1) if packed else np.uint32(cr[i])
@@ -91,16 +91,17 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
 
 
 @cache
-def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
+def quantize_error_kernel(source: str, fmt: BlockFormat, rule: str = "") -> Any:
     """Kernel ``(x, size, mode, policy, pts, key, out, t0, t1)``: the error statistics of the rows
     ``[t0, t1)`` of (A, L) ``x`` quantised to ``fmt`` (1-D blocks along L, rounding to nearest
     even, any scale mode and policy at run time) into ``out[r]``, as :func:`row_error_kernel`
     computes them from the codes, bit for bit, without writing codes: one kernel per source and
-    format serves every scale mode and policy of a format (what the error table compares)."""
+    format serves every scale mode and policy of a format (what the error table compares), but
+    the rule of float scales (``rule``), which is compiled in."""
     src = source_of(source)
-    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True)
+    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True, rule)
     top = fmt.element_format.max_code
-    kind, rmode, fixed, e8m0 = _flags(src, el, sc)
+    kind, rmode, fixed, scaling = _flags(src, el, sc)
 
     @jit
     def kernel(x, size, mode, policy, pts, key, out, t0, t1):  # pragma: no cover - compiled
@@ -113,11 +114,11 @@ def quantize_error_kernel(source: str, fmt: BlockFormat) -> Any:
             _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)
             sums = _no_errors()
             for j in range(nb):
-                mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
+                mul, scale = _multiplier(bytes_[j], pts, sc, scaling)
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
                     u = _load(xr[i], kind, src.codec)
-                    d = np.float64(_dequantized(_scaled(u, mul, e8m0), np.uint32(0), scale, el, rmode, fixed))
+                    d = np.float64(_dequantized(_scaled(u, mul, scaling), np.uint32(0), scale, el, rmode, fixed))
                     xi = np.float64(f32_from_bits(u))
                     sums = _add_error(sums, xi, d, xi, lim)
             _store_errors(out, r, sums)

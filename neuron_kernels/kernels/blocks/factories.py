@@ -13,13 +13,20 @@ from ...formats import BlockFormat
 from .elements import _load
 from .policies import MAX_SIZE, groups_policies
 from .rows import _row_dequantize, _row_fake_quantize, _row_quantize
-from .spec import _element_of, _scale_of, _vector_length, source_of
+from .spec import _element_of, _scale_of, _vector_length, own_length, source_of
 from .tiles import _tile_dequantize, _tile_fake_quantize, _tile_quantize
 
 
 @cache
 def quantize_kernel(
-    source: str, fmt: BlockFormat, rounding: str, pack: int, row: bool, rotate: bool = False, policies: bool = False
+    source: str,
+    fmt: BlockFormat,
+    rounding: str,
+    pack: int,
+    row: bool,
+    rotate: bool = False,
+    policies: bool = False,
+    rule: str = "",
 ) -> Any:
     """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)`` on (A, L)
     arrays (``pack``: FP4 codes two per byte along L), or tile kernel ``(x, codes, scales, rows,
@@ -30,10 +37,11 @@ def quantize_kernel(
     (the stochastic bits depend on it), so that an array quantised in pieces gets the bits of the
     whole. Row kernels take ``signs`` (float64) after ``idx0``: the rotation's 16 signs for the
     kernels of the rotated input (``rotate``), else an empty array. ``policies``: kernels that
-    evaluate the scale policies (else ``policy`` is ignored)."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
+    evaluate the scale policies (else ``policy`` is ignored). ``rule``: the scale mode of float
+    scales, compiled in (they divide or multiply each element); "" for every other format."""
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies, rule)
     if row or rotate:
-        vlen = fmt.block_size if rotate else _vector_length(source, fmt)  # the rotated input is float32
+        vlen = own_length(fmt) if rotate else _vector_length(source, fmt)  # the rotated input is float32
         return _row_quantize(source_of(source), el, sc, bool(pack), vlen, rotate)
     return _tile_quantize(source_of(source), el, sc, pack)
 
@@ -58,13 +66,19 @@ def binding(
 
 @cache
 def fake_quantize_kernel(
-    source: str, fmt: BlockFormat, rounding: str, row: bool, rotate: bool = False, policies: bool = False
+    source: str,
+    fmt: BlockFormat,
+    rounding: str,
+    row: bool,
+    rotate: bool = False,
+    policies: bool = False,
+    rule: str = "",
 ) -> Any:
     """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
     codes and scales)."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies)
+    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies, rule)
     if row or rotate:
-        vlen = fmt.block_size if rotate else _vector_length(source, fmt)  # the rotated input is float32
+        vlen = own_length(fmt) if rotate else _vector_length(source, fmt)  # the rotated input is float32
         return _row_fake_quantize(source_of(source), el, sc, vlen, rotate)
     return _tile_fake_quantize(source_of(source), el, sc)
 
@@ -72,10 +86,11 @@ def fake_quantize_kernel(
 @cache
 def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
     """Row kernel ``(codes, scales, out, size, pts, t0, t1)`` or tile kernel ``(codes, scales,
-    out, rows, cols, pts, t0, t1)``: the values into float32 ``out``."""
+    out, rows, cols, pts, t0, t1)``: the values into float32 ``out`` (float scales as float32
+    patterns, whatever dtype stores them)."""
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
     if row:
-        return _row_dequantize(el, sc, bool(pack), fmt.block_size)
+        return _row_dequantize(el, sc, bool(pack), own_length(fmt))
     return _tile_dequantize(el, sc, pack)
 
 

@@ -24,7 +24,7 @@ from ..._jit import f32_from_bits, jit
 from .. import codec as C
 from .elements import _dequantized, _load, _scaled
 from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _scale_byte
-from .spec import FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source
+from .spec import BY_E4M3, FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source
 
 #: The most blocks evaluated together, one float64 lane each. Their count is a run-time value:
 #: LLVM unrolls a loop of a constant 8 iterations before its vectoriser sees it.
@@ -63,14 +63,14 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
     ``ng`` (at most ``GROUP``) whole blocks ``[j, j + ng)`` of the row ``xr`` (``size`` <= :data:`MAX_SIZE`) under the
     policy ``policy`` (not ``PLAIN``) into ``out[j:]``, the source, element and scale format
     compiled in (``vlens``: the vector lengths of the amax, see :func:`~.rows._row_amax`)."""
-    kind, codec, e8m0 = source.kind, source.codec, sc.e8m0
+    kind, codec, scaling = source.kind, source.codec, sc.scaling
     fixed = el.codec.specials == C.FIXED
     v16, v32, v64 = vlens
 
     @jit(inline="always")
     def scales(xr, j, ng, size, mode, policy, pts, out, scratch):  # pragma: no cover - compiled
         cands, muls, steps, sums, values, amaxes = scratch
-        count = 5 if (policy == SEARCH_MSE) & (not e8m0) else 2
+        count = 5 if (policy == SEARCH_MSE) & (scaling == BY_E4M3) else 2
         squared = policy != FOUR_SIX_MAE
         # each step a loop across the group's blocks, which vectorises (the candidates' divisions
         # included): block by block, these took 4.3 cycles an element, against 1.5
@@ -78,7 +78,7 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
             l0 = np.uint64((j + g) * size)
             amaxes[g] = _row_amax(xr, l0, l0 + np.uint64(size), kind, codec, v16, v32, v64)
         for g in range(ng):
-            cands[0, g] = _scale_byte(amaxes[g], mode, pts, sc, e8m0)
+            cands[0, g] = _scale_byte(amaxes[g], mode, pts, sc, scaling)
         for k in range(count - 1):
             for g in range(ng):
                 byte = cands[0, g]
@@ -86,7 +86,7 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
                 cands[k + 1, g] = cand if valid else byte
         for k in range(count):
             for g in range(ng):
-                mul, step = _multiplier(cands[k, g], pts, sc, e8m0)
+                mul, step = _multiplier(cands[k, g], pts, sc, scaling)
                 muls[k, g] = mul
                 steps[k, g] = step
         for g in range(ng):
@@ -101,14 +101,14 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
                 if squared:
                     for g in range(ng):
                         u = values[i, g]
-                        v = _scaled(u, muls[k, g], e8m0)
+                        v = _scaled(u, muls[k, g], scaling)
                         d = np.float64(_dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
                         d = d - np.float64(f32_from_bits(u))
                         sums[k, g] += d * d
                 else:
                     for g in range(ng):
                         u = values[i, g]
-                        v = _scaled(u, muls[k, g], e8m0)
+                        v = _scaled(u, muls[k, g], scaling)
                         d = np.float64(_dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
                         sums[k, g] += abs(d - np.float64(f32_from_bits(u)))
         for g in range(ng):

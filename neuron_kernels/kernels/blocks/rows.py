@@ -25,7 +25,7 @@ from .hadamard import rotate_group
 from .policies import GROUP, MAX_SIZE, _group_scratch, grouped_scales, groups_policies
 from .runs import CHUNK, RUN_BLOCK, run_dequantizer, run_elements, run_scratch
 from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _row_errors, _scale_byte
-from .spec import FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Source, _flags, source_of
+from .spec import BY_E4M3, FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Source, _flags, source_of
 
 
 @jit(inline="always")
@@ -40,7 +40,7 @@ def _decoded_amax(m, src):  # pragma: no cover - compiled
 def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
     """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate
     (``cands``, ``errs``: scratch of 5 entries)."""
-    byte = _scale_byte(amax, mode, pts, sc, sc.e8m0)
+    byte = _scale_byte(amax, mode, pts, sc, sc.scaling)
     if not _policy_scale(byte, amax, policy, pts, sc):
         return byte
     # the plain scale first; invalid candidates are evaluated with it (never strictly better)
@@ -94,7 +94,7 @@ def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc
 
 @jit(inline="always")
 def _row_plain_scales(
-    xr, j0, j1, size, out, mode, pts, kind, codec, sc, e8m0, v16, v32, v64, amaxes
+    xr, j0, j1, size, out, mode, pts, kind, codec, sc, scaling, v16, v32, v64, amaxes
 ):  # pragma: no cover
     """The scale bytes of blocks ``[j0, j1)`` (at most :data:`~.runs.CHUNK`) of the row ``xr`` by
     the plain rule (kernels without scale policies), inlined into the kernel with the format's
@@ -109,13 +109,13 @@ def _row_plain_scales(
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
         amax = _row_amax(xr, l0, l1, kind, codec, v16, v32, v64)
-        if e8m0:  # the e8m0 rules do not vectorise: one loop
-            out[j] = _scale_byte(amax, mode, pts, sc, e8m0)
+        if scaling != BY_E4M3:  # the e8m0 rules do not vectorise (nor need float scales, of long blocks): one loop
+            out[j] = _scale_byte(amax, mode, pts, sc, scaling)
         else:
             amaxes[b] = amax
-    if not e8m0:
+    if scaling == BY_E4M3:
         for b in range(j1 - j0):
-            out[first + np.uint64(b)] = _scale_byte(amaxes[b], mode, pts, sc, e8m0)
+            out[first + np.uint64(b)] = _scale_byte(amaxes[b], mode, pts, sc, scaling)
 
 
 @jit(inline="always")
@@ -134,7 +134,7 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
     blocks in vector registers where :func:`~.policies.groups_policies` says so (the specialised
     binding, :func:`~.policies.grouped_scales`), and every other block by the shared
     :func:`_row_scales` (the generic one); ``scratch`` is :func:`_scale_scratch`'s."""
-    kind, _, _, e8m0 = _flags(source, el, sc)
+    kind, _, _, scaling = _flags(source, el, sc)
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     grouped = policies and groups_policies(source, el)
     group_of = grouped_scales(source, el, sc, vlens) if grouped else None
@@ -154,7 +154,7 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
                         j += ng
             _row_scales(xr, j, j1, size, base, out, mode, policy, pts, key, source, el, sc, cands, errs)
         else:
-            _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, e8m0, v16, v32, v64, amaxes)
+            _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, scaling, v16, v32, v64, amaxes)
 
     return scales
 
@@ -167,13 +167,13 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
     ``i0 + k``; every code is the NaN code in a block whose scale is the NaN byte. The plain row
     kernel runs it on the blocks of a row in place, the rotated one on each block rotated into
     a scratch row."""
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     nan_code = el.nan_code
 
     @jit(inline="always")
     def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
-        mul, _ = _multiplier(byte, pts, sc, e8m0)
+        mul, _ = _multiplier(byte, pts, sc, scaling)
         nan_block = byte == np.uint32(sc.nan_byte)
         n = l1 - l0
         rnd = np.uint32(0)
@@ -182,7 +182,7 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             for k in range(n):
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
-                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, scaling), rnd, el, rmode, fixed)
                 cr[c0 + k] = nan_code if nan_block else code
         elif (c0 & 1) == 0 and (n & 1) == 0:
             h0 = c0 >> np.uint64(1)
@@ -191,15 +191,15 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, i0 + np.int64(k + k))
                     rnd_hi = random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
-                lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, scaling), rnd, el, rmode, fixed)
                 hi_u = _load(xs[lo_i + np.uint64(1)], kind, source.codec)
-                hi = _code(_scaled(hi_u, mul, e8m0), rnd_hi, el, rmode, fixed)
+                hi = _code(_scaled(hi_u, mul, scaling), rnd_hi, el, rmode, fixed)
                 cr[h0 + k] = nan_code if nan_block else nibble_pair(lo, hi)
         else:
             for k in range(n):
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
-                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0), rnd, el, rmode, fixed)
+                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, scaling), rnd, el, rmode, fixed)
                 pos = c0 + k
                 put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
 
@@ -211,17 +211,17 @@ def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
     pts, key_lo, key_hi)``: the dequantised values of the elements ``xs[l0:l1]`` under the scale
     ``byte`` into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic
     bits of index ``i0 + k`` (see :func:`_block_quantizer`)."""
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
 
     @jit(inline="always")
     def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
-        mul, scale = _multiplier(byte, pts, sc, e8m0)
+        mul, scale = _multiplier(byte, pts, sc, scaling)
         rnd = np.uint32(0)
         for k in range(l1 - l0):
             if stochastic:
                 rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
-            v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, e8m0)
+            v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, scaling)
             out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, fixed)
 
     return block
@@ -327,7 +327,7 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int, rotate
 def _row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
     """Row kernel ``(codes, scales, out, size, pts, t0, t1)``: runs of whole blocks of ``vlen``
     (the format's own length) by :func:`~.runs.run_dequantizer`, every other block one by one."""
-    e8m0 = sc.e8m0
+    scaling = sc.scaling
     has_runs = vlen == RUN_BLOCK
     values = run_dequantizer(el, sc, vlen, packed)
 
@@ -351,7 +351,7 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
                 for j in range(jw, je):
                     l0 = np.uint64(j * size)
                     l1 = np.uint64(min(j * size + size, length))
-                    _, scale = _multiplier(np.uint32(sr[j]), pts, sc, e8m0)
+                    _, scale = _multiplier(np.uint32(sr[j]), pts, sc, scaling)
                     if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                         for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
                             pair = np.uint32(cr[k])

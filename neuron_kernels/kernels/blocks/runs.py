@@ -65,14 +65,14 @@ def _unpair_byte(b):  # pragma: no cover - compiled
 
 
 def _multipliers(sc: Scale) -> Any:
-    e8m0 = sc.e8m0
+    scaling = sc.scaling
 
     @jit(inline="always")
     def multipliers(sr, j0, n, pts, muls, steps):  # pragma: no cover - compiled
         """The multipliers and scales (:func:`~.scales._multiplier`) of blocks ``[j0, j0 + n)``."""
         first = np.uint64(j0)  # unsigned indices: a signed one costs a wraparound check per lane
         for b in range(n):
-            mul, step = _multiplier(np.uint32(sr[first + np.uint64(b)]), pts, sc, e8m0)
+            mul, step = _multiplier(np.uint32(sr[first + np.uint64(b)]), pts, sc, scaling)
             muls[b] = mul
             steps[b] = step
 
@@ -87,7 +87,7 @@ def run_elements(source: Source, el: Element, sc: Scale, vlen: int, pack: bool, 
     ``l`` rounded with the stochastic bits of index ``base + l``; ``scratch``:
     :func:`run_scratch`'s. What :func:`~.rows._block_quantizer` and
     :func:`~.rows._block_fake_quantizer` write block by block."""
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     nan_code, nan_byte = el.nan_code, sc.nan_byte
     half = vlen // 2
@@ -109,7 +109,7 @@ def run_elements(source: Source, el: Element, sc: Scale, vlen: int, pack: bool, 
                 i = l0 + np.uint64(k)
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, base + np.int64(i))
-                v = _scaled(_load(xr[i], kind, codec), mul, e8m0)
+                v = _scaled(_load(xr[i], kind, codec), mul, scaling)
                 if fake:
                     dr[i] = _dequantized(v, rnd, step, el, rmode, fixed)
                 elif pack:

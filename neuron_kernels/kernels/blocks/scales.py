@@ -12,7 +12,7 @@ from .. import codec as C
 from .. import sources as S
 from ..hashing import random_bits
 from .elements import _dequantized, _fixed, _load, _scaled, _stream
-from .spec import CEIL, EVEN, FOUR_SIX_MAE, FOUR_SIX_MSE, NEURON, PLAIN, RCEIL
+from .spec import BY_DIVISION, BY_E8M0, BY_RECIPROCAL, CEIL, EVEN, FOUR_SIX_MAE, FOUR_SIX_MSE, NEURON, PLAIN, RCEIL
 
 
 @jit
@@ -91,22 +91,48 @@ def _e4m3_byte(amax, divisor, pts, sc):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _scale_byte(amax, mode, pts, sc, e8m0):  # pragma: no cover - compiled
+def _float_scale(amax, sc, scaling):  # pragma: no cover - compiled
+    """The float32 pattern of a float scale from a block's finite amax pattern. ``divide``:
+    ``s = amax / max`` in float32, rounded to the scale's dtype (``sc.codec``; float32: as is), and
+    a scale that is zero there (an all-zero block) becomes the dtype's epsilon. ``reciprocal``:
+    the multiplier ``m = max / amax`` (1 for an all-zero block), stored as ``1 / m`` in the end."""
+    a = f32_from_bits(np.uint32(amax))
+    if scaling == BY_RECIPROCAL:
+        return f32_bits(sc.max_element / a) if amax != 0 else f32_bits(np.float32(1.0))
+    t = f32_bits(a / sc.max_element)
+    if sc.codec.bits != 32:
+        t = C.decode(C.encode(t, np.uint32(0), np.uint32(0), sc.codec, C.NEAREST_EVEN, True), sc.codec)
+    return t if t != 0 else f32_bits(sc.eps)
+
+
+@jit(inline="always")
+def _scale_byte(amax, mode, pts, sc, scaling):  # pragma: no cover - compiled
     """The scale byte of a block by the plain rule (NaN byte for a NaN/inf block; e8m0: 0 for
-    an all-zero block, e4m3fn: the lower clamp 2^-6). ``e8m0``: ``sc.e8m0`` (see the module's flags)."""
+    an all-zero block, e4m3fn: the lower clamp 2^-6); of float scales, the float32 pattern of
+    :func:`_float_scale`. ``scaling``: ``sc.scaling`` (``BY_*`` of :mod:`.spec`)."""
     if amax >= 0x7F800000:
         return np.uint32(sc.nan_byte)
-    if e8m0:
+    if scaling >= BY_DIVISION:
+        return np.uint32(_float_scale(amax, sc, scaling))
+    if scaling == BY_E8M0:
         return np.uint32(0) if amax == 0 else np.uint32(_e8m0_byte(amax, mode, sc))
     return np.uint32(_e4m3_byte(amax, sc.max_element, pts, sc))
 
 
 @jit(inline="always")
-def _multiplier(byte, pts, sc, e8m0):  # pragma: no cover - compiled
+def _multiplier(byte, pts, sc, scaling):  # pragma: no cover - compiled
     """(What an element is multiplied by before encoding, the scale of the dequantised values),
     in float32: MX, (1 / X, X) = (2^(127 - byte), 2^(byte - 127)); NVFP4, (1 / s, s) single-level
-    and ((1 / pts) / s, pts * s) two-level, torchao's order of operations. NaN for a NaN block."""
-    if e8m0:
+    and ((1 / pts) / s, pts * s) two-level, torchao's order of operations; float scales, (s, s)
+    (elements divided by s, :func:`~.elements._scaled`), or (m, 1 / m) of the reciprocal rule's
+    multiplier. NaN for a NaN block."""
+    if scaling == BY_DIVISION:
+        s = f32_from_bits(byte)
+        return s, s
+    if scaling == BY_RECIPROCAL:
+        m = f32_from_bits(byte)
+        return m, np.float32(1.0) / m
+    if scaling == BY_E8M0:
         inv = f32_from_bits(u32_shl(u32_sub(254, byte), 23) if byte < np.uint32(254) else np.uint32(0x400000))
         x = f32_from_bits(u32_shl(byte, 23) if byte != 0 else u32_or(byte, 0x400000))
         x = np.float32(np.nan) if byte == np.uint32(0xFF) else x
@@ -126,13 +152,13 @@ def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, src, el, sc, 
     key_lo, key_hi = _stream(key)
     rnd = np.uint32(0)
     for k in range(count):
-        mul, scale = _multiplier(cands[k], pts, sc, sc.e8m0)
+        mul, scale = _multiplier(cands[k], pts, sc, sc.scaling)
         err = 0.0
         for i in range(l0, l1):
             u = S.load(xr[i], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
                 rnd = random_bits(key_lo, key_hi, base + np.int64(i))
-            v = _scaled(u, mul, sc.e8m0)
+            v = _scaled(u, mul, sc.scaling)
             d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
         errs[k] = err
@@ -143,7 +169,7 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
     """The sum of |dq - x| (or its square) over the tile ``x[a, r0:r1, c0:c1]`` in C order, in float64,
     with the scale ``byte``."""
     key_lo, key_hi = _stream(key)
-    mul, scale = _multiplier(byte, pts, sc, sc.e8m0)
+    mul, scale = _multiplier(byte, pts, sc, sc.scaling)
     rows, cols = x.shape[1], x.shape[2]
     err = 0.0
     rnd = np.uint32(0)
@@ -152,7 +178,7 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
             u = S.load(x[a, rr, cc], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
                 rnd = random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
-            v = _scaled(u, mul, sc.e8m0)
+            v = _scaled(u, mul, sc.scaling)
             d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
     return err

@@ -16,9 +16,14 @@ from .. import codec as C
 from .. import sources as S
 
 #: Scale-mode ids, bound by name: an id is the mode's index in ``modes.SCALE_MODES``.
-FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST = (
-    SCALE_MODES.index(m) for m in ("floor", "ceil", "even", "rceil", "neuron", "nearest")
+FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST, DIVIDE, RECIPROCAL = (
+    SCALE_MODES.index(m) for m in ("floor", "ceil", "even", "rceil", "neuron", "nearest", "divide", "reciprocal")
 )
+
+#: How a kernel scales its elements (``Scale.scaling``, a constant the helpers branch on): by the
+#: multiplier of a float8_e4m3fn scale (NVFP4) or of an e8m0 one (MX), or by a float scale: each
+#: element divided by it (``divide``) or multiplied by its reciprocal's multiplier (``reciprocal``).
+BY_E4M3, BY_E8M0, BY_DIVISION, BY_RECIPROCAL = 0, 1, 2, 3
 
 #: Scale policies, as the kernels number them: the plain rule, four-over-six by each error
 #: measure of ``modes.FOUR_OVER_SIX``, then each search of ``modes.SCALE_SEARCHES``.
@@ -95,15 +100,20 @@ class Element(NamedTuple):
 class Scale(NamedTuple):
     """The scale format, as the kernels need it.
 
-    ``e8m0``: power-of-two scales (MX) rather than float8_e4m3fn ones (NVFP4). ``emax``, ``mbits``
+    ``e8m0``: power-of-two scales (MX) rather than float8_e4m3fn ones (NVFP4); ``scaling``: how
+    elements are scaled (``BY_*``: the float scales' rule is compiled in). ``emax``, ``mbits``
     and ``rcp`` (float32(1 / max element)) serve the e8m0 rules; ``max_element`` and ``four``
     (2^emax: the map-to-4 divisor of four-over-six) the e4m3fn ones, with the scale's codec, its
     smallest normal (the lower clamp) and largest value, and ``nan_byte``, the scale of a block
-    holding a NaN or an infinity. ``policies``: whether the kernel evaluates scale policies at all
-    (their code, even untaken, costs the plain kernels a quarter more instructions per element).
+    holding a NaN or an infinity (a float scale's: the float32 quiet NaN pattern). Float scales are
+    float32 patterns in the kernels, rounded to the scale's dtype (``codec``); ``eps`` is the
+    scale of a block whose scale would be zero (compressed-tensors' rule: the dtype's epsilon).
+    ``policies``: whether the kernel evaluates scale policies at all (their code, even untaken,
+    costs the plain kernels a quarter more instructions per element).
     """
 
     e8m0: bool
+    scaling: int
     emax: int
     mbits: int
     rcp: np.float32
@@ -113,6 +123,7 @@ class Scale(NamedTuple):
     lowest: np.float32
     highest: np.float32
     nan_byte: int
+    eps: np.float32
     policies: bool
 
 
@@ -129,10 +140,19 @@ def _element_of(bf: BlockFormat, rounding: str) -> Element:
     )
 
 
-def _scale_of(bf: BlockFormat, policies: bool = False) -> Scale:
+def _scaling(bf: BlockFormat, scale_mode: str) -> int:
+    if bf.float_scales:
+        return BY_RECIPROCAL if scale_mode == "reciprocal" else BY_DIVISION
+    return BY_E8M0 if bf.is_mx else BY_E4M3
+
+
+def _scale_of(bf: BlockFormat, policies: bool = False, scale_mode: str = "") -> Scale:
+    """The :class:`Scale` of a format (``scale_mode``: the float scales' rule, else ignored)."""
     sf = bf.scale_format
+    wide = bf.float_scales
     return Scale(
         e8m0=bf.is_mx,
+        scaling=_scaling(bf, scale_mode),
         emax=bf.emax_elem,
         mbits=bf.mbits,
         rcp=np.float32(1.0 / bf.max_element),
@@ -141,16 +161,17 @@ def _scale_of(bf: BlockFormat, policies: bool = False) -> Scale:
         codec=C.codec_of(sf),
         lowest=np.float32(sf.smallest_normal),
         highest=np.float32(sf.max),
-        nan_byte=sf.nan_code or 0,
+        nan_byte=(0x7FC00000 if wide else sf.nan_code) or 0,
+        eps=np.float32(sf.eps),
         policies=policies,
     )
 
 
-def _flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, bool]:
+def _flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, int]:
     """The decisions the helpers branch on, as the separate constants a kernel passes them:
-    the source kind, the rounding mode, fixed-point elements, e8m0 scales (see the module's
-    flags)."""
-    return source.kind, el.mode, el.codec.specials == C.FIXED, sc.e8m0
+    the source kind, the rounding mode, fixed-point elements, how elements are scaled
+    (``BY_*``)."""
+    return source.kind, el.mode, el.codec.specials == C.FIXED, sc.scaling
 
 
 def _vector_length(source: str, fmt: BlockFormat) -> int:
@@ -158,7 +179,13 @@ def _vector_length(source: str, fmt: BlockFormat) -> int:
     constant): the format's own, for the sources that have the vector reduction; 0 for none.
     Other lengths take the scalar loop: one vector length per kernel compiles faster than all
     three, and the format's own block size is what nearly every call uses."""
-    return fmt.block_size if source_of(source).vector else 0
+    return own_length(fmt) if source_of(source).vector else 0
+
+
+def own_length(fmt: BlockFormat) -> int:
+    """The format's own block length where kernels specialise on it (16, 32 or 64), else 0 (the
+    FP8 formats' rows and tiles of 128 or whole axes take the loops of any length)."""
+    return fmt.block_size if fmt.block_size in (16, 32, 64) else 0
 
 
 def _vector_lengths(source: Source) -> tuple[int, int, int]:

@@ -46,7 +46,7 @@ def _tile_plain_scales(x, a, r0, r1, cols, j0, j1, amax, bytes_, mode, pts, kind
     ``kind`` compiled in."""
     _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec)
     for j in range(j0, j1):
-        bytes_[j] = _scale_byte(amax[j], mode, pts, sc, sc.e8m0)
+        bytes_[j] = _scale_byte(amax[j], mode, pts, sc, sc.scaling)
 
 
 @jit
@@ -59,7 +59,7 @@ def _tile_scales(
     _tile_amax(x, a, r0, r1, cols, j0, j1, amax, src.kind, src.codec)
     for j in range(j0, j1):
         m = amax[j]
-        byte = _scale_byte(m, mode, pts, sc, sc.e8m0)
+        byte = _scale_byte(m, mode, pts, sc, sc.scaling)
         if _policy_scale(byte, m, policy, pts, sc):
             c0, c1 = j * cols, min(j * cols + cols, width)
             squared = policy != FOUR_SIX_MAE
@@ -90,7 +90,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     into ``scales[a, i]``; else its dequantised value into ``dst`` (``scales`` not used). One body
     for both, the branch not taken pruned: numba's inlining of a closure per element cost a third
     more compile time."""
-    kind, rmode, fixed, e8m0 = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = _flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # constants of the closure: numba compiles only the branches taken
     nan_code = el.nan_code
@@ -99,7 +99,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     def _tile_code(xrow, cc, col_mul, col_scale, base, key_lo, key_hi):  # pragma: no cover - compiled
         """The code of ``xrow[cc]`` with its column's multiplier; the NaN code under a NaN scale."""
         rnd = random_bits(key_lo, key_hi, base + np.int64(cc)) if stochastic else np.uint32(0)
-        code = _code(_scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], e8m0), rnd, el, rmode, fixed)
+        code = _code(_scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], scaling), rnd, el, rmode, fixed)
         return nan_code if col_scale[cc] != col_scale[cc] else code
 
     @jit
@@ -130,7 +130,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                 for j in range(j0, j1):
                     if quantize:
                         scales[a, i, j] = bytes_[j]
-                    mul, scale = _multiplier(bytes_[j], pts, sc, e8m0)
+                    mul, scale = _multiplier(bytes_[j], pts, sc, scaling)
                     col_mul[j * cols : j * cols + cols] = mul  # slice fills: vectorised
                     col_scale[j * cols : j * cols + cols] = scale
                 # One view per row and unsigned indices: the element loops are vectorised.
@@ -143,7 +143,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                         for cc in range(u0, u1):
                             if stochastic:
                                 rnd = random_bits(key_lo, key_hi, base + np.int64(cc))
-                            v = _scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], e8m0)
+                            v = _scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], scaling)
                             drow[cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
                     elif pack == PACK_COLS:
                         drow = dst[a, rr]
@@ -191,7 +191,7 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
 
 
 def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
-    e8m0 = sc.e8m0
+    scaling = sc.scaling
 
     @jit
     def kernel(codes, scales, out, rows, cols, pts, t0, t1):  # pragma: no cover - compiled
@@ -204,7 +204,7 @@ def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
             r0 = i * rows
             r1 = min(r0 + rows, height)
             for j in range(nct):
-                _, scale = _multiplier(np.uint32(scales[a, i, j]), pts, sc, e8m0)
+                _, scale = _multiplier(np.uint32(scales[a, i, j]), pts, sc, scaling)
                 for cc in range(j * cols, min(j * cols + cols, width)):
                     col_scale[cc] = scale
             for rr in range(r0, r1):
