@@ -17,15 +17,18 @@ rounds stochastically, so their peer is ml_dtypes' round-to-nearest ``astype`` (
 
 Block formats (:func:`bench_blocks`, one :class:`BlockBenchRow` per case of :data:`BLOCK_CASES`: every
 MX format with the floor scale, NVFP4 with its per-tensor scale from the amax (an extra pass) or
-given, NVFP4's policies and rotation, and a few formats from bfloat16 input; blocks along the last
-axis; bytes are those of the input dtype):
+given, NVFP4's policies and rotation, FP8 with float scales (128 x 128 tiles, per row, per
+matrix), and a few formats from bfloat16 input; blocks along the last axis; bytes are those of
+the input dtype):
 
 - ``copy``: as above, measured again for every case; ``fresh``: ``x.copy()`` (a new array, whose
   pages the operating system zeroes on first touch), the ceiling of an allocating call;
 - quantise: ``quantize`` allocating its result, compared with the fresh ceiling and with the
-  peer, :func:`numpy_reference_quantize` / :func:`numpy_reference_nvfp4` (numpy + ml_dtypes),
-  which allocates too; both move ``x.nbytes + q.nbytes``; and with torchao's ``to_mx`` /
-  ``nvfp4_quantize`` on the CPU when torch and torchao are installed;
+  peer, :func:`numpy_reference_quantize` / :func:`numpy_reference_nvfp4` /
+  :func:`numpy_reference_fp8` (numpy + ml_dtypes), which allocates too; both move ``x.nbytes +
+  q.nbytes``; and with torchao's ``to_mx`` / ``nvfp4_quantize`` on the CPU when torch and torchao
+  are installed (for FP8, torch's own division and float8 cast, as compressed-tensors quantises on
+  a CPU);
 - dequantise: into a reused ``out=`` array (``x.nbytes + q.nbytes``);
 - fake-quantise: into a reused ``out=`` array (``2 * x.nbytes``);
 - SQNR: :func:`~neuron_kernels.quantization_error` of the built-in data (whose first block holds
@@ -64,6 +67,7 @@ __all__ = [
     "format_table",
     "numpy_reference_quantize",
     "numpy_reference_nvfp4",
+    "numpy_reference_fp8",
     "peer_of",
     "torchao_peer",
     "bench_blocks",
@@ -336,6 +340,8 @@ BLOCK_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("mxfp8_e4m3 bf16", "mxfp8_e4m3", {SOURCE: "bfloat16"}),
     ("mxfp4_e2m1 bf16", "mxfp4_e2m1", {SOURCE: "bfloat16"}),
     ("nvfp4 bf16", "nvfp4", {SOURCE: "bfloat16"}),
+    *((name, name, {}) for name, f in BLOCK_FORMATS.items() if f.float_scales),
+    ("fp8_block bf16", "fp8_block", {SOURCE: "bfloat16", "scale_dtype": "bfloat16"}),
 ]
 
 
@@ -399,6 +405,30 @@ def numpy_reference_nvfp4(
     return pack(codes, -1), s.view(np.uint8)[..., 0]
 
 
+def _tiles_of(x: np.ndarray, fmt: str) -> tuple[np.ndarray, tuple[int, int]]:
+    """x (float32) as the 2-D matrix of its last axes padded with zeros to whole blocks of ``fmt``,
+    seen as (tile rows, rows, tile columns, columns); and the matrix's shape."""
+    bf = BLOCK_FORMATS[fmt]
+    x2 = x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
+    rows, cols = x2.shape
+    br, bc = min(bf.block_rows, rows), min(bf.block_size, cols)
+    padded = np.pad(x2, [(0, -rows % br), (0, -cols % bc)])
+    return padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc), (rows, cols)
+
+
+def numpy_reference_fp8(x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """FP8 with float32 scales (``fp8_block``, ``fp8_channel``, ``fp8_tensor`` over the last two
+    axes) in plain numpy + ml_dtypes, as one writes it from the producers' formulas: ``s = amax /
+    448`` per tile (the epsilon for an all-zero tile), codes ``clip(x / s, -448, 448)`` cast to
+    float8_e4m3fn. Returns ``(codes, scales)``."""
+    top = np.float32(BLOCK_FORMATS[fmt].max_element)
+    tiles, (rows, cols) = _tiles_of(np.asarray(x, dtype=np.float32), fmt)
+    s = np.max(np.abs(tiles), axis=(1, 3), keepdims=True) / top
+    s[s == 0] = np.finfo(np.float32).eps
+    codes = np.clip(tiles / s, -top, top).astype(ml_dtypes.float8_e4m3fn)
+    return codes.reshape(tiles.shape[0] * tiles.shape[1], -1)[:rows, :cols], s[:, 0, :, 0]
+
+
 def torchao_peer(
     fmt: str, options: dict[str, Any], shape: tuple[int, ...] | None = None
 ) -> Callable[[np.ndarray], Any] | None:
@@ -412,6 +442,15 @@ def torchao_peer(
         from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
     except Exception:  # noqa: BLE001 - any failure to import means the peer is absent
         return None
+    if BLOCK_FORMATS[fmt].float_scales:  # FP8: torch's own ops, as compressed-tensors runs them on a CPU
+        top = BLOCK_FORMATS[fmt].max_element
+
+        def fp8(a: np.ndarray) -> Any:
+            t = torch.from_numpy(_tiles_of(a, fmt)[0])
+            s = t.abs().amax(dim=(1, 3), keepdim=True) / top
+            return (t / s).clamp(-top, top).to(torch.float8_e4m3fn), s
+
+        return None if options else fp8
     if BLOCK_FORMATS[fmt].per_tensor_scale:  # NVFP4: torchao's nvfp4_quantize
         if set(options) - {"per_tensor_scale"}:
             return None
@@ -475,6 +514,8 @@ def bench_blocks(
             if q.format.per_tensor_scale:
                 pts = q.per_tensor_scale
                 peer = measure(lambda: numpy_reference_nvfp4(source, pts), moved, few)
+            elif q.format.float_scales:
+                peer = measure(lambda: numpy_reference_fp8(source, fmt), moved, few)
             else:
                 peer = measure(lambda: numpy_reference_quantize(source, fmt), moved, few)
         torchao = torchao_peer(fmt, options, x.shape) if source is x else None

@@ -492,6 +492,11 @@ class BlockFormat:
         return FLOAT_SCALE_DTYPES if self.float_scales else (self.scale,)
 
     @property
+    def per_matrix(self) -> bool:
+        """Whether one scale covers a whole matrix (FP8 per tensor)."""
+        return self.block_rows == WHOLE and self.block_size == WHOLE
+
+    @property
     def default_block_shape(self) -> tuple[int, ...]:
         """The default block, ``(block_size,)`` or the 2-D tile ``(block_rows, block_size)``
         (:data:`WHOLE` where it spans the axis)."""

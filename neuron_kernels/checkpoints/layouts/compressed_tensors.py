@@ -68,7 +68,7 @@ def _ct_outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output
     base = name[: -len(".weight")] if name.endswith(".weight") else name
     bf = BLOCK_FORMATS[layout.fmt]
     codes = TensorSpec(f"{base}.{_ct_codes(bf)}", stored_codes_dtype(bf), layout.codes_shape)
-    grid = (1,) if layout.fmt == "fp8_tensor" else layout.scales_shape  # one scale per tensor: [1]
+    grid = (1,) if bf.per_matrix else layout.scales_shape  # one scale per tensor: [1]
     scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf, scale_dtype), grid)
     out = [(codes, "codes"), (scales, "scales")]
     if bf.per_tensor_scale:
