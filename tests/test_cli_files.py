@@ -217,6 +217,25 @@ def test_error_table_compares_policies(files):
     assert found[("mxfp4_e2m1", "floor", "mse")] >= found[("mxfp4_e2m1", "floor", "plain")]
 
 
+def test_error_table_takes_fp8_with_float_scales(files, tmp_path):
+    """FP8 in tiles, per row and per matrix beside the 1-D formats (a second read for the tiles,
+    each on pieces of whole rows of tiles: --chunk-mb 1 cuts the matrix), each scale rule, no policy;
+    every figure what the in-memory statistics give."""
+    d, _ = files
+    x = np.random.default_rng(3).standard_normal((700, 384)).astype(np.float32)
+    np.save(tmp_path / "w.npy", x)
+    formats = "fp8_block,fp8_channel,fp8_tensor,mxfp8_e4m3"
+    r = run("error", "w.npy", "--formats", formats, "--scale-modes", "floor,divide,reciprocal", "--chunk-mb", "1",
+            cwd=tmp_path)  # fmt: skip
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    found = {tuple(row[1:4]): row[4] for row in rows}
+    fp8 = {(f, m, "plain") for f in formats.split(",")[:3] for m in ("divide", "reciprocal")}
+    assert set(found) == fp8 | {("mxfp8_e4m3", "floor", p) for p in ("plain", "mse")}
+    for fmt, mode, _ in fp8:
+        want = nk.quantization_error(x, nk.quantize(x, fmt, scale_mode=mode)).sqnr_db
+        assert found[(fmt, mode, "plain")] == f"{want:.2f}", (fmt, mode)
+
+
 def test_error_plot(files):
     pytest.importorskip("matplotlib")
     d, _ = files

@@ -342,8 +342,12 @@ POLICIES: dict[str, dict[str, str]] = {
 
 
 def _applies(policy: str, fmt: str) -> bool:
-    """Whether a policy applies to a format (four-over-six: float8_e4m3fn scales only)."""
-    return "four_over_six" not in POLICIES[policy] or not BLOCK_FORMATS[fmt].is_mx
+    """Whether a policy applies to a format (four-over-six: float8_e4m3fn scales only; none to
+    float scales)."""
+    bf = BLOCK_FORMATS[fmt]
+    if bf.float_scales:
+        return not POLICIES[policy]
+    return "four_over_six" not in POLICIES[policy] or not bf.is_mx
 
 
 def error_table(
@@ -388,28 +392,47 @@ def error_table(
         }
         if not jobs:
             raise InvalidValueError("no format takes the scale modes and policies asked for")
-        # One read of each piece serves every job: cut on blocks of every job's length.
-        sizes = {j.block_size for j in jobs.values()}
-        first = next(iter(jobs.values()))
-        cut_layout = dataclasses.replace(first.layout(entry.shape), block_size=int(np.lcm.reduce(list(sizes))))
-        pieces = Pieces(cut_layout)
-        cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
-        if any(j.needs_amax for j in jobs.values()):  # no job of the table rotates: one amax serves all
-            amax = 0.0
-            for _, _, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
-                amax = max(amax, tensor_amax(arr, src_fmt))
-            jobs = {k: j.with_amax(amax) if j.needs_amax else j for k, j in jobs.items()}
-        stats = {key: ErrorStats() for key in jobs}
-        for k, start, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
-            piece_axis = pieces.piece_layout(cuts[k]).axis
-            for key, job in jobs.items():
-                piece_job = dataclasses.replace(job, axis=piece_axis)
-                sums = piece_job.error_sums(arr, src_fmt)  # one pass, no codes written, where it can
-                if sums is not None:
-                    stats[key].add_row_sums(sums)
-                else:
-                    stats[key].add(arr, piece_job.quantize(arr, src_fmt, idx0=start))
-            progress(arr.size * entry.dtype.itemsize)
+        stats: dict[tuple[str, str, str], ErrorStats] = {}
+        # One read of each piece serves every job of 1-D blocks, another every job of 2-D tiles
+        # (pieces of whole rows of tiles); only the first read counts towards the progress.
+        rows_jobs = {k: j for k, j in jobs.items() if j.block_rows == 1}
+        tile_jobs = {k: j for k, j in jobs.items() if j.block_rows > 1}
+        for group, counted in ((rows_jobs, True), (tile_jobs, not rows_jobs)):
+            if group:
+                stats.update(_table_stats(entry, group, chunk_bytes, progress if counted else _no_progress))
         found = [(entry.label, f, m, p, stats[(f, m, p)].result()) for f, m, p in jobs]
         rows.extend(sorted(found, key=lambda r: -r[4].sqnr_db))
     return rows
+
+
+def _table_stats(
+    entry: ArrayEntry, jobs: dict[tuple[str, str, str], BlockJob], chunk_bytes: int, progress: Progress
+) -> dict[tuple[str, str, str], ErrorStats]:
+    """The error statistics of every job of ``jobs`` on ``entry`` (all of 1-D blocks, or all of 2-D
+    tiles), from one read of its pieces, cut on blocks (rows of tiles) of every job's length."""
+    first = next(iter(jobs.values()))
+    shape = entry.shape
+    sizes = [min(j.block_size, shape[first.axis]) for j in jobs.values()]
+    cut_layout = dataclasses.replace(first.layout(shape), block_size=int(np.lcm.reduce(sizes)))
+    if first.block_rows > 1:
+        tile_rows = [min(j.block_rows, shape[-2]) for j in jobs.values()]
+        cut_layout = dataclasses.replace(cut_layout, block_rows=max(2, int(np.lcm.reduce(tile_rows))))
+    pieces = Pieces(cut_layout)
+    cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
+    if any(j.needs_amax for j in jobs.values()):  # no job of the table rotates: one amax serves all
+        amax = 0.0
+        for _, _, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
+            amax = max(amax, tensor_amax(arr, src_fmt))
+        jobs = {k: j.with_amax(amax) if j.needs_amax else j for k, j in jobs.items()}
+    stats = {key: ErrorStats() for key in jobs}
+    for k, start, arr, src_fmt in _input_pieces(entry, pieces, chunk_bytes):
+        piece_axis = pieces.piece_layout(cuts[k]).axis
+        for key, job in jobs.items():
+            piece_job = dataclasses.replace(job, axis=piece_axis)
+            sums = piece_job.error_sums(arr, src_fmt)  # one pass, no codes written, where it can
+            if sums is not None:
+                stats[key].add_row_sums(sums)
+            else:
+                stats[key].add(arr, piece_job.quantize(arr, src_fmt, idx0=start))
+        progress(arr.size * entry.dtype.itemsize)
+    return stats
