@@ -31,8 +31,9 @@ the input dtype):
   a CPU);
 - dequantise: into a reused ``out=`` array (``x.nbytes + q.nbytes``);
 - fake-quantise: into a reused ``out=`` array (``2 * x.nbytes``);
-- SQNR: :func:`~neuron_kernels.quantization_error` of the built-in data (whose first block holds
-  a NaN and infinities: it is left out, as it dequantises to NaN throughout);
+- SQNR: :func:`~neuron_kernels.quantization_error` of the built-in data with its NaN and
+  infinities (in its first block) set to zero: a block holding one dequantises to NaN throughout,
+  which for one scale per tensor would be every element;
 - binding: which binding of the kernels quantised: ``specialised`` (every loop with the source,
   format, block length and rounding compiled in), or ``generic`` and the loop that is not.
 """
@@ -520,7 +521,9 @@ def bench_blocks(
                 peer = measure(lambda: numpy_reference_quantize(source, fmt), moved, few)
         torchao = torchao_peer(fmt, options, x.shape) if source is x else None
         torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
-        sqnr = quantization_error(x, q).sqnr_db
+        # on the data without its NaN and infinities, which would spoil every block of a per-tensor format
+        finite = np.where(np.isfinite(source.astype(np.float32)), source, 0).astype(source.dtype)
+        sqnr = quantization_error(finite, quantize(finite, fmt, **options)).sqnr_db
         speeds = (quantize_gbs, dequantize_gbs, fake, copy_gbs, peer)
         rows.append(BlockBenchRow(label, fmt, n, *speeds, sqnr, torchao_gbs, fresh_gbs, _binding(source, fmt, options)))
     return rows

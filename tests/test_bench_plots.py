@@ -19,6 +19,7 @@ from neuron_kernels.bench import (
     default_cases,
     format_block_table,
     format_table,
+    numpy_reference_fp8,
     numpy_reference_nvfp4,
     numpy_reference_quantize,
     synthetic_input,
@@ -43,7 +44,7 @@ def assert_png(path) -> None:
 
 def test_bench_blocks_rows(mx_rows):
     assert [(r.label, r.fmt) for r in mx_rows] == [(label, fmt) for label, fmt, _ in BLOCK_CASES]
-    assert {r.fmt for r in mx_rows} == set(nk.MX_FORMATS) | {"nvfp4"}
+    assert {r.fmt for r in mx_rows} == set(nk.BLOCK_FORMATS)
     for r in mx_rows:
         assert r.elements == 4096
         for gbs in (r.quantize_gbs, r.dequantize_gbs, r.fake_gbs, r.copy_gbs, r.peer_gbs):
@@ -92,6 +93,18 @@ def test_numpy_nvfp4_peer_equals_quantize_nvfp4():
         codes, scales = numpy_reference_nvfp4(x, q.per_tensor_scale)
         np.testing.assert_array_equal(codes, q.codes)
         np.testing.assert_array_equal(scales, q.scales.view(np.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_channel", "fp8_tensor"])
+def test_numpy_fp8_peer_equals_quantize(fmt):
+    # The peer is the producers' formula in numpy + ml_dtypes: on finite data with partial tiles
+    # its codes and float32 scales are the package's (an all-zero tile included).
+    x = ordinary_data(np.random.default_rng(6), (300, 260)) * np.float32(2.0**-60)
+    x[:128, :128] = 0
+    q = nk.quantize(x, fmt)
+    codes, scales = numpy_reference_fp8(x, fmt)
+    np.testing.assert_array_equal(codes.view(np.uint8), q.codes)
+    np.testing.assert_array_equal(scales.reshape(q.scales.shape), q.scales)
 
 
 def ordinary_data(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

@@ -72,6 +72,20 @@ def test_an_fp8_checkpoint_quantises_to_another_format_without_a_plain_copy(tmp_
         assert np.array_equal(out[name].codes, want.codes) and np.array_equal(out[name].scales, want.scales), name
 
 
+@pytest.mark.parametrize("kind, options", [("fp8", {"block": (48, 48)}), ("ct", {"strategy": "group"})])
+def test_an_fp8_checkpoint_quantises_to_nvfp4_with_the_amax_of_its_values(tmp_path, kind, options):
+    """NVFP4's per-tensor scale comes from the amax of the FP8 weight's values, which the package
+    takes from its codes and block scales without decoding it: the same scale, and so the same
+    bytes, as quantising the decoded values in memory."""
+    expected = make(kind, tmp_path / "in", options)
+    run("quantize", "in", "nv", "--format", "nvfp4", "--no-fuse", cwd=tmp_path)
+    out = load_checkpoint(tmp_path / "nv")
+    for name, value in expected.items():
+        want = nk.quantize(value, "nvfp4")
+        assert out[name].per_tensor_scale == want.per_tensor_scale, name
+        assert np.array_equal(out[name].codes, want.codes) and np.array_equal(out[name].scales, want.scales), name
+
+
 @pytest.mark.parametrize(
     "config_extra, edit, message",
     [

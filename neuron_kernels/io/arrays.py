@@ -50,6 +50,9 @@ class ArrayEntry:
     #: Where the elements lie in the file as raw C-order bytes (None: not stored that way), so
     #: that a copy can move bytes without reading them into memory.
     offset: int | None = None
+    #: The largest finite |value|, where it can be told without reading every value (a stored
+    #: weight's, from its codes and block scales); None: read them.
+    finite_amax: Callable[[], float] | None = None
 
     @property
     def label(self) -> str:

@@ -84,7 +84,10 @@ def _input_pieces(entry: ArrayEntry, pieces: Pieces, chunk_bytes: int) -> Iterat
 
 
 def entry_amax(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> float:
-    """The finite amax of ``entry`` as ``job`` quantises it, in one pass of pieces."""
+    """The finite amax of ``entry`` as ``job`` quantises it, in one pass of pieces (or from what
+    the entry knows of it: a stored weight's codes and scales, unless the job rotates)."""
+    if entry.finite_amax is not None and job.rotation is None:
+        return entry.finite_amax()
     amax = 0.0
     pieces = Pieces(job.layout(entry.shape))
     cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))

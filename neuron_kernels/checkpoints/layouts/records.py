@@ -17,6 +17,7 @@ import numpy as np
 
 from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
+from ...casting import cast
 from ...formats import BLOCK_FORMATS, FORMATS, WHOLE, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ...io.stream import decoded_pieces
@@ -146,7 +147,41 @@ class StoredWeight:
                 values = np.concatenate(pieces)[skip : skip + (r1 - r0)]
             return values.reshape(-1)[start - r0 * cols : stop - r0 * cols]
 
-        return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read)
+        amax = self.finite_amax if lay.format.float_scales else None
+        return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read, finite_amax=amax)
+
+    def finite_amax(self, chunk_bytes: int = 64 << 20) -> float:
+        """The largest finite |value| of an FP8 weight with float scales, from its codes and scales,
+        without decoding it: per block, the largest code magnitude (float8_e4m3fn codes order as
+        their magnitudes) decoded, times the block's scale, each product exact in float32 as the
+        values are; NaN blocks and NaN codes left out. Read ``chunk_bytes`` of codes at a time."""
+        lay = self.layout
+        magnitudes = np.arange(128, dtype=np.uint8).view(lay.format.element_format.result_dtype)
+        table = np.nan_to_num(cast(magnitudes, "float32"), nan=0.0)  # the NaN code counts as nothing
+        cols, nb, bc = lay.shape[-1], lay.scales_shape[-1], lay.block_size
+        br, rows = (lay.block_rows, lay.shape[-2]) if lay.two_d else (1, 1)  # tiles do not cross matrices
+        total = int(np.prod(lay.shape[:-1], dtype=np.int64))
+        step = max(br, (chunk_bytes // max(cols, 1)) // br * br)
+
+        def segments() -> Iterator[tuple[int, int, int]]:
+            """(first row, end row, first row of scales) of runs of whole rows of blocks."""
+            for a in range(0, total, rows):
+                for t0 in range(0, rows if lay.two_d else total, step):
+                    end = min(t0 + step, rows if lay.two_d else total)
+                    yield a + t0, a + end, (a // rows) * -(-rows // br) + t0 // br if lay.two_d else t0
+                if not lay.two_d:
+                    return
+
+        amax = np.float32(0)
+        for r0, r1, s0 in segments():
+            codes = np.asarray(self.codes.read_flat(r0 * cols, r1 * cols)).reshape(r1 - r0, cols) & np.uint8(0x7F)
+            codes = np.pad(codes, [(0, -(r1 - r0) % br), (0, -cols % bc)])
+            biggest = codes.reshape(-1, br, nb, bc).max(axis=(1, 3))
+            grid = np.asarray(self.scales.read_flat(s0 * nb, (s0 + biggest.shape[0]) * nb), np.float32)
+            values = table[biggest] * grid.reshape(biggest.shape)
+            finite = values[np.isfinite(values)]
+            amax = max(amax, np.float32(finite.max())) if finite.size else amax
+        return float(amax)
 
     @property
     def label(self) -> str:
