@@ -86,6 +86,25 @@ def test_an_fp8_checkpoint_quantises_to_nvfp4_with_the_amax_of_its_values(tmp_pa
         assert np.array_equal(out[name].codes, want.codes) and np.array_equal(out[name].scales, want.scales), name
 
 
+def test_the_amax_of_fp8_codes_leaves_out_nan_codes_but_not_their_tile(tmp_path):
+    """A producer may store a NaN code in a block whose scale is finite: that element is NaN, the
+    rest of its block counts towards the amax (and the NaN codes of either sign, 0x7f and 0xff, are
+    the largest of their kind, so they must not win the block's maximum)."""
+    make_fp8(tmp_path / "in", block=(48, 48))
+    tensors = read_safetensors(tmp_path / "in" / "model.safetensors")[0]
+    name = "model.layers.0.mlp.up_proj.weight"
+    codes = tensors[name].view(np.uint8).copy()
+    tile = np.unravel_index(np.argmax(np.abs(load_checkpoint(tmp_path / "in")[name].dequantize())), codes.shape)
+    codes[tile[0], (tile[1] // 48) * 48 + (tile[1] % 48 + 1) % 48] = 0x7F  # a NaN beside the amax, same tile
+    codes[0, 0] = 0xFF
+    tensors[name] = codes.view(tensors[name].dtype)
+    write_safetensors(tmp_path / "in" / "model.safetensors", tensors)
+    values = load_checkpoint(tmp_path / "in")[name].dequantize()
+    assert np.isnan(values).sum() == 2
+    run("quantize", "in", "nv", "--format", "nvfp4", "--no-fuse", cwd=tmp_path)
+    assert load_checkpoint(tmp_path / "nv")[name].per_tensor_scale == nk.quantize(values, "nvfp4").per_tensor_scale
+
+
 @pytest.mark.parametrize(
     "config_extra, edit, message",
     [

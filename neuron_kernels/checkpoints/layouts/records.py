@@ -116,36 +116,28 @@ class StoredWeight:
         cols, crow, srow = lay.shape[-1], lay.codes_shape[-1], lay.scales_shape[-1]
         tile = lay.block_rows if lay.two_d else 1  # rows that share a row of scales
         rows = lay.shape[-2] if lay.two_d else 1  # rows of one matrix (tiles do not cross them)
+        per = -(-rows // tile)  # rows of tiles per matrix
         codes, scales = self.codes, self.scales
-
-        def rows_of(r0: int, r1: int, s: int) -> np.ndarray:
-            """Rows [r0, r1) of the flattened [..., out] (one row of tiles at most), scales from row ``s``."""
-            n = r1 - r0
-            part = BlockArray.from_parts(
-                np.asarray(codes.read_flat(r0 * crow, r1 * crow)).reshape(n, crow),
-                np.asarray(scales.read_flat(s * srow, (s + (n if tile == 1 else 1)) * srow)).reshape(-1, srow),
-                BlockLayout(lay.fmt, (n, cols), 1, lay.block_size, n if tile > 1 else 1, lay.packed),
-                codes.where,
-                per_tensor_scale=self.per_tensor_scale,
-            )
-            return part.dequantize("float32")
 
         def read(start: int, stop: int) -> np.ndarray:
             r0, r1 = start // cols, -(-stop // cols)
+            if r1 <= r0:
+                return np.empty(0, np.float32)
             if tile == 1:
-                values = rows_of(r0, r1, r0)
-            else:
-                per = -(-rows // tile)  # rows of tiles per matrix
-                first = (r0 // rows) * rows + (r0 % rows) // tile * tile  # the first row of r0's tile
-                t = (r0 // rows) * per + (r0 % rows) // tile
-                pieces = []
-                while first < r1:
-                    last = min(first + tile, (first // rows + 1) * rows)
-                    pieces.append(rows_of(first, last, t))
-                    first, t = last, t + 1
-                skip = (r0 % rows) % tile
-                values = np.concatenate(pieces)[skip : skip + (r1 - r0)]
-            return values.reshape(-1)[start - r0 * cols : stop - r0 * cols]
+                grid = np.asarray(scales.read_flat(r0 * srow, r1 * srow)).reshape(r1 - r0, srow)
+            else:  # each row with the scales of its row of tiles: 1-D blocks, the same values
+                flat = np.arange(r0, r1)
+                t = (flat // rows) * per + (flat % rows) // tile
+                grid = np.asarray(scales.read_flat(int(t[0]) * srow, (int(t[-1]) + 1) * srow)).reshape(-1, srow)
+                grid = grid[t - t[0]]
+            part = BlockArray.from_parts(
+                np.asarray(codes.read_flat(r0 * crow, r1 * crow)).reshape(r1 - r0, crow),
+                grid,
+                BlockLayout(lay.fmt, (r1 - r0, cols), 1, lay.block_size, 1, lay.packed),
+                codes.where,
+                per_tensor_scale=self.per_tensor_scale,
+            )
+            return part.dequantize("float32").reshape(-1)[start - r0 * cols : stop - r0 * cols]
 
         amax = self.finite_amax if lay.format.float_scales else None
         return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read, finite_amax=amax)
@@ -174,9 +166,10 @@ class StoredWeight:
 
         amax = np.float32(0)
         for r0, r1, s0 in segments():
-            codes = np.asarray(self.codes.read_flat(r0 * cols, r1 * cols)).reshape(r1 - r0, cols) & np.uint8(0x7F)
-            codes = np.pad(codes, [(0, -(r1 - r0) % br), (0, -cols % bc)])
-            biggest = codes.reshape(-1, br, nb, bc).max(axis=(1, 3))
+            codes = np.asarray(self.codes.read_flat(r0 * cols, r1 * cols)).reshape(r1 - r0, cols)
+            if (r1 - r0) % br or cols % bc:
+                codes = np.pad(codes, [(0, -(r1 - r0) % br), (0, -cols % bc)])
+            biggest = _largest_magnitudes(codes.reshape(-1, br, nb, bc))
             grid = np.asarray(self.scales.read_flat(s0 * nb, (s0 + biggest.shape[0]) * nb), np.float32)
             values = table[biggest] * grid.reshape(biggest.shape)
             finite = values[np.isfinite(values)]
@@ -191,6 +184,20 @@ class StoredWeight:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.layout.shape
+
+
+def _largest_magnitudes(tiles: np.ndarray) -> np.ndarray:
+    """The largest magnitude (the code without its sign bit) of the float8_e4m3fn codes of each
+    tile of ``tiles`` (uint8, (tile rows, rows, tile columns, columns)), NaN codes (0x7f, 0xff)
+    left out; two reductions and no copy: as signed bytes the positive codes are the largest, as
+    unsigned the negative ones. A tile holding a NaN code is done again without it."""
+    positive = tiles.view(np.int8).max(axis=(1, 3)).astype(np.int16)
+    negative = tiles.max(axis=(1, 3)).astype(np.int16) - 128
+    largest = np.maximum(np.maximum(positive, negative), 0).astype(np.uint8)
+    for i, j in np.argwhere((positive == 127) | (negative == 127)):
+        tile = tiles[i, :, j, :] & np.uint8(0x7F)
+        largest[i, j] = tile[tile != 0x7F].max(initial=0)
+    return largest
 
 
 #: The last name components of the tensors of quantised layouts the package does not read (GPTQ,
