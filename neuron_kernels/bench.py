@@ -435,7 +435,7 @@ def torchao_peer(
 ) -> Callable[[np.ndarray], Any] | None:
     """torchao's CPU quantiser of a case, when torch and torchao are installed and have it (for
     arrays of ``shape``: torchao takes whole blocks only)."""
-    if shape is not None and (not shape or shape[-1] % BLOCK_FORMATS[fmt].block_size):
+    if shape is not None and (not shape or shape[-1] % min(BLOCK_FORMATS[fmt].block_size, shape[-1])):
         return None
     try:
         import torch
