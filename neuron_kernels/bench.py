@@ -522,7 +522,7 @@ def bench_blocks(
         torchao = torchao_peer(fmt, options, x.shape) if source is x else None
         torchao_gbs = None if torchao is None else measure(lambda: torchao(x), moved, few)
         # on the data without its NaN and infinities, which would spoil every block of a per-tensor format
-        finite = np.where(np.isfinite(source.astype(np.float32)), source, 0).astype(source.dtype)
+        finite = np.where(np.isfinite(source.astype(np.float32)), source, np.zeros_like(source))
         sqnr = quantization_error(finite, quantize(finite, fmt, **options)).sqnr_db
         speeds = (quantize_gbs, dequantize_gbs, fake, copy_gbs, peer)
         rows.append(BlockBenchRow(label, fmt, n, *speeds, sqnr, torchao_gbs, fresh_gbs, _binding(source, fmt, options)))

@@ -2,7 +2,8 @@
 models of 20 architectures (22 models: a tied Llama, DeepSeek-V2 with and without
 ``q_lora_rank``), built and saved by transformers' own classes
 (``scripts/make_architecture_table.py``), quantised by the command to NVFP4, MXFP4, MXFP8 and
-FP8 per channel (compressed-tensors), and loaded back by transformers with compressed-tensors.
+FP8 per channel and per tensor (compressed-tensors), and loaded back by transformers with
+compressed-tensors.
 
 For each: no missing, unexpected or mismatched key; every parameter of the loaded model equal to
 that of the same model loaded from a plain bfloat16 checkpoint in which each quantised weight is
@@ -33,7 +34,7 @@ from .cli_runner import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "make_architecture_table.py")
-FORMATS = ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3", "fp8_channel"]
+FORMATS = ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3", "fp8_channel", "fp8_tensor"]
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v2_q_lora", "deepseek_v3"}
 
 
@@ -81,7 +82,7 @@ def _expected(fmt, name, value, written):
     base = name[: -len(".weight")]
     if fmt == "nvfp4":  # the runtime's rule, from the layout's description
         return decode_ct(written, base, fmt).astype(BF16)
-    if fmt == "fp8_channel":  # float-quantized keeps the scales in the weight's dtype, as llm-compressor
+    if nk.BLOCK_FORMATS[fmt].float_scales:  # float-quantized keeps the scales in the weight's dtype, as llm-compressor
         return nk.fake_quantize(value, fmt, scale_dtype="bfloat16").astype(BF16)
     return nk.fake_quantize(value, fmt).astype(BF16)
 
