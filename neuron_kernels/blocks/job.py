@@ -17,6 +17,7 @@ import numpy as np
 
 from .._parallel import run_tasks
 from .._random import check_seed, draw_seed, stream_key
+from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError, UnknownFormatError
 from ..formats import BLOCK_FORMATS, BlockFormat, Format
 from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
@@ -113,12 +114,13 @@ def _with_scale_dtype(bf: BlockFormat, scale_dtype: Any) -> BlockFormat:
     may be float32, bfloat16 or float16 (see ``formats.FLOAT_SCALE_DTYPES``)."""
     if scale_dtype is None:
         return bf
-    name = getattr(scale_dtype, "name", scale_dtype) if not isinstance(scale_dtype, str) else scale_dtype
-    if isinstance(scale_dtype, type):
-        name = np.dtype(scale_dtype).name
-    if not isinstance(name, str) or name not in bf.scale_dtypes:
+    try:
+        name = get_format(scale_dtype).name
+    except (TypeError, ValueError):
+        name = None
+    if name not in bf.scale_dtypes:
         raise InvalidValueError(f"scale_dtype {scale_dtype!r} is not one of {bf.name}'s: {', '.join(bf.scale_dtypes)}")
-    return bf if name == bf.scale else replace(bf, scale=name)
+    return bf if name == bf.scale else replace(bf, scale=str(name))
 
 
 def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
