@@ -48,6 +48,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from .reference_blocks import _tiles  # the tiles in C order, as the block references visit them
 from .reference_casts import decode_ref, encode_ref
 
 #: The largest float8_e4m3fn value: elements are clamped to +-448 and amax is divided by it.
@@ -148,17 +149,6 @@ def _block_shape(block_shape) -> tuple[int, int]:
     if not (isinstance(r, (int, np.integer)) and isinstance(c, (int, np.integer)) and r > 0 and c > 0):
         raise ValueError(f"block_shape must be two positive ints, got {block_shape!r}")
     return int(r), int(c)
-
-
-def _tiles(shape: tuple[int, int], block_shape: tuple[int, int]):
-    """Yield (I, J, [(i, j), ...]) for every tile, its positions in C order."""
-    n_rows, n_cols = shape
-    r, c = block_shape
-    for bi in range(-(-n_rows // r)):
-        rows = range(bi * r, min(n_rows, (bi + 1) * r))
-        for bj in range(-(-n_cols // c)):
-            cols = range(bj * c, min(n_cols, (bj + 1) * c))
-            yield bi, bj, [(i, j) for i in rows for j in cols]
 
 
 def _scales_shape(shape: tuple[int, int], block_shape: tuple[int, int]) -> tuple[int, int]:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
+from ..formats import BLOCK_FORMATS
+
 __all__ = ["runtime_notes", "TRANSFORMERS_EXPERT_BUGS", "transformers_version"]
 
 #: format -> what transformers does with that format's MoE experts in compressed-tensors.
@@ -52,26 +54,26 @@ def runtime_notes(layout: str, fmt: str, arch: Any, quantised: dict[str, tuple[i
     experts = [n for n in quantised if arch.kind(n.rpartition(".")[0]) == "expert"]
     if not experts:
         return []
-    installed = transformers_version()
-    which = f"transformers {installed} (installed)" if installed else "transformers"
     return [
-        f"{which} {TRANSFORMERS_EXPERT_BUGS[fmt]}: {len(experts)} expert weight(s) here; a bug of transformers "
-        f"(known through {CHECKED_WITH}), not of this checkpoint, which vLLM loads; for transformers, "
+        f"{_transformers()} {TRANSFORMERS_EXPERT_BUGS[fmt]}: {len(experts)} expert weight(s) here; a bug of "
+        f"transformers (known through {CHECKED_WITH}), not of this checkpoint, which vLLM loads; for transformers, "
         f"--format mxfp4_e2m1 loads MoE experts exactly (docs/checkpoints.md)"
     ]
 
 
-def _partial_blocks_note(fmt: str, quantised: dict[str, tuple[int, ...]]) -> list[str]:
-    from ..formats import BLOCK_FORMATS
+def _transformers() -> str:
+    """transformers as a note names it: with the installed version, if any."""
+    installed = transformers_version()
+    return f"transformers {installed} (installed)" if installed else "transformers"
 
+
+def _partial_blocks_note(fmt: str, quantised: dict[str, tuple[int, ...]]) -> list[str]:
     bf = BLOCK_FORMATS[fmt]
     partial = [n for n, shape in quantised.items() if shape[-2] % bf.block_rows or shape[-1] % bf.block_size]
     if not partial:
         return []
-    installed = transformers_version()
-    which = f"transformers {installed} (installed)" if installed else "transformers"
     return [
-        f"{which} refuses fine-grained FP8 weights whose rows or columns are not a multiple of "
+        f"{_transformers()} refuses fine-grained FP8 weights whose rows or columns are not a multiple of "
         f"{bf.block_rows} x {bf.block_size} blocks (it derives the block from the scale grid): {len(partial)} "
         f"here, e.g. {partial[0]}; a bug of transformers (known through {CHECKED_WITH}), not of this checkpoint, "
         f"which vLLM loads; for transformers, --ignore them or choose --format fp8_channel (docs/checkpoints.md)"

@@ -151,18 +151,16 @@ class StoredWeight:
         magnitudes = np.arange(128, dtype=np.uint8).view(lay.format.element_format.result_dtype)
         table = np.nan_to_num(cast(magnitudes, "float32"), nan=0.0)  # the NaN code counts as nothing
         cols, nb, bc = lay.shape[-1], lay.scales_shape[-1], lay.block_size
-        br, rows = (lay.block_rows, lay.shape[-2]) if lay.two_d else (1, 1)  # tiles do not cross matrices
         total = int(np.prod(lay.shape[:-1], dtype=np.int64))
+        # rows that blocks never cross (a matrix of 2-D tiles; all rows of 1-D blocks), rows of a block
+        matrix, br = (lay.shape[-2], lay.block_rows) if lay.two_d else (max(total, 1), 1)
         step = max(br, (chunk_bytes // max(cols, 1)) // br * br)
 
         def segments() -> Iterator[tuple[int, int, int]]:
             """(first row, end row, first row of scales) of runs of whole rows of blocks."""
-            for a in range(0, total, rows):
-                for t0 in range(0, rows if lay.two_d else total, step):
-                    end = min(t0 + step, rows if lay.two_d else total)
-                    yield a + t0, a + end, (a // rows) * -(-rows // br) + t0 // br if lay.two_d else t0
-                if not lay.two_d:
-                    return
+            for a in range(0, total, matrix):
+                for t0 in range(0, matrix, step):
+                    yield a + t0, a + min(t0 + step, matrix), (a // matrix) * -(-matrix // br) + t0 // br
 
         amax = np.float32(0)
         for r0, r1, s0 in segments():
