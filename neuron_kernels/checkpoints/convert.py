@@ -183,24 +183,35 @@ def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: in
 
 
 def _finish_folder(
-    ckpt: Checkpoint, folder: str, quantization_config: dict[str, Any] | None, remove_quantization: bool
+    ckpt: Checkpoint,
+    folder: str,
+    quantization_config: dict[str, Any] | None,
+    remove_quantization: bool,
+    files: dict[str, Any] | None = None,
 ) -> None:
-    """config.json (with the new quantization_config, or without one) and the other files."""
+    """config.json (with the new quantization_config, or without one), the layout's own ``files``
+    (name -> JSON) and the other files of the input."""
     config = dict(ckpt.config or {})
     if remove_quantization:
         config.pop("quantization_config", None)
     if quantization_config is not None:
         config["quantization_config"] = quantization_config
     if config or ckpt.config is not None:
-        with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as fh:
-            json.dump(config, fh, indent=2)
-            fh.write("\n")
+        _write_json(os.path.join(folder, CONFIG_NAME), config)
     if ckpt.folder is not None:
         described = {f for lay in LAYOUTS.values() for f in lay.config_files}
         for name in ckpt.extra_files:
             if name in described:  # the input's quantisation, not the output's
                 continue
             shutil.copyfile(os.path.join(ckpt.folder, name), os.path.join(folder, name))
+    for name, content in (files or {}).items():
+        _write_json(os.path.join(folder, name), content)
+
+
+def _write_json(path: str, content: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(content, fh, indent=2)
+        fh.write("\n")
 
 
 def _report_kept(name: str, entry: ArrayEntry, reason: str) -> TensorReport:
@@ -249,7 +260,7 @@ def quantize_checkpoint(
         _quantize_to_block_file(dst, plan.chosen, plan.reports, plan.resolve, chunk_bytes, progress)
         return result
     _write_shards(dst, plan.items(progress), max_shard_bytes)
-    _finish_folder(ckpt, dst, plan.config, True)
+    _finish_folder(ckpt, dst, plan.config, True, layout.files(plan.config))
     return result
 
 
@@ -278,7 +289,10 @@ class _Plan:
                 continue
             shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
             w = self.copies.get(name)
-            scale_dtype = w.scales.dtype.name if w is not None else job.fmt.scale
+            # a converted weight keeps its scales' dtype unless the layout stores one dtype (float32)
+            scale_dtype = (
+                (layout.scale_dtype(w.scales.dtype) or w.scales.dtype.name) if w is not None else job.fmt.scale
+            )
             outputs = layout.outputs(name, w.layout if w is not None else job.layout(shape), scale_dtype)
             report.outputs = tuple(s.name for s, _ in outputs)
             if w is not None:
@@ -343,7 +357,11 @@ def _plan(
         else:
             how = f"dequantised from {w.label}{_dropped_note(w)}" if w is not None else ""
             reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how))
-    layout.fits(ckpt, {n: e.shape for n, e, j in chosen if j is not None}, fmt)
+    kept = [(n, e) for (n, e, j) in chosen if j is None]
+    ignored = ignored_modules(kept, arch, inputs)
+    quantised = {n: e.shape for n, e, j in chosen if j is not None}
+    chosen_dtype = probe.fmt.scale if options.get("scale_dtype") is not None else None
+    layout.fits(ckpt, quantised, fmt, arch=arch, scale_dtype=chosen_dtype, ignored=tuple(ignored))
     if not any(j is not None for _, _, j in chosen):
         why = Counter(r.reason for r in reports).most_common(3)
         raise FileFormatError(
@@ -356,10 +374,8 @@ def _plan(
     for report in reports:
         report.fused_with = groups.get(report.name, ())
     resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes)
-    kept = [(n, e) for (n, e, j) in chosen if j is None]
-    ignored = ignored_modules(kept, arch, inputs)
     config = {} if layout.single_file else layout.config(fmt, kept, ignored)
-    notes = runtime_notes(layout.name, fmt, arch, {n: e.shape for n, e, j in chosen if j is not None})
+    notes = runtime_notes(layout.name, fmt, arch, quantised)
     return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, notes)
 
 
@@ -460,16 +476,26 @@ def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) 
     def fill(sinks: dict[str, Any]) -> None:
         for role, entry in (("codes", w.codes), ("scales", w.scales)):
             sink = sinks[by_role[role]]
-            if entry.offset is not None:
+            if entry.offset is not None and entry.dtype.itemsize == sink.spec.dtype.itemsize:
                 sink.copy_from(entry.path, entry.offset, entry.nbytes)
-            else:
+            elif entry.dtype.itemsize == sink.spec.dtype.itemsize:
                 sink.write(np.ascontiguousarray(entry.read_flat(0, entry.size)).view(sink.spec.dtype))
+            else:  # float scales widened to the layout's float32: exact
+                sink.write(_widened(np.asarray(entry.read_flat(0, entry.size)), sink.spec.dtype, entry.where))
             progress(entry.nbytes)
         if "per_tensor" in by_role:
             assert w.per_tensor_scale is not None
             sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(w.per_tensor_scale)], np.float32))
 
     return _Item([spec for spec, _ in outputs], fill, prepare)
+
+
+def _widened(values: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
+    """``values`` (bfloat16 or float16 scales) in ``dtype`` (float32), refused unless exact."""
+    out = values.astype(dtype)
+    if not np.array_equal(out.astype(values.dtype), values, equal_nan=True):
+        raise FileFormatError(f"{where}: its scales do not convert to {dtype} exactly")
+    return out
 
 
 class _ScaleResolver:

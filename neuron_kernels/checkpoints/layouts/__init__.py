@@ -5,8 +5,9 @@ One module per layout, each holding its :class:`~.records.CheckpointLayout` reco
 - :mod:`.compressed_tensors`: ``compressed-tensors`` (vLLM, transformers);
 - :mod:`.gptoss`: ``mxfp4`` (transformers' MXFP4, the layout of the gpt-oss checkpoints);
 - :mod:`.npz`: ``npz``, the package's own file of block arrays;
-- :mod:`.modelopt`: ``modelopt`` (NVIDIA ModelOpt's NVFP4, MXFP8 and FP8), read only;
-- :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8), read only.
+- :mod:`.modelopt`: ``modelopt`` (NVIDIA ModelOpt's NVFP4, MXFP8 and FP8 read; its FP8 per
+  channel and per block written);
+- :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8).
 
 :data:`WRITABLE` names the layouts ``--layout`` takes (those that store a format).
 """

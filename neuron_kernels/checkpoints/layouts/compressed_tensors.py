@@ -29,13 +29,14 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import PTS_KEY, Checkpoint
-from ..selection import fused_groups, module_decision, tensor_decision
+from ..selection import module_decision, tensor_decision
 from .records import (
     CheckpointLayout,
     Output,
     StoredWeight,
     Weight,
     check_fused_blocks,
+    check_fused_whole,
     expect_tensor,
     scaled_weight,
     scales_and_codes,
@@ -130,17 +131,10 @@ def _ct_document(fmt: str, group: dict[str, Any], ignore: list[str]) -> dict[str
     }
 
 
-def _ct_fits(ckpt: Checkpoint, quantised: list[str], fmt: str) -> None:
+def _ct_fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, **context: Any) -> None:
     """vLLM refuses a fused layer whose shards are quantised in part (``should_ignore_layer``), and
     FP8 blocks that do not fit a fused layer (:func:`~.records.check_fused_blocks`)."""
-    done = set(quantised)
-    for group in dict.fromkeys(fused_groups(n for n in ckpt.tensors if n.endswith(".weight")).values()):
-        if 0 < len(done.intersection(group)) < len(group):
-            kept = ", ".join(n for n in group if n not in done)
-            raise FileFormatError(
-                f"{ckpt.path}: {', '.join(group)} are one fused layer in the runtimes, which refuse it quantised in "
-                f"part ({kept} kept); --ignore all of them or none"
-            )
+    check_fused_whole(ckpt, quantised)
     check_fused_blocks(ckpt, quantised, fmt)
 
 

@@ -52,7 +52,7 @@ def _gptoss_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[st
     return {"quant_method": "mxfp4", "modules_to_not_convert": list(GPTOSS_NOT_CONVERTED) + experts}
 
 
-def _gptoss_fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str) -> None:
+def _gptoss_fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, **context: Any) -> None:
     """transformers reads MXFP4 into gpt-oss's experts only: refuse what it would load wrong."""
     model_type = (ckpt.config or {}).get("model_type")
     fit = "--layout compressed-tensors (--format mxfp4_e2m1) suits other models"

@@ -1,6 +1,6 @@
 """The ``modelopt`` layout (NVIDIA ModelOpt's Hugging Face checkpoints, the published FP4 ones
-among them), read only: NVFP4 (W4A4 and W4A16), MXFP8 and the FP8 family (per tensor, per channel,
-per 128x128 block).
+among them): NVFP4 (W4A4 and W4A16), MXFP8 and the FP8 family (per tensor, per channel, per
+128x128 block) read; FP8 per channel and per block written, as vLLM loads them.
 
 Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "quantization":
 {"quant_algo": ..., "group_size": ..., "exclude_modules": [...]}}``) or by config.json's
@@ -24,11 +24,22 @@ Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "qu
 KV-cache scales (``k_scale``, ``v_scale``) belong to the attention's projections and are dropped
 with them. Any other ``quant_algo`` (MIXED_PRECISION, the AWQ and SVDQuant variants, the
 ``FP8_PB_REAL`` form, ...) is refused by name.
+
+Written: ``fp8_channel`` as ``FP8_PER_CHANNEL_PER_TOKEN`` and ``fp8_block`` as ``fp8_pb_wo`` (the
+weights only: vLLM quantises the activations per token as it runs), float32 scales, in
+``hf_quant_config.json`` and in config.json's ``quantization_config`` as ModelOpt writes both, the
+Linear modules left plain as ``exclude_modules`` / ``ignore``. What vLLM would not load is
+refused before anything is written (:func:`_fits`): ``fp8_tensor`` (ModelOpt's ``FP8`` needs
+calibrated activation scales), MoE experts (vLLM's ModelOpt FP8 MoE reads per-tensor weight and
+activation scales only), ``fp8_pb_wo`` weights whose rows or columns are not a multiple of 128,
+scales other than float32, and a module left plain whose name is part of a quantised one's (vLLM
+matches ``exclude_modules`` as substrings too).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 from typing import Any
 
@@ -36,13 +47,17 @@ import numpy as np
 
 from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
-from ...io.files import FileFormatError
+from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import Checkpoint, json_file
+from ..selection import module_decision
 from .records import (
     FP8_CODES,
     CheckpointLayout,
+    Output,
     StoredWeight,
     Weight,
+    check_fused_blocks,
+    check_fused_whole,
     expect_tensor,
     scaled_weight,
     scales_and_codes,
@@ -61,6 +76,10 @@ _ALGORITHMS = {"NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "MXFP8": "mxfp8_e4m3"}
 _FP8_ALGORITHMS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel", "FP8_PB_WO": "block"}
 #: FP8_PB_WO's block (ModelOpt's preset; vLLM assumes it too, the config does not say).
 _FP8_PB_WO_BLOCK = (128, 128)
+#: The ``quant_algo`` each written format is stored as (``fp8_pb_wo`` in ModelOpt's lowercase).
+_WRITTEN = {"fp8_channel": "FP8_PER_CHANNEL_PER_TOKEN", "fp8_block": "fp8_pb_wo"}
+#: The producer this package names in hf_quant_config.json.
+_PRODUCER = "neuron_kernels"
 #: Tensors a ModelOpt quantised module holds besides ``weight``.
 _PARTS = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale", "pre_quant_scale", "output_scale")
 
@@ -73,7 +92,7 @@ def modelopt_config(ckpt: Checkpoint) -> dict[str, Any] | None:
     if path is not None and os.path.isfile(path):
         raw = json_file(path)
         producer = raw.get("producer") if isinstance(raw, dict) else None
-        if not isinstance(producer, dict) or str(producer.get("name", "")).lower() != "modelopt":
+        if not isinstance(producer, dict) or str(producer.get("name", "")).lower() not in ("modelopt", _PRODUCER):
             raise FileFormatError(
                 f"{path}: not written by ModelOpt (producer {producer!r}); not a layout this package reads"
             )
@@ -204,14 +223,108 @@ def _weights(ckpt: Checkpoint) -> list[Weight]:
     return found
 
 
+def _outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
+    """``weight`` (float8_e4m3fn) and ``weight_scale`` (float32): [out] per channel, [out / 128, 1,
+    in / 128, 1] per block, as ModelOpt exports them."""
+    base = name[: -len(".weight")] if name.endswith(".weight") else name
+    bf = BLOCK_FORMATS[layout.fmt]
+    grid = layout.scales_shape
+    shape = grid[:-1] if bf.block_rows == 1 else (grid[0], 1, grid[1], 1)
+    codes = TensorSpec(f"{base}.weight", stored_codes_dtype(bf), layout.codes_shape)
+    scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf, scale_dtype), shape)
+    return [(codes, "codes"), (scales, "scales")]
+
+
+def _config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
+    """config.json's ``quantization_config`` as ModelOpt's ``convert_hf_quant_config_format`` makes
+    it for these ``quant_algo``s (no config groups), with ``hf_quant_config.json``'s facts under
+    ``quantization`` kept apart by :func:`_files`."""
+    return {
+        "ignore": ignore,
+        "quant_algo": _WRITTEN[fmt],
+        "producer": {"name": _PRODUCER, "version": importlib.metadata.version("neuron_kernels")},
+        "quant_method": "modelopt",
+    }
+
+
+def _files(config: dict[str, Any]) -> dict[str, Any]:
+    """``hf_quant_config.json`` beside config.json: the same facts in ModelOpt's own form."""
+    quantization = {
+        "quant_algo": config["quant_algo"],
+        "kv_cache_quant_algo": None,
+        "exclude_modules": config["ignore"],
+    }
+    return {HF_QUANT_CONFIG: {"producer": config["producer"], "quantization": quantization}}
+
+
+def _fits(
+    ckpt: Checkpoint,
+    quantised: dict[str, tuple[int, ...]],
+    fmt: str,
+    *,
+    arch: Any = None,
+    scale_dtype: str | None = None,
+    ignored: tuple[str, ...] = (),
+) -> None:
+    """What vLLM (``model_executor/layers/quantization/modelopt.py``) would not load, refused:
+    MoE experts (``ModelOptFp8MoEMethod`` reads per-tensor weight and input scales for every FP8
+    ``quant_algo``), ``FP8_PB_WO`` weights whose rows or columns are not a multiple of 128
+    (``ModelOptFp8PbWoLinearMethod.create_weights``), scales other than float32 (the package
+    writes ModelOpt's), fused layers quantised in part (:func:`check_fused_whole`) or whose shards
+    break the tiles (:func:`check_fused_blocks`), and a
+    module left plain whose name is part of a quantised module's (``is_layer_excluded`` matches
+    ``exclude_modules`` as substrings too, after exact names: vLLM would load the quantised
+    module as a plain one)."""
+    if scale_dtype not in (None, "float32"):
+        raise FileFormatError(
+            f"the modelopt layout stores float32 FP8 scales (ModelOpt's), not --scale-dtype {scale_dtype}"
+        )
+    experts = [n for n in quantised if arch is not None and arch.kind(n.rpartition(".")[0]) == "expert"]
+    if experts:
+        raise FileFormatError(
+            f"{ckpt.path}: {len(experts)} MoE expert weight(s), e.g. {experts[0]}: vLLM loads ModelOpt FP8 experts "
+            f"with per-tensor weight and activation scales only (ModelOptFp8MoEMethod), which need calibration; "
+            f"choose --layout compressed-tensors, or --ignore the experts"
+        )
+    bf = BLOCK_FORMATS[fmt]
+    if bf.block_rows > 1:
+        for name, shape in quantised.items():
+            if len(shape) != 2 or shape[0] % bf.block_rows or shape[1] % bf.block_size:
+                raise FileFormatError(
+                    f"{ckpt.path}: {name} of shape {shape}: vLLM loads ModelOpt {_WRITTEN[fmt].upper()} for matrices "
+                    f"whose rows and columns are multiples of {bf.block_rows} x {bf.block_size} only; --ignore it, or "
+                    f"choose --format fp8_channel or --layout fp8"
+                )
+    check_fused_whole(ckpt, quantised)
+    check_fused_blocks(ckpt, quantised, fmt)
+    for plain in ignored:
+        for name in quantised:
+            module = name.rpartition(".")[0]
+            if plain != module and plain in module:
+                raise FileFormatError(
+                    f"{module} is quantised but vLLM would load it plain: it matches {plain}, which is left plain, as "
+                    f"a substring (ModelOpt's exclude_modules); --ignore {module} too, or choose --layout "
+                    f"compressed-tensors"
+                )
+
+
 LAYOUT = CheckpointLayout(
     "modelopt",
-    "NVIDIA ModelOpt (hf_quant_config.json; NVFP4, MXFP8, FP8 per tensor, channel or block): read only",
-    (),
-    lambda name, layout, scale_dtype: [],
-    lambda fmt, kept, ignore: {},
+    "NVIDIA ModelOpt (hf_quant_config.json; NVFP4, MXFP8, FP8 per tensor, channel or block read; FP8 per "
+    "channel and block written)",
+    tuple(_WRITTEN),
+    _outputs,
+    _config,
     _detect,
     _weights,
+    decide=module_decision,
+    fits=_fits,
     parts=("weight_scale", "weight_scale_2", "input_scale"),
     config_files=(HF_QUANT_CONFIG,),
+    scale_dtype=lambda dtype: "float32",
+    files=_files,
+    refused={
+        "fp8_tensor": "ModelOpt's FP8 per tensor needs calibrated activation scales (input_scale), which vLLM "
+        "reads; choose --format fp8_channel (FP8_PER_CHANNEL_PER_TOKEN)"
+    },
 )

@@ -38,6 +38,7 @@ __all__ = [
     "stored_codes_dtype",
     "stored_scales_dtype",
     "check_fused_blocks",
+    "check_fused_whole",
 ]
 
 
@@ -267,13 +268,17 @@ class CheckpointLayout:
     :class:`~..architecture.Architecture` or None); ``transpose``: a quantised [..., in, out]
     tensor is stored as [..., out, in] (blocks along ``in``); ``fits(ckpt, quantised, fmt)``:
     raises if the layout cannot express the checkpoint so that its runtime loads it
-    (``quantised``: the shape of each weight to quantise); ``parts``: the last name components of
+    (``quantised``: the shape of each weight to quantise; keywords ``arch``, the checkpoint's
+    architecture or None, ``scale_dtype``, the one the user chose or None, and ``ignored``, the
+    modules left plain); ``parts``: the last name components of
     the tensors only its quantised modules hold (and ``part_suffixes``: endings of those
     components, of uint8 tensors), so that a checkpoint holding one without a config saying which
     layout is refused; ``config_files``: files of a checkpoint that describe its quantisation in
     this layout (not copied to an output of another); ``scale_dtype(dtype)``: the dtype it stores
     the float scales of a weight of ``dtype`` in, unless the user chooses one (None: the format's
-    own, float32)."""
+    own, float32); ``files(config)``: files written beside config.json, by name, as JSON, given
+    the ``quantization_config`` (ModelOpt's ``hf_quant_config.json``); ``refused``: formats it
+    cannot write so that its runtime loads them, each with why and what to choose."""
 
     name: str
     help: str
@@ -285,11 +290,13 @@ class CheckpointLayout:
     suffix: str | None = None
     decide: Callable[..., str | None] = tensor_decision
     transpose: bool = False
-    fits: Callable[[Checkpoint, dict[str, tuple[int, ...]], str], None] = lambda ckpt, quantised, fmt: None
+    fits: Callable[..., None] = lambda ckpt, quantised, fmt, **context: None
     parts: tuple[str, ...] = ()
     part_suffixes: tuple[str, ...] = ()
     config_files: tuple[str, ...] = ()
     scale_dtype: Callable[[np.dtype], str | None] = lambda dtype: None
+    files: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def single_file(self) -> bool:
@@ -298,6 +305,8 @@ class CheckpointLayout:
     def check_format(self, fmt: str) -> None:
         if not self.formats:
             raise FileFormatError(f"the {self.name} layout is read only; choose another --layout")
+        if fmt in self.refused:
+            raise FileFormatError(f"the {self.name} layout does not store {fmt}: {self.refused[fmt]}")
         if fmt not in self.formats:
             raise FileFormatError(
                 f"the {self.name} layout stores {', '.join(self.formats)}, not {fmt}; "
@@ -366,6 +375,20 @@ def check_fused_blocks(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], 
                     f"tiles, and is fused with {', '.join(n for n in group if n != name)} in vLLM, which refuses "
                     f"such a layer (validate_fp8_block_shape); --ignore the fused layer, or choose fp8_channel"
                 )
+
+
+def check_fused_whole(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]]) -> None:
+    """The shards of a fused layer (q/k/v, gate/up) quantised all or none: the runtimes refuse a
+    fused layer quantised in part (vLLM's ``should_ignore_layer`` for compressed-tensors and
+    ``is_layer_skipped`` for ModelOpt raise on shards that disagree)."""
+    done = set(quantised)
+    for group in dict.fromkeys(fused_groups(n for n in ckpt.tensors if n.endswith(".weight")).values()):
+        if 0 < len(done.intersection(group)) < len(group):
+            kept = ", ".join(n for n in group if n not in done)
+            raise FileFormatError(
+                f"{ckpt.path}: {', '.join(group)} are one fused layer in the runtimes, which refuse it quantised in "
+                f"part ({kept} kept); --ignore all of them or none"
+            )
 
 
 def expect_tensor(entry: ArrayEntry, dtype: str, shape: tuple[int, ...], what: str) -> None:
