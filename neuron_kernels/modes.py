@@ -46,11 +46,16 @@ BLOCK_ROUNDING_MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward
 #: - ``divide`` (float scales: DeepSeek, compressed-tensors, vLLM): ``s = amax / max`` in float32,
 #:   rounded to the scale's dtype; every element is divided by ``s``;
 #: - ``reciprocal`` (float32 scales: transformers' FineGrainedFP8): ``m = max / amax`` in float32;
-#:   every element is multiplied by ``m`` and the scale stored is ``1 / m``.
+#:   every element is multiplied by ``m`` and the scale stored is ``1 / m``;
+#: - ``pow2`` (float32 or bfloat16 scales: DeepSeek-V3.1's ``ue8m0`` scales): ``s`` the smallest
+#:   power of two with ``amax <= max * s`` (at least 2^-126); every element is divided by ``s``,
+#:   exactly, so values already on a power-of-two grid (MX, FP4) keep their bits where they fit.
 #:
 #: The first five give e8m0 scales (exponents clamped to [-127, 127]), ``nearest`` e4m3fn ones,
-#: the last two float ones.
-SCALE_MODES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "neuron", "nearest", "divide", "reciprocal")
+#: the last three float ones.
+SCALE_MODES: tuple[str, ...] = (
+    "floor", "ceil", "even", "rceil", "neuron", "nearest", "divide", "reciprocal", "pow2"
+)  # fmt: skip
 E8M0_SCALE_MODES: tuple[str, ...] = SCALE_MODES[:5]
 FLOAT_SCALE_MODES: tuple[str, ...] = SCALE_MODES[6:]
 

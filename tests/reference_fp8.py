@@ -28,6 +28,9 @@ scales have shape ``(ceil(R / r), ceil(C / c))``. ``amax`` is the largest magnit
   overflows to +inf for a tiny amax), or ``m = 1`` for an all-zero tile. Each element becomes
   ``v = x * m``, except that a zero element stays the zero of its own sign (so 0 * inf is never
   formed). The stored scale is ``1 / m`` (one float32 division: 0 when m is inf).
+- ``scale_mode="pow2"`` (float32 or bfloat16 scales): ``s = 2^e`` for the smallest integer
+  ``e >= -126`` with ``amax <= 448 * 2^e`` (compared exactly, in Python's float64); an all-zero
+  tile takes the epsilon above. Each element becomes ``v = x / s`` (exact: a power of two).
 - Then ``v`` is clamped to [-448, 448] and rounded to float8_e4m3fn with ``rounding``
   (``encode_ref``, saturating). A zero keeps its sign through all of this.
 - Dequantisation: ``decode(code) * s`` (one float32 multiplication, s the stored scale read as
@@ -68,7 +71,7 @@ SCALE_DTYPES: dict[str, np.dtype] = {
     "float16": np.dtype(np.float16),
 }
 
-SCALE_MODES = ("divide", "reciprocal")
+SCALE_MODES = ("divide", "reciprocal", "pow2")
 
 E4M3_NAN_CODE = 0x7F
 
@@ -104,12 +107,15 @@ def _check_options(scale_mode: str, scale_dtype: str) -> None:
         raise ValueError(f"scale_dtype must be one of {tuple(SCALE_DTYPES)}, got {scale_dtype!r}")
     if scale_mode == "reciprocal" and scale_dtype != "float32":
         raise ValueError("the reciprocal rule stores float32 scales only")
+    if scale_mode == "pow2" and scale_dtype == "float16":
+        raise ValueError("the pow2 rule stores float32 or bfloat16 scales only")
 
 
 def fp8_scale_ref(amax, scale_mode: str = "divide", scale_dtype: str = "float32") -> tuple[np.float32, np.float32]:
     """(what every element of a tile of finite ``amax`` is scaled by, the stored scale as float32).
 
-    ``divide``: (s, s), elements divided by s. ``reciprocal``: (m, 1 / m), elements multiplied by m.
+    ``divide`` and ``pow2``: (s, s), elements divided by s. ``reciprocal``: (m, 1 / m), elements
+    multiplied by m.
     """
     _check_options(scale_mode, scale_dtype)
     amax = np.float32(amax)
@@ -118,6 +124,14 @@ def fp8_scale_ref(amax, scale_mode: str = "divide", scale_dtype: str = "float32"
     if scale_mode == "reciprocal":
         m = _ONE if amax == 0 else _f32_div(E4M3_MAX, amax)
         return m, _f32_div(_ONE, m)
+    if scale_mode == "pow2":
+        if amax == 0:
+            return SCALE_EPS[scale_dtype], SCALE_EPS[scale_dtype]
+        e = -126
+        while float(amax) > 448.0 * 2.0**e:
+            e += 1
+        s = np.float32(2.0**e)
+        return s, s
     s = _round_scale(_f32_div(amax, E4M3_MAX), scale_dtype)
     if s == 0:
         s = SCALE_EPS[scale_dtype]
@@ -128,7 +142,7 @@ def _scaled_element(x: np.float32, factor: np.float32, scale_mode: str) -> np.fl
     """One element before rounding: x / s or x * m, then clamped to [-448, 448]."""
     if x == 0:
         return x  # a zero keeps its sign (and 0 * inf is never formed)
-    v = _f32_div(x, factor) if scale_mode == "divide" else _f32_mul(x, factor)
+    v = _f32_mul(x, factor) if scale_mode == "reciprocal" else _f32_div(x, factor)
     if v > E4M3_MAX:
         return E4M3_MAX
     if v < -E4M3_MAX:

@@ -30,7 +30,7 @@ F32 = np.float32
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SCALE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": BF16, "float16": np.dtype(np.float16)}
 FORMATS = ("fp8_block", "fp8_channel", "fp8_tensor")
-SCALE_MODES = ("divide", "reciprocal")
+SCALE_MODES = ("divide", "reciprocal", "pow2")
 
 #: Every finite float8_e4m3fn code (all but the NaNs 0x7F and 0xFF) and its value.
 FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
@@ -255,13 +255,15 @@ def test_every_e4m3_value(scale_mode):
     x = np.stack([FINITE_VALUES * F32(k) for k in CODE_SCALES]).astype(F32)
     q, want = check(x, "fp8_channel", scale_mode=scale_mode)
     # rows whose values divided (or multiplied) by the scale come back exactly: every code, as is
-    exact = [0, 1, 2] + ([3, 4] if scale_mode == "divide" else [])
+    exact = [0, 1, 2] + ([3, 4] if scale_mode == "divide" else [])  # pow2: 2^-126 at least, and 1344 / 4
     for row in exact:
         assert_bits(q.codes[row], FINITE_CODES, f"codes of row {row}")
         assert_bits(want.codes[row], FINITE_CODES, f"reference codes of row {row}")
     assert q.scales[0, 0] == 1.0  # amax exactly 448
     if scale_mode == "divide":
         assert q.scales[3, 0] == F32(2.0**-140)  # a subnormal float32 scale
+    elif scale_mode == "pow2":
+        assert q.scales[3, 0] == F32(2.0**-126) and q.scales[4, 0] == 4.0  # 896 < 1344 <= 1792
     else:
         assert q.scales[3, 0] == 0.0  # m = 448 / amax overflows to inf: 1 / m = 0
         assert set(q.codes[3].tolist()) == {0x00, 0x80, 0x7E, 0xFE}
@@ -311,6 +313,10 @@ def test_special_tiles(scale_mode):
         assert s[1, 2] == 2.0**-23  # 1e-44 / 448 is zero in float32
         amax = np.abs(x[4:8, 8:16]).max()
         assert s[1, 1] == amax / F32(448) and 0 < s[1, 1] < np.finfo(F32).tiny  # a subnormal scale
+    elif scale_mode == "pow2":
+        assert s[0, 0] == s[1, 2] == 2.0**-23  # all zero (the second flushed to zeros): the epsilon
+        assert s[1, 1] == 2.0**-126  # amax 1e-40: the smallest scale the rule gives
+        assert s[2, 1] == 2.0**120  # float32's largest: 448 * 2^119 < 3.4e38 <= 448 * 2^120
     else:
         assert s[0, 0] == 1.0
         assert s[1, 1] == 0.0  # m = inf
@@ -553,9 +559,15 @@ BAD_OPTIONS = [
         id="reciprocal-f16",
     ),
     pytest.param(
+        {"scale_mode": "pow2", "scale_dtype": "float16"},
+        NotApplicableError,
+        r"'pow2' stores float32 or bfloat16 scales.*'float16'",
+        id="pow2-f16",
+    ),
+    pytest.param(
         {"scale_mode": "floor"},
         NotApplicableError,
-        r"'floor' is not valid for fp8_\w+ \(valid: divide, reciprocal\)",
+        r"'floor' is not valid for fp8_\w+ \(valid: divide, reciprocal, pow2\)",
         id="scale_mode-floor",
     ),
     pytest.param({"rounding": "toward_positive"}, InvalidValueError, r"rounding mode 'toward_positive'", id="rounding"),
@@ -576,3 +588,14 @@ def test_bad_options(fmt, options, error, match):
 def test_rht_on_tiles(fmt):
     with pytest.raises(InvalidValueError, match=r"rht= rotates along the block axis of 1-D blocks, not 2-D tiles"):
         nk.quantize(np.ones((4, 32), F32), fmt, rht=True)
+
+
+@pytest.mark.parametrize("scale_dtype", ["float32", "bfloat16"])
+def test_pow2_scales_keep_values_on_a_power_of_two_grid(scale_dtype):
+    """MXFP4's values (E2M1 codes times powers of two) through ``pow2`` tiles come back bit for bit
+    where a tile's binades fit E4M3's, against the reference; every scale a power of two."""
+    x = nk.quantize(spread((16, 64), seed=21, lo=-4, hi=4), "mxfp4_e2m1").dequantize()
+    q, want = check(x, "fp8_block", block_shape=(4, 8), scale_mode="pow2", scale_dtype=scale_dtype, fake=True)
+    s = q.scales.astype(F32)
+    assert (s.view(np.uint32) & 0x7FFFFF == 0).all()
+    assert_bits(q.dequantize(), x, "values")

@@ -455,6 +455,11 @@ def block_job(
         raise NotApplicableError(
             f"scale mode 'reciprocal' stores float32 scales (transformers' rule); got scale_dtype {bf.scale!r}"
         )
+    if bf.float_scales and mode == "pow2" and bf.scale == "float16":
+        raise NotApplicableError(
+            "scale mode 'pow2' stores float32 or bfloat16 scales (float16 holds too few powers of two); "
+            f"got scale_dtype {bf.scale!r}"
+        )
     if bf.float_scales and (four_over_six is not None or scale_search is not None):
         raise NotApplicableError(
             f"four_over_six and scale_search choose among float8_e4m3fn or e8m0 scales; {bf.name}'s are floats"

@@ -12,7 +12,7 @@ from .. import codec as C
 from .. import sources as S
 from ..codec import NEAREST_EVEN
 from ..sources import SOURCE_BF16, SOURCE_F32  # bare names: numba prunes branches on them
-from .spec import BY_DIVISION, BY_E8M0
+from .spec import BY_DIVISION, BY_E8M0, BY_POW2
 
 
 @jit(inline="always")
@@ -22,7 +22,7 @@ def _scaled(u, mul, scaling):  # pragma: no cover - compiled
     overflows to inf for a tensor of tiny amax: a zero element stays a signed zero (not 0 * inf =
     NaN)."""
     x = f32_from_bits(u)
-    if scaling == BY_DIVISION:
+    if scaling == BY_DIVISION or scaling == BY_POW2:
         return x / mul
     v = x * mul
     if scaling == BY_E8M0:

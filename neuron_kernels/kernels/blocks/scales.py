@@ -12,7 +12,19 @@ from .. import codec as C
 from .. import sources as S
 from ..hashing import random_bits
 from .elements import _dequantized, _fixed, _load, _scaled, _stream
-from .spec import BY_DIVISION, BY_E8M0, BY_RECIPROCAL, CEIL, EVEN, FOUR_SIX_MAE, FOUR_SIX_MSE, NEURON, PLAIN, RCEIL
+from .spec import (
+    BY_DIVISION,
+    BY_E8M0,
+    BY_POW2,
+    BY_RECIPROCAL,
+    CEIL,
+    EVEN,
+    FOUR_SIX_MAE,
+    FOUR_SIX_MSE,
+    NEURON,
+    PLAIN,
+    RCEIL,
+)
 
 
 @jit
@@ -95,10 +107,19 @@ def _float_scale(amax, sc, scaling):  # pragma: no cover - compiled
     """The float32 pattern of a float scale from a block's finite amax pattern. ``divide``:
     ``s = amax / max`` in float32, rounded to the scale's dtype (``sc.codec``; float32: as is), and
     a scale that is zero there (an all-zero block) becomes the dtype's epsilon. ``reciprocal``:
-    the multiplier ``m = max / amax`` (1 for an all-zero block), stored as ``1 / m`` in the end."""
+    the multiplier ``m = max / amax`` (1 for an all-zero block), stored as ``1 / m`` in the end.
+    ``pow2``: the smallest power of two ``s`` with ``amax <= max * s``, at least 2^-126: the power
+    of two of ``t = amax / max`` (its mantissa cleared), doubled where ``max * s`` (exact) is
+    still below amax; ``t`` is within an ulp of the quotient, so that is the smallest."""
     a = f32_from_bits(np.uint32(amax))
     if scaling == BY_RECIPROCAL:
         return f32_bits(sc.max_element / a) if amax != 0 else f32_bits(np.float32(1.0))
+    if scaling == BY_POW2:
+        if amax == 0:
+            return f32_bits(sc.eps)
+        p = u32_and(f32_bits(a / sc.max_element), 0x7F800000)
+        p = p if p != 0 else np.uint32(0x00800000)  # below 2^-126: 2^-126
+        return p if a <= sc.max_element * f32_from_bits(p) else u32_add(p, 0x00800000)
     t = f32_bits(a / sc.max_element)
     if sc.codec.bits != 32:
         t = C.decode(C.encode(t, np.uint32(0), np.uint32(0), sc.codec, C.NEAREST_EVEN, True), sc.codec)
@@ -126,7 +147,7 @@ def _multiplier(byte, pts, sc, scaling):  # pragma: no cover - compiled
     and ((1 / pts) / s, pts * s) two-level, torchao's order of operations; float scales, (s, s)
     (elements divided by s, :func:`~.elements._scaled`), or (m, 1 / m) of the reciprocal rule's
     multiplier. NaN for a NaN block."""
-    if scaling == BY_DIVISION:
+    if scaling == BY_DIVISION or scaling == BY_POW2:
         s = f32_from_bits(byte)
         return s, s
     if scaling == BY_RECIPROCAL:

@@ -16,14 +16,16 @@ from .. import codec as C
 from .. import sources as S
 
 #: Scale-mode ids, bound by name: an id is the mode's index in ``modes.SCALE_MODES``.
-FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST, DIVIDE, RECIPROCAL = (
-    SCALE_MODES.index(m) for m in ("floor", "ceil", "even", "rceil", "neuron", "nearest", "divide", "reciprocal")
+FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST, DIVIDE, RECIPROCAL, POW2 = (
+    SCALE_MODES.index(m)
+    for m in ("floor", "ceil", "even", "rceil", "neuron", "nearest", "divide", "reciprocal", "pow2")
 )
 
 #: How a kernel scales its elements (``Scale.scaling``, a constant the helpers branch on): by the
 #: multiplier of a float8_e4m3fn scale (NVFP4) or of an e8m0 one (MX), or by a float scale: each
-#: element divided by it (``divide``) or multiplied by its reciprocal's multiplier (``reciprocal``).
-BY_E4M3, BY_E8M0, BY_DIVISION, BY_RECIPROCAL = 0, 1, 2, 3
+#: element divided by it (``divide``, and ``pow2``, whose scale is a power of two) or multiplied by
+#: its reciprocal's multiplier (``reciprocal``).
+BY_E4M3, BY_E8M0, BY_DIVISION, BY_RECIPROCAL, BY_POW2 = 0, 1, 2, 3, 4
 
 #: Scale policies, as the kernels number them: the plain rule, four-over-six by each error
 #: measure of ``modes.FOUR_OVER_SIX``, then each search of ``modes.SCALE_SEARCHES``.
@@ -142,7 +144,7 @@ def _element_of(bf: BlockFormat, rounding: str) -> Element:
 
 def _scaling(bf: BlockFormat, scale_mode: str) -> int:
     if bf.float_scales:
-        return BY_RECIPROCAL if scale_mode == "reciprocal" else BY_DIVISION
+        return {"reciprocal": BY_RECIPROCAL, "pow2": BY_POW2}.get(scale_mode, BY_DIVISION)
     return BY_E8M0 if bf.is_mx else BY_E4M3
 
 
