@@ -121,7 +121,7 @@ def test_quantised_and_plain_inputs_in_the_wrong_command(tmp_path, w):
     make(tmp_path / "m", w)
     assert run(*q("m", "q"), cwd=tmp_path).returncode == 0
     # a quantised checkpoint into the same layout and format: converted, its bytes copied
-    assert "2 converted (bytes copied)" in run(*q("q", "qq"), cwd=tmp_path).stdout
+    assert "2 converted exactly (codes copied)" in run(*q("q", "qq"), cwd=tmp_path).stdout
     assert read_dir(tmp_path / "qq")[0].keys() == read_dir(tmp_path / "q")[0].keys()
     for name, value in read_dir(tmp_path / "q")[0].items():
         assert read_dir(tmp_path / "qq")[0][name].tobytes() == value.tobytes(), name

@@ -119,7 +119,7 @@ def test_dequantize_writes_the_plain_checkpoint(algo, tmp_path):
 
 def test_modelopt_nvfp4_converts_to_compressed_tensors_byte_for_byte(tmp_path):
     r = run("quantize", FIXTURES / "nvfp4", "ct", "--format", "nvfp4", cwd=tmp_path)
-    assert "7 converted (bytes copied)" in r.stdout and "input_scale dropped" in r.stdout
+    assert "7 converted exactly (codes copied)" in r.stdout and "input_scale dropped" in r.stdout
     src = stored(FIXTURES / "nvfp4")
     out = read_dir(tmp_path / "ct")[0]
     for name in producer_decoded("nvfp4"):

@@ -154,7 +154,7 @@ def test_compressed_tensors_fp8_with_bfloat16_scales_converts_to_modelopt_float3
     dense = make_llama(tmp_path / "llama")
     run("quantize", "llama", "ct", "--format", "fp8_channel", cwd=tmp_path)  # scales in the weight's bfloat16
     r = run("quantize", "ct", "mo", "--layout", "modelopt", "--format", "fp8_channel", cwd=tmp_path)
-    assert "14 converted (bytes copied)" in r.stdout
+    assert "14 converted exactly (codes copied)" in r.stdout
     loaded = vllm_load(tmp_path / "mo", dense)
     for module, values in loaded.items():
         if module != "lm_head":
@@ -173,9 +173,9 @@ def test_modelopt_fp8_reads_back_and_converts_as_its_bytes(tmp_path):
             q = nk.quantize(dense[name], "fp8_block")
             assert v.fmt == "fp8_block" and np.array_equal(v.codes, q.codes) and np.array_equal(v.scales, q.scales)
     r = run("quantize", "mo", "ct", "--format", "fp8_block", cwd=tmp_path)
-    assert "14 converted (bytes copied)" in r.stdout
+    assert "14 converted exactly (codes copied)" in r.stdout
     r = run("quantize", "ct", "back", "--layout", "modelopt", "--format", "fp8_block", cwd=tmp_path)
-    assert "14 converted (bytes copied)" in r.stdout
+    assert "14 converted exactly (codes copied)" in r.stdout
     assert read_dir(tmp_path / "back")[0].keys() == read_dir(tmp_path / "mo")[0].keys()
     for name, value in read_dir(tmp_path / "mo")[0].items():
         assert read_dir(tmp_path / "back")[0][name].tobytes() == value.tobytes(), name

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..blocks.array import BlockArray
+from ..blocks.exact import nvfp4_scales, per_tensor_exponent, relayable
 from ..blocks.job import DEFAULT, BlockJob, block_job
 from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
@@ -91,6 +92,20 @@ class TensorReport:
     stats: QuantizationStats | None = None
     outputs: tuple[str, ...] = ()
     fused_with: tuple[str, ...] = ()
+
+    @property
+    def exact(self) -> bool | None:
+        """Whether every value came out as it went in: a converted weight always; a quantised one
+        when its error is zero everywhere (None for a tensor kept or dequantised)."""
+        if self.action == "converted":
+            return True
+        if self.action != "quantised" or self.stats is None:
+            return None
+        return _exact(self.stats)
+
+
+def _exact(st: QuantizationStats) -> bool:
+    return st.max_abs_error == 0 and st.mse == 0
 
 
 class Reports(list[TensorReport]):
@@ -231,6 +246,7 @@ def quantize_checkpoint(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     chunk_bytes: int = 256 << 20,
     progress: Progress = lambda _: None,
+    require_exact: bool = False,
     **options: Any,
 ) -> Reports:
     """Quantise the checkpoint ``src`` into ``dst`` (already a temporary path: an empty folder, or
@@ -249,12 +265,19 @@ def quantize_checkpoint(
     unless ``only`` says which tensors to quantise.
     With ``fuse`` (the default), the shards of each fused layer (:func:`fused_groups`) quantised
     with a per-tensor scale from the amax share one scale, from the amax over all of them.
+    A conversion keeps every value where it can (docs/checkpoints.md "Exact conversions"): a
+    weight already ``fmt`` is copied; MXFP4 goes into NVFP4 as its codes with re-laid scales
+    (:mod:`neuron_kernels.blocks.exact`) when its block exponents fit; MX into FP8 with float
+    scales takes power-of-two scales (``scale_mode="pow2"``) unless ``scale_mode`` is given. With
+    ``require_exact``, a tensor whose values would change raises :class:`FileFormatError` (the
+    caller's output, written to a temporary path, is then dropped).
     Returns one :class:`TensorReport` per input tensor, in order (a :class:`Reports`: with the
     runtimes' notes and the architecture the decisions came from)."""
     layout = LAYOUTS[layout_name]
     layout.check_format(fmt)
     ckpt, source = open_any(src)
     plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options, modules)
+    plan.require_exact = require_exact
     result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
         _quantize_to_block_file(dst, plan.chosen, plan.reports, plan.resolve, chunk_bytes, progress)
@@ -279,6 +302,7 @@ class _Plan:
     chunk_bytes: int
     arch: Architecture | None = None
     notes: list[str] = field(default_factory=list)
+    require_exact: bool = False
 
     def items(self, progress: Progress) -> list[_Item]:
         """The output's tensors, in the input's order, and how to fill each."""
@@ -298,9 +322,16 @@ class _Plan:
             if w is not None:
                 items.append(_converted_item(w, outputs, progress))
                 continue
-            items.append(
-                _quantize_item(name, entry, layout.transpose, outputs, report, self.resolve, self.chunk_bytes, progress)
-            )
+            item = _quantize_item(
+                name, entry, layout.transpose, outputs, report, self.resolve, self.chunk_bytes, progress,
+                self.require_exact,
+            )  # fmt: skip
+            relay = self.resolve.relays.get(name)
+            if relay is not None:
+                item = _relaid_item(
+                    relay, item, outputs, report, self.resolve, self.chunk_bytes, progress, self.require_exact
+                )
+            items.append(item)
         return items
 
 
@@ -342,18 +373,22 @@ def _plan(
         if arch is None and not only:
             raise FileFormatError(_unknown_architecture(ckpt, modules))
     copies: dict[str, StoredWeight] = {}
+    relays: dict[str, StoredWeight] = {}
     whole = 1 if probe.fmt.float_scales else probe.block_size  # float scales: edge blocks may be partial
     for name, entry in inputs.items():
         why = layout.decide(name, entry.dtype, entry.shape, whole, ignore, only, arch=arch)
-        job = None if why else block_job(fmt, len(entry.shape), **_layout_options(layout, fmt, entry, options))
-        chosen.append((name, entry, job))
         w = by_name.get(name)
+        job = None if why else block_job(fmt, len(entry.shape), **_layout_options(layout, fmt, entry, options, w))
+        chosen.append((name, entry, job))
         if why:
             reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.label})" if w else "")))
         elif w is not None and source is not None and _copies_bytes(w, layout, fmt, options):
             copies[name] = w
             how = f"bytes copied from {source.name}" + _dropped_note(w)
             reports.append(TensorReport(name, entry.shape, fmt, "converted", how))
+        elif isinstance(w, StoredWeight) and not layout.single_file and _relays(w, fmt, options):
+            relays[name] = w  # re-laid exactly if its exponents fit (decided when it is written)
+            reports.append(TensorReport(name, entry.shape, fmt, "converted", f"re-laid from {w.label}"))
         else:
             how = f"dequantised from {w.label}{_dropped_note(w)}" if w is not None else ""
             reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how))
@@ -373,7 +408,7 @@ def _plan(
     groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies) if fuse else {}
     for report in reports:
         report.fused_with = groups.get(report.name, ())
-    resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes)
+    resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes, relays)
     config = {} if layout.single_file else layout.config(fmt, kept, ignored)
     notes = runtime_notes(layout.name, fmt, arch, quantised)
     return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, notes)
@@ -387,12 +422,18 @@ def _blocks_of(bf: Any) -> str:
     return f"tiles of {whole.get(bf.block_rows, bf.block_rows)} x {whole.get(bf.block_size, bf.block_size)}"
 
 
-def _layout_options(layout: CheckpointLayout, fmt: str, entry: ArrayEntry, options: dict[str, Any]) -> dict[str, Any]:
-    """The options of a weight's job: the user's, and the scale dtype its layout stores float scales
-    of a weight of its dtype in where the user chose none."""
-    if options.get("scale_dtype") is not None or not BLOCK_FORMATS[fmt].float_scales:
+def _layout_options(
+    layout: CheckpointLayout, fmt: str, entry: ArrayEntry, options: dict[str, Any], w: Weight | None = None
+) -> dict[str, Any]:
+    """The options of a weight's job: the user's; for float scales, the scale dtype its layout
+    stores those of a weight of its dtype in where the user chose none, and power-of-two scales
+    for a stored MX weight (its values are on a power-of-two grid, which they keep) where the user
+    chose no scale mode."""
+    if not BLOCK_FORMATS[fmt].float_scales:
         return options
-    chosen = layout.scale_dtype(entry.dtype)
+    if w is not None and w.layout.format.is_mx and options.get("scale_mode") in (None, DEFAULT):
+        options = {**options, "scale_mode": "pow2"}
+    chosen = layout.scale_dtype(entry.dtype) if options.get("scale_dtype") is None else None
     return options if chosen is None else {**options, "scale_dtype": chosen}
 
 
@@ -454,14 +495,26 @@ def _copies_bytes(w: Weight, layout: Any, fmt: str, options: dict[str, Any]) -> 
         return False
     if (w.layout.block_size, w.layout.block_rows) != block_job(fmt, len(w.shape)).stored_blocks(w.shape):
         return False  # other blocks of the same format (FP8 per group, not per channel): quantised anew
-    neutral = {"axis": (-1, None), "pack": (True,), "rounding": ("nearest_even",), "rht": (False,)}
-    given = {k: v for k, v in options.items() if v is not None and v is not DEFAULT and v not in neutral.get(k, ())}
+    given = _given(options)
     if given:
         raise FileFormatError(
             f"{w.name} is already {fmt}: converting it to the {layout.name} layout copies its bytes, so "
             f"{', '.join(sorted(given))} cannot apply; dequantize the checkpoint first to quantise it anew"
         )
     return True
+
+
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that would change how a weight is quantised (none: the defaults)."""
+    neutral = {"axis": (-1, None), "pack": (True,), "rounding": ("nearest_even",), "rht": (False,)}
+    return {k: v for k, v in options.items() if v is not None and v is not DEFAULT and v not in neutral.get(k, ())}
+
+
+def _relays(w: StoredWeight, fmt: str, options: dict[str, Any]) -> bool:
+    """Whether a stored weight may go into ``fmt`` as its codes with re-laid scales (MXFP4 to
+    NVFP4, :func:`~neuron_kernels.blocks.exact.relayable`): blocked along its last axis, and no
+    option asking for a quantisation of its own."""
+    return w.packed_mx and relayable(w.layout.format, BLOCK_FORMATS[fmt]) and not _given(options)
 
 
 def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) -> _Item:
@@ -500,13 +553,41 @@ def _widened(values: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
 
 class _ScaleResolver:
     """Each quantised tensor's job with its per-tensor scale resolved: from its own amax, or from
-    the amax over its fused group (one pass over each shard, when the first is asked for)."""
+    the amax over its fused group (one pass over each shard, when the first is asked for); and of
+    the weights that may be re-laid exactly (``relays``), the per-tensor exponent of their group
+    (:meth:`relay`)."""
 
     def __init__(
-        self, jobs: dict[str, tuple[ArrayEntry, BlockJob]], groups: dict[str, tuple[str, ...]], chunk_bytes: int
+        self,
+        jobs: dict[str, tuple[ArrayEntry, BlockJob]],
+        groups: dict[str, tuple[str, ...]],
+        chunk_bytes: int,
+        relays: dict[str, StoredWeight] | None = None,
     ) -> None:
         self.jobs, self.groups, self.chunk_bytes = jobs, groups, chunk_bytes
+        self.relays = relays or {}
         self.amax: dict[tuple[str, ...], float] = {}
+        self.exponent: dict[tuple[str, ...], tuple[int | None, str]] = {}
+
+    def relay(self, name: str) -> tuple[int | None, str]:
+        """(g, why): the exponent of the per-tensor scale 2^g under which every shard of the
+        weight's fused group is re-laid exactly, or None and why not. One pass over each shard's
+        codes and scales, which also gives the group's amax (for quantising it anew instead)."""
+        group = self.groups.get(name, (name,))
+        if group not in self.exponent:
+            members = [self.relays.get(m) for m in group]
+            if any(m is None for m in members):
+                self.exponent[group] = (None, "a shard of its fused layer is not MXFP4")
+            else:
+                found = [m.mx_extremes(self.chunk_bytes) for m in members if m is not None]
+                lows = [lo for lo, _, _ in found if lo is not None]
+                highs = [hi for _, hi, _ in found if hi is not None]
+                lo, hi = (min(lows), max(highs)) if lows else (None, None)
+                self.amax[group] = max(a for _, _, a in found)
+                g = per_tensor_exponent(lo, hi)
+                why = "" if g is not None else f"its block scales span 2^{lo} to 2^{hi}, more than 18 binades"
+                self.exponent[group] = (g, why)
+        return self.exponent[group]
 
     def __call__(self, name: str) -> BlockJob:
         entry, job = self.jobs[name]
@@ -549,6 +630,7 @@ def _quantize_item(
     resolve: _ScaleResolver,
     chunk_bytes: int,
     progress: Progress,
+    require_exact: bool = False,
 ) -> _Item:
     by_role = {role: spec.name for spec, role in outputs}
     resolved: list[BlockJob] = []
@@ -573,6 +655,59 @@ def _quantize_item(
             assert isinstance(pts, float)
             sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(pts)], np.float32))
         report.stats = acc.result()
+        if require_exact and not _exact(report.stats):
+            src = report.reason.partition(" (")[0].removeprefix("dequantised from ") or report.dtype
+            raise FileFormatError(
+                f"{name}: {src} to {done.fmt.name} changes its values (max abs error {report.stats.max_abs_error:.3g}, "
+                f"SQNR {report.stats.sqnr_db:.1f} dB), which --require-exact refuses; nothing written"
+            )
+
+    return _Item([spec for spec, _ in outputs], fill, prepare)
+
+
+def _relaid_item(
+    w: StoredWeight,
+    fallback: _Item,
+    outputs: list[Output],
+    report: TensorReport,
+    resolve: _ScaleResolver,
+    chunk_bytes: int,
+    progress: Progress,
+    require_exact: bool = False,
+) -> _Item:
+    """An MXFP4 weight written as NVFP4 exactly: its codes copied, each block's scale 2^k written
+    as two float8_e4m3fn scales 2^(k - g) under the per-tensor scale 2^g of its fused group; or,
+    where the group's exponents do not fit, ``fallback`` (quantised anew, reported so)."""
+    by_role = {role: spec.name for spec, role in outputs}
+    chosen: list[int | None] = []
+    dst = BLOCK_FORMATS[report.dtype]
+
+    def prepare() -> dict[str, float]:
+        g, why = resolve.relay(report.name)
+        chosen.append(g)
+        if g is None and require_exact:
+            raise FileFormatError(
+                f"{report.name}: {w.label} to {dst.name} is not exact ({why}), which --require-exact refuses; "
+                f"nothing written"
+            )
+        if g is None:
+            report.action, report.dtype = "quantised", resolve.jobs[report.name][0].dtype.name
+            report.reason = f"dequantised from {w.label} ({why}; not exact)"
+            return fallback.prepare()
+        report.reason = f"re-laid exactly from {w.label}: codes copied, per-tensor scale 2^{g}"
+        return {by_role["per_tensor"]: float(2.0**g)}
+
+    def fill(sinks: dict[str, Any]) -> None:
+        g = chosen.pop()
+        if g is None:
+            fallback.fill(sinks)
+            return
+        codes, scales = sinks[by_role["codes"]], sinks[by_role["scales"]]
+        for c, s in w.row_pieces(chunk_bytes):
+            codes.write(c.reshape(-1))
+            scales.write(nvfp4_scales(c, s, w.layout.format, dst, g).reshape(-1).view(scales.spec.dtype))
+            progress(c.nbytes + s.nbytes)
+        sinks[by_role["per_tensor"]].write(np.array([2.0 ** (-g)], np.float32))
 
     return _Item([spec for spec, _ in outputs], fill, prepare)
 

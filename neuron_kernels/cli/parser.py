@@ -166,6 +166,12 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         help="a per-tensor scale of its own for each shard of a layer runtimes fuse (q/k/v, gate/up, ...); "
         "by default they share one, as the runtimes keep one for the fused layer",
     )
+    q.add_argument(
+        "--require-exact",
+        action="store_true",
+        help="refuse (exit 2, nothing written) a checkpoint conversion that would change a value; converting "
+        'keeps every value where it can (docs/checkpoints.md "Exact conversions")',
+    )
     _block_options(q)
     q.add_argument("--block-shape", type=_block_shape, metavar="RxC", help="2-D tiles over the last two axes")
     q.add_argument("--scale-mode", default=None, choices=list(SCALE_MODES), help="default: the format's")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...blocks.array import BlockArray
+from ...blocks.exact import mx_extremes
 from ...blocks.layout import BlockLayout
 from ...casting import cast
 from ...formats import BLOCK_FORMATS, FORMATS, WHOLE, BlockFormat
@@ -140,14 +141,50 @@ class StoredWeight:
             )
             return part.dequantize("float32").reshape(-1)[start - r0 * cols : stop - r0 * cols]
 
-        amax = self.finite_amax if lay.format.float_scales else None
+        amax = self.finite_amax if lay.format.float_scales or self.packed_mx else None
         return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read, finite_amax=amax)
 
+    @property
+    def packed_mx(self) -> bool:
+        """Whether the weight is an MX format of packed 4-bit codes, blocked along its last axis
+        (what :func:`~neuron_kernels.blocks.exact.mx_extremes` reads)."""
+        lay = self.layout
+        return lay.format.is_mx and lay.packed and not self.transpose and lay.axis == len(lay.shape) - 1
+
+    def row_pieces(self, chunk_bytes: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(codes, scales) of runs of whole rows of a weight blocked along its last axis in 1-D
+        blocks, as (rows, bytes) and (rows, blocks) arrays, about ``chunk_bytes`` of codes each."""
+        lay = self.layout
+        crow, srow = lay.codes_shape[-1], lay.scales_shape[-1]
+        rows = int(np.prod(lay.shape[:-1], dtype=np.int64))
+        step = max(1, chunk_bytes // max(crow, 1))
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            codes = np.asarray(self.codes.read_flat(r0 * crow, r1 * crow)).reshape(r1 - r0, crow)
+            scales = np.asarray(self.scales.read_flat(r0 * srow, r1 * srow)).reshape(r1 - r0, srow)
+            yield codes, scales
+
+    def mx_extremes(self, chunk_bytes: int = 64 << 20) -> tuple[int | None, int | None, float]:
+        """(lowest, highest) scale exponent of the blocks holding a non-zero code, and the finite
+        amax, of a :attr:`packed_mx` weight, in one pass (:func:`~neuron_kernels.blocks.exact.mx_extremes`)."""
+        lo: int | None = None
+        hi: int | None = None
+        amax = 0.0
+        for codes, scales in self.row_pieces(chunk_bytes):
+            a, b, m = mx_extremes(codes, scales, self.layout.format)
+            lo = a if lo is None else lo if a is None else min(lo, a)
+            hi = b if hi is None else hi if b is None else max(hi, b)
+            amax = max(amax, m)
+        return lo, hi, amax
+
     def finite_amax(self, chunk_bytes: int = 64 << 20) -> float:
-        """The largest finite |value| of an FP8 weight with float scales, from its codes and scales,
-        without decoding it: per block, the largest code magnitude (float8_e4m3fn codes order as
-        their magnitudes) decoded, times the block's scale, each product exact in float32 as the
-        values are; NaN blocks and NaN codes left out. Read ``chunk_bytes`` of codes at a time."""
+        """The largest finite |value| of the weight from its codes and scales, without decoding it:
+        of a :attr:`packed_mx` one, by :meth:`mx_extremes`; of an FP8 one with float scales, per
+        block, the largest code magnitude (float8_e4m3fn codes order as their magnitudes) decoded,
+        times the block's scale, each product exact in float32 as the values are; NaN blocks and
+        NaN codes left out. Read ``chunk_bytes`` of codes at a time."""
+        if self.packed_mx:
+            return self.mx_extremes(chunk_bytes)[2]
         lay = self.layout
         magnitudes = np.arange(128, dtype=np.uint8).view(lay.format.element_format.result_dtype)
         table = np.nan_to_num(cast(magnitudes, "float32"), nan=0.0)  # the NaN code counts as nothing

@@ -46,6 +46,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             max_shard_bytes=args.max_shard_size,
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
+            require_exact=args.require_exact,
             **options,
         )
     done = [r for r in reports if r.action == "quantised"]
@@ -53,7 +54,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     kept = [r for r in reports if r.action == "kept"]
     print(
         f"{args.output}: {layout.name} layout, {args.format}: {len(done)} tensor(s) quantised, "
-        + (f"{len(converted)} converted (bytes copied), " if converted else "")
+        + (f"{len(converted)} converted exactly (codes copied), " if converted else "")
         + f"{len(kept)} kept"
     )
     width = max([32] + [len(r.name) + 2 for r in reports])
@@ -63,6 +64,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             print(stats_row(r.name, r.shape, r.stats, width, r.dtype))
         for how, count in Counter(r.reason for r in done if r.reason).items():
             print(f"{count} of them {how}, then quantised")
+        from_stored = [r for r in done if r.reason.startswith("dequantised from")]
+        if from_stored:
+            exact = sum(bool(r.exact) for r in from_stored)
+            print(f"exact: {exact} of the {len(from_stored)} converted by quantising anew keep every value")
     if converted:
         print(name_columns("converted", "shape", width, "format") + "  how")
         for r in converted:

@@ -29,6 +29,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     if array_file_kind(args.output, "output").name != "npz":
         raise UsageError(f"OUTPUT must be a .npz file (the package's block file), not {args.output!r}")
+    if args.require_exact:
+        raise UsageError("--require-exact is for converting checkpoint folders, not array files")
     options = block_options_of(args)
     entries = _entries(args)
     with (

@@ -19,8 +19,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.scheduler is not None:
         raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
-    if args.layout is not None or args.only or args.ignore:
-        raise UsageError("--layout, --only and --ignore are for checkpoint folders, not Zarr stores")
+    if args.layout is not None or args.only or args.ignore or args.require_exact:
+        raise UsageError("--layout, --only, --ignore and --require-exact are for checkpoint folders, not Zarr stores")
     if not is_zarr(args.input):
         raise UsageError(
             f"Zarr jobs (and --workers / --scheduler) read a Zarr store (a {ZARR_SUFFIX} folder), not {args.input!r}"

@@ -1,0 +1,107 @@
+"""Exact conversions between block formats that need no rounding: MXFP4 to NVFP4.
+
+An MXFP4 block of 32 E2M1 codes with the scale 2^k is two NVFP4 blocks of 16 with the same codes
+(the same nibbles, in the same bytes) and the float8_e4m3fn scale 2^(k - g) under a per-tensor
+scale 2^g, whenever 2^(k - g) is a float8_e4m3fn value: a power of two from 2^-9 (its smallest
+subnormal) to 2^8. So a weight converts exactly when the scale exponents of its blocks that hold a
+non-zero code span at most 17 binades, with ``g`` = the highest exponent minus 8 (at least -126,
+so that the per-tensor scale and its reciprocal are normal float32 numbers).
+
+:func:`mx_extremes` reads what that takes from a piece of an MX weight (and its finite amax, the
+largest code's value times its block's scale, exact in float32); :func:`nvfp4_scales` gives the
+NVFP4 scale bytes of a piece. Blocks without a non-zero code take the scale the package's NVFP4
+gives an all-zero block (its lower clamp, the scale format's smallest normal); a NaN block (scale
+byte 0xFF) the NaN scale.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..casting import cast
+from ..formats import BlockFormat
+
+__all__ = ["relayable", "mx_extremes", "nvfp4_scales", "per_tensor_exponent", "LOWEST", "HIGHEST"]
+
+#: The exponents of the float8_e4m3fn powers of two: 2^-9 (subnormal) to 2^8.
+LOWEST, HIGHEST = -9, 8
+#: The lowest per-tensor exponent (a normal float32, whose reciprocal is finite).
+_LOWEST_PER_TENSOR = -126
+#: The e8m0 byte of a NaN block, and the exponent bias.
+_NAN_BYTE, _BIAS = 0xFF, 127
+
+
+def relayable(src: BlockFormat, dst: BlockFormat) -> bool:
+    """Whether weights of ``src`` (an MX format of packed 4-bit codes) go into ``dst`` (the same
+    packed elements in smaller blocks that divide ``src``'s, float8_e4m3fn scales under a
+    per-tensor scale: NVFP4) as their codes, with scales re-laid."""
+    return (
+        src.is_mx
+        and src.packable
+        and dst.packable
+        and dst.per_tensor_scale
+        and dst.element == src.element
+        and not dst.float_scales
+        and src.block_size % dst.block_size == 0
+    )
+
+
+@functools.cache
+def _magnitudes(element: str) -> np.ndarray:
+    """The float32 value of each magnitude (the code without its sign bit) of a 4-bit element."""
+    return cast(np.arange(8, dtype=np.uint8).view(element), "float32").astype(np.float32)
+
+
+def _block_magnitudes(codes: np.ndarray, block_bytes: int) -> np.ndarray:
+    """The largest magnitude of each block of packed 4-bit codes (rows, bytes) -> (rows, blocks)."""
+    mags = np.maximum(codes & np.uint8(0x07), (codes >> np.uint8(4)) & np.uint8(0x07))
+    largest: np.ndarray = mags.reshape(codes.shape[0], -1, block_bytes).max(axis=2)
+    return largest
+
+
+def mx_extremes(codes: np.ndarray, scales: np.ndarray, bf: BlockFormat) -> tuple[int | None, int | None, float]:
+    """(lowest, highest) scale exponent over the blocks of ``codes`` (uint8 rows x packed bytes of
+    the 4-bit MX format ``bf``) that hold a non-zero code, None for none; and their finite amax.
+    ``scales``: the e8m0 bytes, rows x blocks. NaN blocks count for neither."""
+    mags = _block_magnitudes(codes, bf.block_size // 2)
+    live = (mags != 0) & (scales != _NAN_BYTE)
+    if not live.any():
+        return None, None, 0.0
+    exps = scales[live].astype(np.int64) - _BIAS
+    values = _magnitudes(bf.element)[mags[live]].astype(np.float64) * np.exp2(exps.astype(np.float64))
+    with np.errstate(over="ignore"):
+        values = values.astype(np.float32)  # exact, or inf beyond float32 (as dequantised)
+    finite = values[np.isfinite(values)]
+    return int(exps.min()), int(exps.max()), float(finite.max()) if finite.size else 0.0
+
+
+def per_tensor_exponent(lowest: int | None, highest: int | None) -> int | None:
+    """The exponent ``g`` of the per-tensor scale under which every block exponent from ``lowest``
+    to ``highest`` has a float8_e4m3fn scale 2^(k - g); None if they span too many binades. A
+    weight without a non-zero code takes 0."""
+    if lowest is None or highest is None:
+        return 0
+    g = max(highest - HIGHEST, _LOWEST_PER_TENSOR)
+    return g if lowest - g >= LOWEST else None
+
+
+def nvfp4_scales(codes: np.ndarray, scales: np.ndarray, src: BlockFormat, dst: BlockFormat, g: int) -> np.ndarray:
+    """The float8_e4m3fn scale bytes (rows x blocks of ``dst``) of the MX piece ``codes`` / ``scales``
+    under the per-tensor scale 2^g (:func:`per_tensor_exponent` of the whole weight)."""
+    mags = _block_magnitudes(codes, src.block_size // 2)
+    exps = scales.astype(np.int64) - _BIAS - g
+    empty, nan = _scale_byte(dst, dst.scale_format.smallest_normal), _scale_byte(dst, np.nan)
+    powers = cast(np.exp2(np.clip(exps, LOWEST, HIGHEST)).astype(np.float32), dst.scale).view(np.uint8)
+    out = np.where(mags == 0, empty, powers)
+    out = np.where(scales == _NAN_BYTE, nan, out).astype(np.uint8)
+    return np.repeat(out, src.block_size // dst.block_size, axis=1)
+
+
+@functools.cache
+def _scale_byte(dst: BlockFormat, value: float) -> np.uint8:
+    """The scale byte of ``value`` in ``dst``'s scale format; its smallest normal is what the
+    package's quantiser gives an all-zero block (the scale's lower clamp)."""
+    byte: np.uint8 = np.asarray(cast(np.array([value], np.float32), dst.scale)).view(np.uint8)[0]
+    return byte
