@@ -599,3 +599,51 @@ def test_pow2_scales_keep_values_on_a_power_of_two_grid(scale_dtype):
     s = q.scales.astype(F32)
     assert (s.view(np.uint32) & 0x7FFFFF == 0).all()
     assert_bits(q.dequantize(), x, "values")
+
+
+BAND_CASES = {
+    "plain": ({}, None),
+    "nan": ({}, "nan"),
+    "inf": ({}, "inf"),
+    "zeros": ({}, "zeros"),
+    "reciprocal": ({"scale_mode": "reciprocal"}, None),
+    "pow2-bf16-scales": ({"scale_mode": "pow2", "scale_dtype": "bfloat16"}, None),
+    "stochastic": ({"rounding": "stochastic", "seed": 5}, None),
+    "bfloat16-input": ({}, "bfloat16"),
+    "stack-of-2": ({}, "stack"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAND_CASES))
+def test_fp8_tensor_in_bands_is_the_one_tile(case):
+    """A large matrix of ``fp8_tensor`` is quantised in bands of rows on every thread, each band
+    given the matrix's amax: the codes, scale and fake-quantised values of one task over the whole
+    matrix (one thread, checked against the reference above), bit for bit, NaN and infinite
+    matrices included (every band's scale NaN)."""
+    options, special = BAND_CASES[case]
+    shape = (2, 2100, 1030) if special == "stack" else (2100, 1030)  # 2 Mi elements a matrix or more
+    x = spread(shape, seed=30)
+    if special == "nan":
+        x[1500, 3] = np.nan
+    elif special == "inf":
+        x[7, 1000] = -np.inf
+    elif special == "zeros":
+        x[...] = 0.0
+        x[::7, ::3] = -0.0
+    if special == "bfloat16":
+        x = x.astype(BF16)
+    job = nk.blocks.job.block_job("fp8_tensor", x.ndim, **options)
+    nk.set_num_threads(4)  # more threads than matrices (two cores run them)
+    try:
+        assert job._bands(x.shape) > 0  # the banded path is the one taken
+        q, f = nk.quantize(x, "fp8_tensor", **options), nk.fake_quantize(x, "fp8_tensor", **options)
+        nk.set_num_threads(1)
+        assert job._bands(x.shape) == 0
+        q1, f1 = nk.quantize(x, "fp8_tensor", **options), nk.fake_quantize(x, "fp8_tensor", **options)
+    finally:
+        nk.set_num_threads(None)
+    assert_bits(q.codes, q1.codes, "codes")
+    assert_bits(q.scales, q1.scales, "scales")
+    assert_bits(f, f1, "fake-quantised values")
+    if special in ("nan", "inf"):
+        assert np.isnan(q.scales.astype(F32)).all() and (q.codes == 0x7F).all()

@@ -14,9 +14,11 @@ file holds plain is quantised on load, nothing is initialised at random, and eve
 weight is what was predicted. GPT-2, whose only Linear is its tied head, is refused (nothing to
 quantise). transformers' own MoE bugs are pinned by strict xfails (neuron_kernels/checkpoints/
 runtimes.py). The table the package uses without transformers gives the same decisions and is
-what transformers gives today. All loads run in one transformers process.
+what transformers gives today. All loads run in one transformers process. ModelOpt FP8 per
+channel, which transformers does not load, is checked for every model against vLLM's loading rule.
 """
 
+import fnmatch
 import importlib.util
 import json
 import os
@@ -31,6 +33,7 @@ from neuron_kernels.checkpoints.architecture import TABLE_PATH, architecture_of
 
 from .checkpoint_helpers import BF16, decode_ct, read_dir
 from .cli_runner import run
+from .modelopt_rules import vllm_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "make_architecture_table.py")
@@ -88,11 +91,18 @@ def _expected(fmt, name, value, written):
 
 
 @pytest.fixture(scope="module")
-def matrix(runtime, tmp_path_factory):  # noqa: F811
-    """arch -> fmt -> (the command's result, transformers' load result or None)."""
+def models(runtime, tmp_path_factory):  # noqa: F811
+    """The folder of the tiny models (one folder each, by architecture), saved by transformers."""
     d = tmp_path_factory.mktemp("matrix")
     runtime(f"import runpy, sys; sys.argv = [{SCRIPT!r}, '--models', {str(d / 'models')!r}]; "
             f"runpy.run_path({SCRIPT!r}, run_name='__main__')")  # fmt: skip
+    return d
+
+
+@pytest.fixture(scope="module")
+def matrix(runtime, models):  # noqa: F811
+    """arch -> fmt -> (the command's result, transformers' load result or None)."""
+    d = models
     results: dict = {}
     args: list = []
     for arch in ARCHS:
@@ -271,3 +281,48 @@ def test_a_config_unlike_the_tables_goes_to_transformers():
     arch = architecture_of(config, names)
     assert arch.source.startswith("transformers") and arch.kind("model.layers.0.self_attn.q_proj") == "linear"
     assert architecture_of(config, names, "table").kind("model.layers.0.self_attn.q_proj") is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_modelopt_fp8_of_every_architecture_follows_vllms_rules(models, arch, tmp_path):
+    """ModelOpt FP8_PER_CHANNEL_PER_TOKEN of each model of the matrix, under vLLM's loading rule
+    (tests/test_checkpoints_modelopt_fp8.py; vLLM needs a GPU): every module with FP8 codes is
+    quantised in vLLM's eyes (no ``exclude_modules`` entry matches it exactly, as a substring or
+    as a wildcard) and holds exactly ``weight`` float8_e4m3fn [out, in] and ``weight_scale``
+    float32 [out] (and its ``bias``), its values the package's quantisation; every module the file holds plain and
+    the model has as a Linear is excluded; no other tensor. MoE models are refused (vLLM's
+    ModelOpt FP8 MoE needs calibrated per-tensor scales), GPT-2 has nothing to quantise."""
+    src = models / "models" / arch
+    r = run("quantize", src, tmp_path / "out", "--layout", "modelopt", "--format", "fp8_channel", cwd=tmp_path,
+            check=False)  # fmt: skip
+    if arch in MOE or arch == "gpt2":
+        assert r.returncode == 2 and ("MoE expert" in r.stderr or "no tensor to quantise" in r.stderr), r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    _, exclude = vllm_config(tmp_path / "out")
+    plain, written = nk.load_checkpoint(src), read_dir(tmp_path / "out")[0]
+    arch_info = architecture_of(json.loads((src / "config.json").read_text()), nk.open_checkpoint(src).tensors)
+
+    def excluded(module):
+        return (
+            module in exclude or any(e in module for e in exclude) or any(fnmatch.fnmatch(module, e) for e in exclude)
+        )
+
+    quantised = {n.rpartition(".")[0] for n, v in written.items() if v.dtype.name == "float8_e4m3fn"}
+    assert quantised, arch
+    for module in quantised:
+        assert not excluded(module), module
+        names = {n for n in written if n.rpartition(".")[0] == module}
+        assert names - {f"{module}.bias"} == {f"{module}.weight", f"{module}.weight_scale"}, names  # a Linear's bias
+        w, s = written[f"{module}.weight"], written[f"{module}.weight_scale"]
+        assert s.dtype == np.float32 and s.shape == w.shape[:1], module
+        want = nk.quantize(plain[f"{module}.weight"], "fp8_channel", scale_dtype="float32")
+        values = w.astype(np.float32) * s[:, None]
+        assert np.array_equal(values.view(np.uint32), want.dequantize().view(np.uint32)), module
+    for name, value in written.items():
+        module = name.rpartition(".")[0]
+        if module in quantised:
+            continue
+        assert name in plain and value.tobytes() == plain[name].tobytes(), name  # copied as it was
+        if name.endswith(".weight") and arch_info.kind(module) in ("linear", "head"):
+            assert excluded(module), module

@@ -20,7 +20,7 @@ from neuron_kernels.formats import BLOCK_FORMATS
 from .checkpoint_helpers import decode_ct, read_dir, write_safetensors
 from .cli_runner import run
 from .command_checks import fails
-from .test_checkpoints_modelopt_fp8 import BF16, make_llama
+from .modelopt_rules import BF16, make_llama
 
 QUANTISED = [f"model.layers.{i}.{m}" for i in range(2) for m in
              ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",

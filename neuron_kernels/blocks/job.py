@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._parallel import run_tasks
+from .._parallel import PARALLEL_MIN_ELEMENTS, get_num_threads, run_tasks
 from .._random import check_seed, draw_seed, stream_key
 from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError, UnknownFormatError
@@ -150,16 +150,22 @@ def _per_tensor(value: Any, fmt: BlockFormat) -> float | str | None:
 
 def tensor_amax(arr: np.ndarray, src: Format) -> float:
     """The largest finite |x| of an input array (as its float32 value; 0 when there is none)."""
+    return float(np.uint32(_amax_pattern(arr, src, True)).view(np.float32))
+
+
+def _amax_pattern(arr: np.ndarray, src: Format, finite: bool) -> int:
+    """The largest |x| pattern (float32 bits) of an input array: of its finite values, or of all
+    (an infinity's or a NaN's where it holds one); 0 for none."""
     from ..kernels import blocks as K
 
     view = K.input_view(arr).reshape(-1)
     chunk = 1 << 16
     n = -(-view.size // chunk)
     if n == 0:
-        return 0.0
+        return 0
     out = np.empty(n, np.uint32)
-    run_tasks(K.finite_amax_kernel(src.name), n, view.size, (view, out, chunk))
-    return float(out.max().view(np.float32))
+    run_tasks(K.finite_amax_kernel(src.name, finite), n, view.size, (view, out, chunk))
+    return int(out.max())
 
 
 def per_tensor_scale_of(amax: float, bound: float, max_element: float) -> float:
@@ -261,6 +267,41 @@ class BlockJob:
             options += (np.array(self.rotation if self._fused_rotation(row) else (), np.float64),)
         run_tasks(kernel, ks.tasks, lay.size, (*arrays, *geometry, *options), align)
 
+    def _bands(self, shape: tuple[int, ...]) -> int:
+        """Rows per band where a float-scale tile spans whole matrices too few to keep every
+        thread busy (``fp8_tensor``: one task per matrix): the matrix's amax found first, its
+        bands are tasks of their own that take it (:meth:`_run_bands`); 0 otherwise."""
+        if not self.fmt.float_scales or len(shape) < 2 or self.rotation is not None:
+            return 0
+        rows, cols = shape[-2], shape[-1]
+        threads = get_num_threads()
+        matrices = int(np.prod(shape[:-2], dtype=np.int64))
+        if self.block_rows < rows or self.block_size < cols or matrices >= threads or rows < 2 * threads:
+            return 0
+        return -(-rows // (4 * threads)) if rows * cols >= PARALLEL_MIN_ELEMENTS else 0
+
+    def _run_bands(self, kernel: Any, arr: np.ndarray, src: str, out: np.ndarray, scales: Any, idx0: int) -> None:
+        """Each matrix of ``arr`` (a tile of its own) as bands of :meth:`_bands` rows, on every
+        thread, each band given the matrix's amax pattern (all values': an infinity or a NaN
+        makes every band's scale NaN, as the matrix's); the codes (or values) into ``out``, the
+        scale into ``scales`` (one per matrix; None for values)."""
+        from ..kernels import blocks as K
+
+        rows, cols = arr.shape[-2], arr.shape[-1]
+        band = self._bands(arr.shape)
+        x3, o3 = K.input_view(arr).reshape(-1, rows, cols), out.reshape(-1, rows, cols)
+        nb = -(-rows // band)
+        words = np.empty((1, nb, 1), np.uint32)
+        fmt = get_format(src)
+        options = (K.scale_mode_id(self.scale_mode), self._policy())
+        for a in range(x3.shape[0]):
+            given = np.uint32(_amax_pattern(x3[a], fmt, False)).view(np.float32)
+            first = idx0 + a * rows * cols
+            dst = (o3[a : a + 1], words) if scales is not None else (o3[a : a + 1],)
+            run_tasks(kernel, nb, rows * cols, (x3[a : a + 1], *dst, band, cols, *options, given, self.key, first))
+            if scales is not None:
+                scales.reshape(-1)[a] = words[0, 0, 0]
+
     def _fused_rotation(self, row: bool) -> bool:
         """Whether the kernel rotates (row kernels do; other layouts get a rotated copy)."""
         return self.rotation is not None and row
@@ -343,8 +384,11 @@ class BlockJob:
             align = 1
             if self.pack and not lay.two_d and self.block_size % 2:
                 align = 2 if ks.scales[1] % 2 == 0 else 2 * ks.scales[1]
-            arrays = (K.input_view(arr).reshape(ks.values), codes.reshape(ks.codes), scales.reshape(ks.scales))
-            self._run(kernel, lay, arrays, idx0, align)
+            if self._bands(arr.shape):
+                self._run_bands(kernel, arr, source, codes, scales, idx0)
+            else:
+                arrays = (K.input_view(arr).reshape(ks.values), codes.reshape(ks.codes), scales.reshape(ks.scales))
+                self._run(kernel, lay, arrays, idx0, align)
         pts = self.per_tensor_scale if not isinstance(self.per_tensor_scale, str) else None
         if out is not None:
             if self.fmt.float_scales:
@@ -380,7 +424,10 @@ class BlockJob:
             kernel = K.fake_quantize_kernel(
                 source, self.fmt, self.rounding, row, self._fused_rotation(row), self._policy() != K.PLAIN, self._rule()
             )
-            self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
+            if self._bands(arr.shape):
+                self._run_bands(kernel, arr, source, out, None, idx0)
+            else:
+                self._run(kernel, lay, (K.input_view(arr).reshape(vshape), out.reshape(vshape)), idx0)
 
     def error_sums(self, arr: np.ndarray, src: Format) -> np.ndarray | None:
         """The per-row error sums (rows, N_SUMS) of quantising the C-contiguous ``arr``, from one

@@ -95,11 +95,13 @@ def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
 
 
 @cache
-def finite_amax_kernel(source: str) -> Any:
+def finite_amax_kernel(source: str, finite: bool = True) -> Any:
     """Kernel ``(x, out, chunk, t0, t1)``: ``out[t]`` = the largest finite |x| pattern of
-    ``x[t * chunk : (t + 1) * chunk]`` (x 1-D), 0 where there is none."""
+    ``x[t * chunk : (t + 1) * chunk]`` (x 1-D), 0 where there is none; with ``finite`` False, the
+    largest |x| pattern of all (an infinity's or a NaN's where there is one)."""
     src = source_of(source)
     kind = src.kind
+    top = np.uint32(0x7F800000) if finite else np.uint32(0xFFFFFFFF)
 
     @jit
     def kernel(x, out, chunk, t0, t1):  # pragma: no cover - compiled
@@ -108,7 +110,7 @@ def finite_amax_kernel(source: str) -> Any:
             m = np.uint32(0)
             for i in range(seg.size):
                 v = u32_and(_load(seg[i], kind, src.codec), 0x7FFFFFFF)
-                v = v if v < np.uint32(0x7F800000) else u32_and(v, 0)
+                v = v if v < top else u32_and(v, 0)
                 m = max(m, v)
             out[t] = m
 

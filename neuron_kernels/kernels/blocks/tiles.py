@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from ..._jit import jit, u32_and
+from ..._jit import f32_bits, jit, u32_and
 from .. import codec as C
 from ..hashing import random_bits
 from ..nibbles import nibble, nibble_pair, put_nibble
 from .elements import _code, _dequantized, _load, _scaled, _stream, _value
 from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
-from .spec import FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
+from .spec import BY_DIVISION, FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
 
 
 @jit(inline="always")
@@ -43,10 +43,14 @@ def _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec):  # pragma: no cov
 @jit(inline="always")
 def _tile_plain_scales(x, a, r0, r1, cols, j0, j1, amax, bytes_, mode, pts, kind, codec, sc):  # pragma: no cover
     """:func:`_tile_scales` of the kernels without scale policies, inlined with the source's
-    ``kind`` compiled in."""
-    _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec)
+    ``kind`` compiled in. Float scales take a non-zero ``pts`` as the amax pattern of every tile
+    (the whole matrix's, given to bands of one: :meth:`BlockJob.quantize`), not reading it."""
+    given = sc.scaling >= BY_DIVISION and pts != 0
+    if not given:
+        _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec)
     for j in range(j0, j1):
-        bytes_[j] = _scale_byte(amax[j], mode, pts, sc, sc.scaling)
+        m = f32_bits(pts) if given else amax[j]
+        bytes_[j] = _scale_byte(m, mode, pts, sc, sc.scaling)
 
 
 @jit
