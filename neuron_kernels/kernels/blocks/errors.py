@@ -11,6 +11,7 @@ import numpy as np
 
 from ..._jit import f32_from_bits, jit
 from ...formats import BlockFormat
+from .. import codec as C
 from ..nibbles import nibble
 from .elements import _dequantized, _load, _scaled, _value
 from .rows import _row_scales, _scale_scratch
@@ -70,10 +71,16 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
     top = fmt.element_format.max_code
     kind, _, _, scaling = _flags(src, el, sc)
+    n_codes = 1 << fmt.element_bits
 
     @jit
     def kernel(x, codes, scales, size, pts, out, t0, t1):  # pragma: no cover - compiled
         length = x.shape[1]
+        # each code's value, looked up instead of decoded per element (the same float32 product
+        # as ``_value``'s; a NaN block's NaN scale makes every product NaN, left out as NaNs are)
+        values = np.empty(n_codes, np.float32)
+        for c in range(n_codes):
+            values[c] = f32_from_bits(C.decode(np.uint32(c), el.codec))
         for r in range(t0, t1):
             xr, cr, sr = x[r], codes[r], scales[r]
             sums = _no_errors()
@@ -82,7 +89,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
                 lim = abs(np.float64(_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
                     code = nibble(cr[i >> 1], i & 1) if packed else np.uint32(cr[i])
-                    d = np.float64(_value(code, scale, el))
+                    d = np.float64(values[code] * scale)
                     xi = np.float64(f32_from_bits(_load(xr[i], kind, src.codec)))
                     sums = _add_error(sums, xi, d, xi, lim)
             _store_errors(out, r, sums)
