@@ -17,20 +17,23 @@ byte 0xFF) the NaN scale.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from ..casting import cast
-from ..formats import BlockFormat
+from ..formats import FORMATS, BlockFormat
 
 __all__ = ["relayable", "mx_extremes", "nvfp4_scales", "per_tensor_exponent", "LOWEST", "HIGHEST"]
 
-#: The exponents of the float8_e4m3fn powers of two: 2^-9 (subnormal) to 2^8.
-LOWEST, HIGHEST = -9, 8
-#: The lowest per-tensor exponent (a normal float32, whose reciprocal is finite).
-_LOWEST_PER_TENSOR = -126
+_E4M3, _E8M0 = FORMATS["float8_e4m3fn"], FORMATS["float8_e8m0fnu"]
+#: The exponents of the float8_e4m3fn powers of two: its smallest subnormal (2^-9) to the largest
+#: power of two up to its largest value (2^8).
+LOWEST, HIGHEST = int(math.log2(_E4M3.smallest_subnormal)), math.floor(math.log2(_E4M3.max))
+#: The lowest per-tensor exponent: float32's smallest normal (whose reciprocal is finite).
+_LOWEST_PER_TENSOR = int(math.log2(FORMATS["float32"].smallest_normal))
 #: The e8m0 byte of a NaN block, and the exponent bias.
-_NAN_BYTE, _BIAS = 0xFF, 127
+_NAN_BYTE, _BIAS = _E8M0.nan_code, _E8M0.bias
 
 
 def relayable(src: BlockFormat, dst: BlockFormat) -> bool:
