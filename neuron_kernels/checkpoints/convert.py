@@ -9,7 +9,7 @@ under a temporary name and renamed when complete (:func:`neuron_kernels.io.files
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import os
 import shutil
@@ -27,14 +27,16 @@ from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
 from ..formats import BLOCK_FORMATS, INPUT_DTYPES, WHOLE
 from ..io.blockfile import BlockFileWriter
-from ..io.files import ArrayEntry, FileFormatError, SafetensorsWriter, TensorSpec
+from ..io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..io.stream import Progress, entry_amax, quantized_pieces, transposed_pieces
 from .architecture import Architecture, architecture_of, transformers_available
-from .folder import CONFIG_NAME, INDEX_NAME, PTS_KEY, Checkpoint
+from .cluster import write_on_cluster
+from .folder import CONFIG_NAME, Checkpoint
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, open_any, stored_weights
 from .layouts.records import FOREIGN_PARTS
 from .runtimes import runtime_notes
 from .selection import fused_groups, ignored_modules, module_decision
+from .shards import Item, Tally, shards_of, write_shards
 
 __all__ = [
     "TensorReport",
@@ -118,67 +120,7 @@ class Reports(list[TensorReport]):
         self.architecture = architecture
 
 
-@dataclass
-class _Item:
-    """A unit of output that goes into one shard: its tensors and how to fill them.
-
-    ``prepare()`` runs before its shard's header is written (the per-tensor scale's pass) and
-    returns metadata; ``fill(sinks)`` writes every tensor through ``sinks`` (name -> sink)."""
-
-    specs: list[TensorSpec]
-    fill: Callable[[dict[str, Any]], None]
-    prepare: Callable[[], dict[str, float]] = lambda: {}
-    kept: str | None = None  # the input tensor copied as it is, if that is what the item is
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.specs)
-
-
-def _shards(items: list[_Item], max_bytes: int) -> list[list[_Item]]:
-    """Consecutive items grouped into shards of at most ``max_bytes`` (an item larger than that
-    gets a shard of its own)."""
-    shards: list[list[_Item]] = [[]]
-    size = 0
-    for item in items:
-        if shards[-1] and size + item.nbytes > max_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(item)
-        size += item.nbytes
-    return shards
-
-
-def _write_shards(folder: str, items: list[_Item], max_bytes: int) -> None:
-    """The items as ``model.safetensors`` (one shard) or ``model-0000k-of-0000n.safetensors`` with
-    ``model.safetensors.index.json``."""
-    groups = _shards(items, max_bytes)
-    n = len(groups)
-    weight_map: dict[str, str] = {}
-    total = 0
-    for k, group in enumerate(groups, 1):
-        fname = "model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"
-        pts: dict[str, float] = {}
-        for item in group:
-            pts.update(item.prepare())
-        metadata = {"format": "pt"} | ({PTS_KEY: json.dumps(pts)} if pts else {})
-        specs = [s for item in group for s in item.specs]
-        with SafetensorsWriter(os.path.join(folder, fname), specs, metadata) as writer:
-            for item in group:
-                with contextlib.ExitStack() as stack:
-                    sinks = {s.name: stack.enter_context(writer.tensor(s.name)) for s in item.specs}
-                    item.fill(sinks)
-        for s in specs:
-            weight_map[s.name] = fname
-            total += s.nbytes
-    if n > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        with open(os.path.join(folder, INDEX_NAME), "w", encoding="utf-8") as fh:
-            json.dump(index, fh, indent=2)
-            fh.write("\n")
-
-
-def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: int) -> _Item:
+def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: int) -> Item:
     """A tensor copied bit for bit (bytes moved by the kernel where the input stores them raw)."""
     spec = TensorSpec(name, entry.dtype, entry.shape)
 
@@ -194,7 +136,7 @@ def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: in
             sink.write(np.ascontiguousarray(piece))
             progress(piece.nbytes)
 
-    return _Item([spec], fill, kept=name)
+    return Item([spec], fill, kept=name)
 
 
 def _finish_folder(
@@ -247,6 +189,7 @@ def quantize_checkpoint(
     chunk_bytes: int = 256 << 20,
     progress: Progress = lambda _: None,
     require_exact: bool = False,
+    client: Any = None,
     **options: Any,
 ) -> Reports:
     """Quantise the checkpoint ``src`` into ``dst`` (already a temporary path: an empty folder, or
@@ -271,18 +214,30 @@ def quantize_checkpoint(
     scales takes power-of-two scales (``scale_mode="pow2"``) unless ``scale_mode`` is given. With
     ``require_exact``, a tensor whose values would change raises :class:`FileFormatError` (the
     caller's output, written to a temporary path, is then dropped).
+    With ``client`` (a ``distributed.Client``), the per-tensor scales' reads and then the shards
+    are tasks on its cluster, whose workers must see ``src`` and ``dst`` (:mod:`.cluster`): the
+    same bytes, each shard written by one worker.
     Returns one :class:`TensorReport` per input tensor, in order (a :class:`Reports`: with the
     runtimes' notes and the architecture the decisions came from)."""
     layout = LAYOUTS[layout_name]
     layout.check_format(fmt)
-    ckpt, source = open_any(src)
+    if client is not None and layout.single_file:
+        raise FileFormatError(
+            f"the {layout.name} layout is one file; a cluster writes checkpoint folders, a shard per task"
+        )
+    ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
     plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options, modules)
     plan.require_exact = require_exact
     result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
         _quantize_to_block_file(dst, plan.chosen, plan.reports, plan.resolve, chunk_bytes, progress)
         return result
-    _write_shards(dst, plan.items(progress), max_shard_bytes)
+    if client is not None:
+        tally = Tally()
+        shards = shards_of(plan.items(tally), max_shard_bytes, tally)
+        write_on_cluster(client, os.path.abspath(dst), shards, plan.resolve, progress)
+    else:
+        write_shards(dst, plan.items(progress), max_shard_bytes)
     _finish_folder(ckpt, dst, plan.config, True, layout.files(plan.config))
     return result
 
@@ -304,7 +259,7 @@ class _Plan:
     notes: list[str] = field(default_factory=list)
     require_exact: bool = False
 
-    def items(self, progress: Progress) -> list[_Item]:
+    def items(self, progress: Progress) -> list[Item]:
         """The output's tensors, in the input's order, and how to fill each."""
         layout, items = self.layout, []
         for (name, entry, job), report in zip(self.chosen, self.reports):
@@ -517,7 +472,7 @@ def _relays(w: StoredWeight, fmt: str, options: dict[str, Any]) -> bool:
     return w.packed_mx and relayable(w.layout.format, BLOCK_FORMATS[fmt]) and not _given(options)
 
 
-def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) -> _Item:
+def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) -> Item:
     """A stored weight written into another layout: its codes and scales copied byte for byte,
     its per-tensor scale written as the layout keeps it (the exact value in the shard's metadata)."""
     by_role = {role: spec.name for spec, role in outputs}
@@ -540,7 +495,7 @@ def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) 
             assert w.per_tensor_scale is not None
             sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(w.per_tensor_scale)], np.float32))
 
-    return _Item([spec for spec, _ in outputs], fill, prepare)
+    return Item([spec for spec, _ in outputs], fill, prepare)
 
 
 def _widened(values: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
@@ -579,15 +534,17 @@ class _ScaleResolver:
             if any(m is None for m in members):
                 self.exponent[group] = (None, "a shard of its fused layer is not MXFP4")
             else:
-                found = [m.mx_extremes(self.chunk_bytes) for m in members if m is not None]
-                lows = [lo for lo, _, _ in found if lo is not None]
-                highs = [hi for _, hi, _ in found if hi is not None]
-                lo, hi = (min(lows), max(highs)) if lows else (None, None)
-                self.amax[group] = max(a for _, _, a in found)
-                g = per_tensor_exponent(lo, hi)
-                why = "" if g is not None else f"its block scales span 2^{lo} to 2^{hi}, more than 18 binades"
-                self.exponent[group] = (g, why)
+                self._settle_relay(group, [m.mx_extremes(self.chunk_bytes) for m in members if m is not None])
         return self.exponent[group]
+
+    def _settle_relay(self, group: tuple[str, ...], found: list[tuple[int | None, int | None, float]]) -> None:
+        lows = [lo for lo, _, _ in found if lo is not None]
+        highs = [hi for _, hi, _ in found if hi is not None]
+        lo, hi = (min(lows), max(highs)) if lows else (None, None)
+        self.amax[group] = max(a for _, _, a in found)
+        g = per_tensor_exponent(lo, hi)
+        why = "" if g is not None else f"its block scales span 2^{lo} to 2^{hi}, more than 18 binades"
+        self.exponent[group] = (g, why)
 
     def __call__(self, name: str) -> BlockJob:
         entry, job = self.jobs[name]
@@ -597,6 +554,28 @@ class _ScaleResolver:
         if group not in self.amax:
             self.amax[group] = max(entry_amax(*self.jobs[m], self.chunk_bytes) for m in group)
         return job.with_amax(self.amax.pop(group) if len(group) == 1 else self.amax[group])
+
+    def passes(self) -> list[tuple[tuple[str, ...], list[Callable[[], Any]]]]:
+        """The reads that resolving every job needs, to run ahead (on a cluster, :mod:`.cluster`):
+        per group, one call per shard (its amax, or the extremes of a weight to be re-laid), whose
+        results :meth:`settle` takes. Without them, each group is read when its first job is asked for."""
+        out: dict[tuple[str, ...], list[Callable[[], Any]]] = {}
+        for name, (_, job) in self.jobs.items():
+            group = self.groups.get(name, (name,))
+            if group in out:
+                continue
+            if name in self.relays and all(m in self.relays for m in group):
+                out[group] = [functools.partial(self.relays[m].mx_extremes, self.chunk_bytes) for m in group]
+            elif job.needs_amax:
+                out[group] = [functools.partial(entry_amax, *self.jobs[m], self.chunk_bytes) for m in group]
+        return list(out.items())
+
+    def settle(self, group: tuple[str, ...], results: list[Any]) -> None:
+        """Take the results of a group's calls of :meth:`passes`."""
+        if group[0] in self.relays and all(m in self.relays for m in group):
+            self._settle_relay(group, results)
+        else:
+            self.amax[group] = max(results)
 
 
 def _pipelined_stats(
@@ -631,7 +610,7 @@ def _quantize_item(
     chunk_bytes: int,
     progress: Progress,
     require_exact: bool = False,
-) -> _Item:
+) -> Item:
     by_role = {role: spec.name for spec, role in outputs}
     resolved: list[BlockJob] = []
 
@@ -662,19 +641,19 @@ def _quantize_item(
                 f"SQNR {report.stats.sqnr_db:.1f} dB), which --require-exact refuses; nothing written"
             )
 
-    return _Item([spec for spec, _ in outputs], fill, prepare)
+    return Item([spec for spec, _ in outputs], fill, prepare, report=report)
 
 
 def _relaid_item(
     w: StoredWeight,
-    fallback: _Item,
+    fallback: Item,
     outputs: list[Output],
     report: TensorReport,
     resolve: _ScaleResolver,
     chunk_bytes: int,
     progress: Progress,
     require_exact: bool = False,
-) -> _Item:
+) -> Item:
     """An MXFP4 weight written as NVFP4 exactly: its codes copied, each block's scale 2^k written
     as two float8_e4m3fn scales 2^(k - g) under the per-tensor scale 2^g of its fused group; or,
     where the group's exponents do not fit, ``fallback`` (quantised anew, reported so)."""
@@ -709,7 +688,7 @@ def _relaid_item(
             progress(c.nbytes + s.nbytes)
         sinks[by_role["per_tensor"]].write(np.array([2.0 ** (-g)], np.float32))
 
-    return _Item([spec for spec, _ in outputs], fill, prepare)
+    return Item([spec for spec, _ in outputs], fill, prepare, report=report)
 
 
 def _quantize_to_block_file(
@@ -765,7 +744,7 @@ def dequantize_checkpoint(
     weights = stored_weights(ckpt, layout)
     by_part = {p: w for w in weights for p in w.parts}
     reports: list[TensorReport] = []
-    items: list[_Item] = []
+    items: list[Item] = []
     order: list[tuple[str, Weight | None]] = [(w.name, w) for w in weights if not w.parts]
     seen: set[str] = set()
     for name in ckpt.tensors:
@@ -784,10 +763,10 @@ def dequantize_checkpoint(
         shape = w.shape
         out_shape = shape[:-2] + (shape[-1], shape[-2]) if w.transpose else shape
         spec = TensorSpec(w.out_name, out_dtype, out_shape)
-        items.append(_Item([spec], _decode_fill(w, out_fmt.name, chunk_bytes, progress)))
+        items.append(Item([spec], _decode_fill(w, out_fmt.name, chunk_bytes, progress)))
         why = _dropped_note(w).strip()
         reports.append(TensorReport(w.name, shape, w.label, "dequantised", why, outputs=(w.out_name,)))
-    _write_shards(dst, items, max_shard_bytes)
+    write_shards(dst, items, max_shard_bytes)
     _finish_folder(ckpt, dst, None, True)
     return reports
 

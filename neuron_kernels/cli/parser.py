@@ -193,12 +193,14 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         "--workers",
         type=_positive_int,
         metavar="N",
-        help="run a Zarr job on a local Dask cluster of N worker processes (needs neuron_kernels[dask])",
+        help="run a Zarr job or a checkpoint conversion on a local Dask cluster of N worker processes "
+        "(needs neuron_kernels[dask])",
     )
     q.add_argument(
         "--scheduler",
         metavar="ADDRESS",
-        help="run a Zarr job on the Dask cluster at ADDRESS (tcp://host:8786; needs neuron_kernels[dask])",
+        help="run a Zarr job or a checkpoint conversion on the Dask cluster at ADDRESS (tcp://host:8786; its "
+        "workers must see the input and output paths; needs neuron_kernels[dask])",
     )
     _shard_option(q, DEFAULT_MAX_SHARD_BYTES)
 

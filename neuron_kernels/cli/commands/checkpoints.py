@@ -17,6 +17,7 @@ __all__ = ["cmd_dequantize", "cmd_quantize"]
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ...checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
     from ...io.files import atomic_output, check_output_path
+    from ...lazy.stores import scheduler
 
     if args.name is not None:
         raise UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
@@ -28,9 +29,15 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             f"not {args.output!r}"
         )
     options = block_options_of(args)
+    on_cluster = args.workers is not None or args.scheduler is not None
+    if args.workers is not None and args.scheduler is not None:
+        raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
+    if on_cluster and layout.single_file:
+        raise UsageError(f"the {layout.name} layout is one file; --workers / --scheduler write checkpoint folders")
     check_output_path(args.output, args.force, (args.input,), directory=not layout.single_file)
     ckpt = open_checkpoint(args.input)
     with (
+        scheduler(args.scheduler, args.workers) as client,
         progress_bar(args, ckpt.nbytes, f"quantize {args.format}") as progress,
         atomic_output(args.output, args.force, (args.input,), directory=not layout.single_file) as tmp,
     ):
@@ -47,13 +54,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
             require_exact=args.require_exact,
+            client=client,
             **options,
         )
     done = [r for r in reports if r.action == "quantised"]
     converted = [r for r in reports if r.action == "converted"]
     kept = [r for r in reports if r.action == "kept"]
     print(
-        f"{args.output}: {layout.name} layout, {args.format}: {len(done)} tensor(s) quantised, "
+        f"{args.output}: {layout.name} layout, {args.format}{_where(args)}: {len(done)} tensor(s) quantised, "
         + (f"{len(converted)} converted exactly (codes copied), " if converted else "")
         + f"{len(kept)} kept"
     )
@@ -86,6 +94,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     for note in reports.notes:
         print(f"note: {note}")
     return 0
+
+
+def _where(args: argparse.Namespace) -> str:
+    if args.scheduler is not None:
+        return f" (on {args.scheduler})"
+    return f" ({args.workers} local workers)" if args.workers is not None else ""
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:

@@ -11,11 +11,13 @@ __all__ = ["INPUT_KINDS", "by_input_kind"]
 
 
 def _zarr_job(args: argparse.Namespace) -> bool:
-    """Whether a command reads or writes a Zarr store, or runs on a Dask cluster."""
+    """Whether a command reads or writes a Zarr store, or runs on a Dask cluster what is not a
+    checkpoint (the Zarr command then says what a cluster runs)."""
     from ...lazy.stores import is_zarr
 
     output = getattr(args, "output", "") or ""
-    return is_zarr(args.input) or is_zarr(output) or args.workers is not None or args.scheduler is not None
+    on_cluster = getattr(args, "workers", None) is not None or getattr(args, "scheduler", None) is not None
+    return is_zarr(args.input) or is_zarr(output) or (on_cluster and not _checkpoint_input(args))
 
 
 def _checkpoint_input(args: argparse.Namespace) -> bool:

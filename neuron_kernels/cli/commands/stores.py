@@ -23,7 +23,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise UsageError("--layout, --only, --ignore and --require-exact are for checkpoint folders, not Zarr stores")
     if not is_zarr(args.input):
         raise UsageError(
-            f"Zarr jobs (and --workers / --scheduler) read a Zarr store (a {ZARR_SUFFIX} folder), not {args.input!r}"
+            f"--workers / --scheduler run Zarr jobs (a {ZARR_SUFFIX} folder) and checkpoint conversions (a checkpoint "
+            f"folder), not {args.input!r}"
         )
     if not args.output.rstrip("/\\").lower().endswith(ZARR_SUFFIX):
         raise UsageError(f"OUTPUT of a Zarr job must be a Zarr store ending in {ZARR_SUFFIX}, not {args.output!r}")
