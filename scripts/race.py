@@ -1,13 +1,14 @@
 """The conversion race (docs/performance.md, "The conversion race"): one run, one machine, the
 conversions of one checkpoint one after the other, each with its wall time and peak memory.
 
-    python scripts/race.py WORKDIR [--layers 3] [--peer-python PATH] [--formats nvfp4,mxfp4_e2m1,...]
+    python scripts/race.py WORKDIR [--layers 3] [--peer-python PATH] [--formats nvfp4,mxfp4_e2m1,...] [--no-stats]
 
 1. Makes (once; kept in WORKDIR) a checkpoint of a 7B Llama's shapes in bfloat16 (``--layers``
    layers of hidden 4096 / intermediate 11008, vocabulary 32000: about 1.7 GB for 3 layers), and
    the same in fine-grained FP8 (128 x 128 blocks, by the package itself).
 2. Times ``cat`` of each input's shards into a file (reading the input and writing as much: the
-   ceiling), then ``neuron-kernels quantize`` to each format, and, with ``--peer-python`` (a
+   ceiling), then ``neuron-kernels quantize`` to each format (with ``--no-stats``, also without
+   the summary's error statistics), and, with ``--peer-python`` (a
    Python with llm-compressor installed, which pins its own torch and transformers, so it lives
    in an environment of its own), llm-compressor's ``model_free_ptq`` on the CPU with 2 workers
    for the same schemes (NVFP4A16, MXFP4A16, MXFP8A16, FP8_BLOCK, FP8_DYNAMIC). Each conversion
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--peer-python", help="a Python with llm-compressor installed (its own environment)")
     ap.add_argument("--no-fp8-input", action="store_true", help="race the bfloat16 input only")
+    ap.add_argument("--no-stats", action="store_true", help="also each conversion with --no-stats")
     args = ap.parse_args(argv)
     formats = [f for f in args.formats.split(",") if f]
     unknown = [f for f in formats if f not in PEER_SCHEMES]
@@ -145,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # FP8 into FP8: bytes copied, not a race
             out = work / f"out-{kind}-{fmt}"
             jobs[f"neuron-kernels {fmt}"] = [*nk, "quantize", str(src), str(out), "--format", fmt, "--quiet", "--force"]
+            if args.no_stats:
+                jobs[f"neuron-kernels {fmt} --no-stats"] = [*jobs[f"neuron-kernels {fmt}"], "--no-stats"]
             if args.peer_python and kind == "bf16":
                 peer = work / f"peer-{kind}-{fmt}"
                 jobs[f"llm-compressor {PEER_SCHEMES[fmt]}"] = [args.peer_python, "-c", _PEER, str(src), str(peer),
@@ -163,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             peak = max(m for _, m in results) / 1024
             rows.append((f"{kind} ({size / 1e9:.2f} GB)", name, seconds, seconds / cat_s, peak))
         (work / "cat.out").unlink(missing_ok=True)
-    print(f"{'input':<16} {'conversion':<28} {'seconds':>8} {'x cat':>7} {'peak MB':>8}")
+    print(f"{'input':<16} {'conversion':<40} {'seconds':>8} {'x cat':>7} {'peak MB':>8}")
     for kind, name, seconds, ratio, peak in rows:
-        print(f"{kind:<16} {name:<28} {seconds:8.2f} {ratio:7.1f} {peak:8.0f}")
+        print(f"{kind:<16} {name:<40} {seconds:8.2f} {ratio:7.1f} {peak:8.0f}")
     return 0
 
 

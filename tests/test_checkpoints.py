@@ -281,6 +281,25 @@ def test_ignore_and_only(ckpt, tmp_path):
     }  # fmt: skip
 
 
+def test_no_stats_writes_the_same_bytes(ckpt, written, tmp_path):
+    """--no-stats: the same files as with the statistics, a summary without them; --require-exact
+    still measures (and refuses a change); an array file job refuses the flag."""
+    d, _ = ckpt
+    r = run("quantize", d / "model", "ns", "--format", "nvfp4", "--max-shard-size", "40KB", "--no-stats", cwd=tmp_path)
+    with_stats = written["ct-nvfp4"][0]
+    assert sorted(os.listdir(tmp_path / "ns")) == sorted(os.listdir(with_stats))
+    for name in os.listdir(with_stats):
+        assert (tmp_path / "ns" / name).read_bytes() == (with_stats / name).read_bytes(), name
+    head = r.stdout.splitlines()[1]
+    assert head.split() == ["quantised", "shape", "dtype"] and "SQNR" not in r.stdout, r.stdout
+    r = run("quantize", d / "model", "ex", "--format", "nvfp4", "--no-stats", "--require-exact", cwd=tmp_path,
+            check=False)  # fmt: skip
+    assert r.returncode == 2 and "--require-exact refuses" in r.stderr and not (tmp_path / "ex").exists()
+    np.save(tmp_path / "a.npy", np.ones((4, 32), np.float32))
+    r = run("quantize", "a.npy", "a.npz", "--format", "nvfp4", "--no-stats", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "--no-stats is for converting checkpoint folders" in r.stderr
+
+
 def test_selection_rule():
     b = 32
     assert tensor_decision("x.weight", BF16, (64, 64), b) is None

@@ -189,6 +189,7 @@ def quantize_checkpoint(
     chunk_bytes: int = 256 << 20,
     progress: Progress = lambda _: None,
     require_exact: bool = False,
+    stats: bool = True,
     client: Any = None,
     **options: Any,
 ) -> Reports:
@@ -214,6 +215,9 @@ def quantize_checkpoint(
     scales takes power-of-two scales (``scale_mode="pow2"``) unless ``scale_mode`` is given. With
     ``require_exact``, a tensor whose values would change raises :class:`FileFormatError` (the
     caller's output, written to a temporary path, is then dropped).
+    Each quantised weight's error statistics (``TensorReport.stats``) are computed as it is written;
+    ``stats=False`` skips them (None; they take about 40% of a conversion's time), but where
+    ``require_exact`` needs them.
     With ``client`` (a ``distributed.Client``), the per-tensor scales' reads and then the shards
     are tasks on its cluster, whose workers must see ``src`` and ``dst`` (:mod:`.cluster`): the
     same bytes, each shard written by one worker.
@@ -227,10 +231,10 @@ def quantize_checkpoint(
         )
     ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
     plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options, modules)
-    plan.require_exact = require_exact
+    plan.require_exact, plan.stats = require_exact, stats
     result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
-        _quantize_to_block_file(dst, plan.chosen, plan.reports, plan.resolve, chunk_bytes, progress)
+        _quantize_to_block_file(dst, plan.chosen, plan.reports, plan.resolve, chunk_bytes, progress, stats)
         return result
     if client is not None:
         tally = Tally()
@@ -258,6 +262,7 @@ class _Plan:
     arch: Architecture | None = None
     notes: list[str] = field(default_factory=list)
     require_exact: bool = False
+    stats: bool = True
 
     def items(self, progress: Progress) -> list[Item]:
         """The output's tensors, in the input's order, and how to fill each."""
@@ -279,7 +284,7 @@ class _Plan:
                 continue
             item = _quantize_item(
                 name, entry, layout.transpose, outputs, report, self.resolve, self.chunk_bytes, progress,
-                self.require_exact,
+                self.require_exact, self.stats,
             )  # fmt: skip
             relay = self.resolve.relays.get(name)
             if relay is not None:
@@ -579,13 +584,21 @@ class _ScaleResolver:
 
 
 def _pipelined_stats(
-    pieces: Iterator[tuple[np.ndarray, BlockArray]], write: Callable[[BlockArray], None], progress: Progress
-) -> ErrorStats:
+    pieces: Iterator[tuple[np.ndarray, BlockArray]],
+    write: Callable[[BlockArray], None],
+    progress: Progress,
+    stats: bool = True,
+) -> QuantizationStats | None:
     """Write each quantised piece and fold it into the error statistics, the statistics of one
-    piece running on a worker thread while the next is read and quantised (the statistics'
-    kernels are serial; this keeps a second core busy). At most one piece waits for them."""
+    piece running on a worker thread while the next is read and quantised. At most one piece
+    waits for them. Without ``stats``: the pieces written only (None)."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
+    if not stats:
+        for arr, mx in pieces:
+            write(mx)
+            progress(arr.nbytes)
+        return None
     acc = ErrorStats()
     with ThreadPoolExecutor(1, thread_name_prefix="nk-stats") as pool:
         pending: Future[None] | None = None
@@ -597,7 +610,7 @@ def _pipelined_stats(
             progress(arr.nbytes)
         if pending is not None:
             pending.result()
-    return acc
+    return acc.result()
 
 
 def _quantize_item(
@@ -610,6 +623,7 @@ def _quantize_item(
     chunk_bytes: int,
     progress: Progress,
     require_exact: bool = False,
+    stats: bool = True,
 ) -> Item:
     by_role = {role: spec.name for spec, role in outputs}
     resolved: list[BlockJob] = []
@@ -628,13 +642,12 @@ def _quantize_item(
             scales.write(mx.scales.reshape(-1).view(np.uint8).view(scales.spec.dtype))
 
         pieces = transposed_pieces(entry, done) if transpose else quantized_pieces(entry, done, chunk_bytes)
-        acc = _pipelined_stats(pieces, write, progress)
+        report.stats = _pipelined_stats(pieces, write, progress, stats or require_exact)
         if "per_tensor" in by_role:
             pts = done.per_tensor_scale
             assert isinstance(pts, float)
             sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(pts)], np.float32))
-        report.stats = acc.result()
-        if require_exact and not _exact(report.stats):
+        if require_exact and report.stats is not None and not _exact(report.stats):
             src = report.reason.partition(" (")[0].removeprefix("dequantised from ") or report.dtype
             raise FileFormatError(
                 f"{name}: {src} to {done.fmt.name} changes its values (max abs error {report.stats.max_abs_error:.3g}, "
@@ -698,6 +711,7 @@ def _quantize_to_block_file(
     resolve: _ScaleResolver,
     chunk_bytes: int,
     progress: Progress,
+    stats: bool = True,
 ) -> None:
     """The ``npz`` layout: the quantised weights as the package's file (the kept tensors are not
     in it: it holds block arrays only)."""
@@ -715,8 +729,7 @@ def _quantize_to_block_file(
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
             with writer.array(name, job.layout(entry.shape), pts, job.rotation, job.fmt.scale) as out:
                 pieces = quantized_pieces(entry, job, chunk_bytes)
-                acc = _pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress)
-            report.stats = acc.result()
+                report.stats = _pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress, stats)
             report.outputs = (name,)
 
 

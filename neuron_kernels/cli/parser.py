@@ -167,6 +167,12 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         "by default they share one, as the runtimes keep one for the fused layer",
     )
     q.add_argument(
+        "--no-stats",
+        action="store_true",
+        help="a checkpoint's summary without the error statistics of each weight, which take about 40%% of a "
+        "conversion's time (--require-exact computes them still)",
+    )
+    q.add_argument(
         "--require-exact",
         action="store_true",
         help="refuse (exit 2, nothing written) a checkpoint conversion that would change a value; converting "

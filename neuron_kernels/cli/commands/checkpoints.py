@@ -54,6 +54,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
             require_exact=args.require_exact,
+            stats=not args.no_stats,
             client=client,
             **options,
         )
@@ -66,14 +67,23 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         + f"{len(kept)} kept"
     )
     width = max([32] + [len(r.name) + 2 for r in reports])
+    measured = all(r.stats is not None for r in done)  # not with --no-stats
     if done:
-        print(stats_header("quantised", width, dtype=True))
+        print(
+            stats_header("quantised", width, dtype=True)
+            if measured
+            else name_columns("quantised", "shape", width, "dtype")
+        )
         for r in done:
-            print(stats_row(r.name, r.shape, r.stats, width, r.dtype))
+            print(
+                stats_row(r.name, r.shape, r.stats, width, r.dtype)
+                if measured
+                else name_columns(r.name, str(r.shape), width, r.dtype)
+            )
         for how, count in Counter(r.reason for r in done if r.reason).items():
             print(f"{count} of them {how}, then quantised")
         from_stored = [r for r in done if r.reason.startswith("dequantised from")]
-        if from_stored:
+        if from_stored and measured:
             exact = sum(bool(r.exact) for r in from_stored)
             print(f"exact: {exact} of the {len(from_stored)} converted by quantising anew keep every value")
     if converted:

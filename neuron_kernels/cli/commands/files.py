@@ -29,8 +29,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     if array_file_kind(args.output, "output").name != "npz":
         raise UsageError(f"OUTPUT must be a .npz file (the package's block file), not {args.output!r}")
-    if args.require_exact:
-        raise UsageError("--require-exact is for converting checkpoint folders, not array files")
+    if args.require_exact or args.no_stats:
+        flag = "--require-exact" if args.require_exact else "--no-stats"
+        raise UsageError(
+            f"{flag} is for converting checkpoint folders, not array files (their summary is the statistics)"
+        )
     options = block_options_of(args)
     entries = _entries(args)
     with (

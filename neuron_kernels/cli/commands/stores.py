@@ -19,8 +19,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.scheduler is not None:
         raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
-    if args.layout is not None or args.only or args.ignore or args.require_exact:
-        raise UsageError("--layout, --only, --ignore and --require-exact are for checkpoint folders, not Zarr stores")
+    if args.layout is not None or args.only or args.ignore or args.require_exact or args.no_stats:
+        raise UsageError(
+            "--layout, --only, --ignore, --require-exact and --no-stats are for checkpoint folders, not Zarr stores"
+        )
     if not is_zarr(args.input):
         raise UsageError(
             f"--workers / --scheduler run Zarr jobs (a {ZARR_SUFFIX} folder) and checkpoint conversions (a checkpoint "
