@@ -20,6 +20,7 @@ They run in the interpreter named by ``NEURON_KERNELS_RUNTIME_PYTHON`` (a virtua
 """
 
 import json
+import shutil
 
 import ml_dtypes
 import numpy as np
@@ -98,7 +99,17 @@ def ct_loaded(runtime, llama):
     fp8_expected = {"ct-fp8": make_ct_fp8(llama / "ct-fp8", "block"), "fine-fp8": make_fp8(llama / "fine-fp8")}
     args += [llama / "ct-fp8", llama / "ct-fp8.npz", "compressed-tensors"]
     args += [llama / "fine-fp8", llama / "fine-fp8.npz", "fp8"]
-    names = [*CT_FORMATS, "modelopt-nvfp4", "state-dict-nvfp4", "ct-fp8", "fine-fp8"]
+    # the shipped checkpoints' mistake (a per-tensor scale per fused shard, k_proj 8x its siblings),
+    # repaired by `check --repair` (tests/test_checkpoints_doctor.py)
+    shutil.copytree(llama / "llama", llama / "llama-k8")
+    k = "model.layers.0.self_attn.k_proj.weight"
+    write_safetensors(
+        llama / "llama-k8" / "model.safetensors", {**tensors, k: (tensors[k].astype(np.float32) * 8).astype(BF16)}
+    )
+    run("quantize", "llama-k8", "nofuse-nvfp4", "--format", "nvfp4", "--no-fuse", cwd=llama)
+    assert run("check", "nofuse-nvfp4", "--repair", "repaired-nvfp4", cwd=llama, check=False).returncode == 1
+    args += [llama / "repaired-nvfp4", llama / "repaired-nvfp4.npz", "compressed-tensors"]
+    names = [*CT_FORMATS, "modelopt-nvfp4", "state-dict-nvfp4", "ct-fp8", "fine-fp8", "repaired-nvfp4"]
     infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(names) :]]
     loaded = {name: (info, np.load(llama / f"{name}.npz")) for name, info in zip(names, infos)}
     loaded["fp8-expected"] = fp8_expected
@@ -150,6 +161,23 @@ def test_compressed_tensors_loads_a_quantised_state_dict(ct_loaded):
     assert sorted(loaded) == sorted(command)
     for name in command:
         np.testing.assert_array_equal(loaded[name], command[name], err_msg=name)
+
+
+def test_compressed_tensors_loads_a_repaired_checkpoint(ct_loaded, llama):
+    """A checkpoint whose fused shards had scales of their own, repaired by ``check --repair``:
+    transformers loads it with no missing, unexpected or mismatched key, each weight the
+    package's dequantisation of the repaired file (to the runtime's bfloat16 rounding), and q/k/v
+    now share one global scale."""
+    info, loaded = ct_loaded["repaired-nvfp4"]
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    tensors = read_safetensors(llama / "repaired-nvfp4" / "model.safetensors")[0]
+    qkv = {float(tensors[f"model.layers.0.self_attn.{p}_proj.weight_global_scale"][0]) for p in "qkv"}
+    assert len(qkv) == 1
+    repaired = nk.load_checkpoint(llama / "repaired-nvfp4")
+    for name, q in repaired.items():
+        if name.endswith("_proj.weight"):
+            want = q.dequantize("bfloat16").astype(np.float32)
+            np.testing.assert_allclose(loaded[name], want, rtol=2**-7, atol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("name", ["ct-fp8", "fine-fp8"])

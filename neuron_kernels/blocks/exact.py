@@ -24,7 +24,7 @@ import numpy as np
 from ..casting import cast
 from ..formats import FORMATS, BlockFormat
 
-__all__ = ["relayable", "mx_extremes", "nvfp4_scales", "per_tensor_exponent", "LOWEST", "HIGHEST"]
+__all__ = ["relayable", "mx_extremes", "nvfp4_scales", "per_tensor_exponent", "block_magnitudes", "LOWEST", "HIGHEST"]
 
 _E4M3, _E8M0 = FORMATS["float8_e4m3fn"], FORMATS["float8_e8m0fnu"]
 #: The exponents of the float8_e4m3fn powers of two: its smallest subnormal (2^-9) to the largest
@@ -57,18 +57,32 @@ def _magnitudes(element: str) -> np.ndarray:
     return cast(np.arange(8, dtype=np.uint8).view(element), "float32").astype(np.float32)
 
 
-def _block_magnitudes(codes: np.ndarray, block_bytes: int) -> np.ndarray:
-    """The largest magnitude of each block of packed 4-bit codes (rows, bytes) -> (rows, blocks)."""
-    mags = np.maximum(codes & np.uint8(0x07), (codes >> np.uint8(4)) & np.uint8(0x07))
-    largest: np.ndarray = mags.reshape(codes.shape[0], -1, block_bytes).max(axis=2)
-    return largest
+def block_magnitudes(codes: np.ndarray, block_bytes: int) -> np.ndarray:
+    """The largest magnitude (0..7) of each block of packed 4-bit codes (rows, bytes) -> (rows,
+    blocks), as uint8. Blocks of 8 bytes (NVFP4's 16 codes) are read as 64-bit words, 16 nibbles at
+    a time: a nibble's magnitude m (3 bits) is at least t when m + 8 - t carries into the nibble's
+    top bit, so three such tests find the largest (4, then 2, then 1 more): about twice as fast as
+    a reduction over 8 bytes; over 16 (MX's 32 codes) numpy's reduction is the faster."""
+    rows, width = codes.shape
+    if block_bytes != 8 or width % 8 or not codes.flags.c_contiguous:
+        mags = np.maximum(codes & np.uint8(0x07), (codes >> np.uint8(4)) & np.uint8(0x07))
+        return np.asarray(mags.reshape(rows, -1, block_bytes).max(axis=2), np.uint8)
+    m = codes.view(np.uint64) & _LOW3
+    top = np.zeros(m.shape, np.uint64)
+    for step in (4, 2, 1):
+        carry = m + (np.uint64(8 - step) - top) * _ONES  # m + 8 - (top + step), nibble by nibble
+        top += ((carry & _TOPS) != 0).astype(np.uint64) * np.uint64(step)
+    return top.astype(np.uint8)
+
+
+_ONES, _LOW3, _TOPS = np.uint64(0x1111111111111111), np.uint64(0x7777777777777777), np.uint64(0x8888888888888888)
 
 
 def mx_extremes(codes: np.ndarray, scales: np.ndarray, bf: BlockFormat) -> tuple[int | None, int | None, float]:
     """(lowest, highest) scale exponent over the blocks of ``codes`` (uint8 rows x packed bytes of
     the 4-bit MX format ``bf``) that hold a non-zero code, None for none; and their finite amax.
     ``scales``: the e8m0 bytes, rows x blocks. NaN blocks count for neither."""
-    mags = _block_magnitudes(codes, bf.block_size // 2)
+    mags = block_magnitudes(codes, bf.block_size // 2)
     live = (mags != 0) & (scales != _NAN_BYTE)
     if not live.any():
         return None, None, 0.0
@@ -93,7 +107,7 @@ def per_tensor_exponent(lowest: int | None, highest: int | None) -> int | None:
 def nvfp4_scales(codes: np.ndarray, scales: np.ndarray, src: BlockFormat, dst: BlockFormat, g: int) -> np.ndarray:
     """The float8_e4m3fn scale bytes (rows x blocks of ``dst``) of the MX piece ``codes`` / ``scales``
     under the per-tensor scale 2^g (:func:`per_tensor_exponent` of the whole weight)."""
-    mags = _block_magnitudes(codes, src.block_size // 2)
+    mags = block_magnitudes(codes, src.block_size // 2)
     exps = scales.astype(np.int64) - _BIAS - g
     empty, nan = _scale_byte(dst, dst.scale_format.smallest_normal), _scale_byte(dst, np.nan)
     powers = cast(np.exp2(np.clip(exps, LOWEST, HIGHEST)).astype(np.float32), dst.scale).view(np.uint8)

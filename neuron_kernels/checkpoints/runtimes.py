@@ -26,7 +26,10 @@ from typing import Any
 
 from ..formats import BLOCK_FORMATS
 
-__all__ = ["runtime_notes", "TRANSFORMERS_EXPERT_BUGS", "transformers_version"]
+__all__ = [
+    "runtime_notes", "TRANSFORMERS_EXPERT_BUGS", "transformers_version", "FUSED_SCALE_RULES", "fused_scale_rule",
+    "fused_scale_ratio",
+]  # fmt: skip
 
 #: format -> what transformers does with that format's MoE experts in compressed-tensors.
 TRANSFORMERS_EXPERT_BUGS: dict[str, str] = {
@@ -78,3 +81,30 @@ def _partial_blocks_note(fmt: str, quantised: dict[str, tuple[int, ...]]) -> lis
         f"here, e.g. {partial[0]}; a bug of transformers (known through {CHECKED_WITH}), not of this checkpoint, "
         f"which vLLM loads; for transformers, --ignore them or choose --format fp8_channel (docs/checkpoints.md)"
     ]
+
+
+#: How vLLM takes one NVFP4 per-tensor scale for the shards of a fused layer, by layout: (dense
+#: layers, MoE experts' w1/w3), as the multiplier ``pts`` (compressed-tensors stores its reciprocal):
+#: ``min`` / ``max`` of the shards', or ``first`` (the gate's, w1). compressed-tensors:
+#: ``process_weights_after_loading`` of ``compressed_tensors_w4a4_nvfp4.py`` / ``_w4a16_nvfp4.py``
+#: keeps ``weight_global_scale.max()`` (the largest divisor, so the smallest ``pts``), and the MoE
+#: method ``w13_weight_global_scale[:, 0]``; ModelOpt (``modelopt.py``): ``weight_scale_2.max()``
+#: for a Linear and ``w13_weight_scale_2[:, 0]`` for experts. Each only warns when they differ.
+FUSED_SCALE_RULES: dict[str, tuple[str, str]] = {
+    "compressed-tensors": ("min", "first"),
+    "modelopt": ("max", "first"),
+}
+
+
+def fused_scale_rule(layout: str, group: tuple[str, ...]) -> str:
+    """The rule of :data:`FUSED_SCALE_RULES` for the fused ``group`` (tensor names) in ``layout``."""
+    dense, experts = FUSED_SCALE_RULES.get(layout, ("max", "first"))
+    return experts if any(".experts." in n for n in group) else dense
+
+
+def fused_scale_ratio(layout: str, group: tuple[str, ...], scales: list[float]) -> list[float]:
+    """For the shards of a fused layer with per-tensor scales ``scales`` (multipliers): the factor
+    each shard's values take when the runtime applies its one scale (its own scale: 1)."""
+    rule = fused_scale_rule(layout, group)
+    shared = {"min": min(scales), "max": max(scales), "first": scales[0]}[rule]
+    return [shared / s for s in scales]

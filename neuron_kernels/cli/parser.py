@@ -267,6 +267,22 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     )
     w.add_argument("--level", default="x86-64-v3", help="the CPU level of --build-compiled (default x86-64-v3)")
 
+    c = sub.add_parser(
+        "check",
+        help="what would make a quantised checkpoint's runtime refuse it or load it wrong (exit 0 clean, 1 findings, "
+        "2 unreadable); --repair OUT writes a corrected copy",
+    )
+    c.add_argument("input", help="a checkpoint folder or .safetensors file, in any layout the package reads")
+    c.add_argument("--json", action="store_true", help="the report as JSON")
+    c.add_argument("--repair", metavar="OUT", help="write a corrected copy to the folder OUT (docs/checkpoints.md)")
+    c.add_argument("--force", action="store_true", help="overwrite an existing OUT")
+    c.add_argument("--chunk-mb", type=_positive_int, default=64, metavar="MB", help="memory for one piece (default 64)")
+    df = sub.add_parser("diff", help="two checkpoints of one model compared tensor by tensor, in any layouts")
+    df.add_argument("a", help="a checkpoint folder or .safetensors file")
+    df.add_argument("b", help="another of the same model")
+    df.add_argument("--json", action="store_true", help="the comparison as JSON")
+    df.add_argument("--chunk-mb", type=_positive_int, default=64, metavar="MB", help="memory for a piece (default 64)")
+
     pr = sub.add_parser("promote", help="promote_type of two dtypes, or the whole grid")
     pr.add_argument("a", nargs="?")
     pr.add_argument("b", nargs="?")

@@ -8,7 +8,7 @@ import argparse
 import functools
 from collections.abc import Callable
 
-from . import bench, checkpoints, files, info, stores
+from . import bench, checkpoints, doctor, files, info, stores
 from .inputs import by_input_kind
 
 __all__ = ["COMMANDS"]
@@ -22,6 +22,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dequantize": functools.partial(
         by_input_kind, {"checkpoint": checkpoints.cmd_dequantize, "file": files.cmd_dequantize}
     ),
+    "check": doctor.cmd_check,
+    "diff": doctor.cmd_diff,
     "cast": files.cmd_cast,
     "error": files.cmd_error,
     "warmup": bench.cmd_warmup,

@@ -1,0 +1,476 @@
+"""The checkpoint doctor: :func:`check_checkpoint` reports what would make a quantised checkpoint's
+runtime refuse it or load it wrong; :func:`repair_checkpoint` writes a corrected copy where a
+correction keeps the values or brings them closer (docs/checkpoints.md "The checkpoint doctor").
+
+What is checked, per weight and over the checkpoint:
+
+- structure: the layout's reader (:mod:`.layouts`) accepts every tensor (all parts of each weight,
+  dtypes and shapes that fit, no tensor a weight does not claim, the config's targets and ignore
+  list matching what is stored), and the shards agree with their index (else the checkpoint is
+  unreadable: :class:`~neuron_kernels.io.files.FileFormatError`);
+- values: NaN, infinite, negative block scales; block scales of zero under non-zero codes (the
+  block's values lost); e8m0's NaN byte 0xff; NaN values; weights that are all zero; a per-tensor
+  scale that reads as the reciprocal of its layout's convention (the weight's largest value over
+  ``RECIPROCAL_LIMITS[1]`` under the convention, within the limits under the reciprocal);
+- runtime rules: the shards of a fused layer whose per-tensor scales differ, each with the SQNR
+  it gets under the runtime's rule (:data:`~.runtimes.FUSED_SCALE_RULES`) against its own scale
+  (an error below :data:`SERIOUS_DB`, a warning below :data:`NEGLIGIBLE_DB`, a note above).
+
+Findings are ``error`` (a runtime loads the checkpoint wrong or refuses it) or ``warning``
+(likely a mistake: an all-zero weight); ``note`` says what is not a problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..blocks.array import BlockArray
+from ..blocks.exact import block_magnitudes
+from ..blocks.job import block_job
+from ..blocks.stats import quantization_error
+from ..casting import cast
+from ..formats import FORMATS
+from ..io.files import ArrayEntry, FileFormatError
+from .folder import json_file
+from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
+from .runtimes import fused_scale_ratio
+from .selection import fused_groups
+
+__all__ = [
+    "Finding", "Checkup", "Repair", "check_checkpoint", "repair_checkpoint", "RECIPROCAL_LIMITS", "NEGLIGIBLE_DB",
+    "SERIOUS_DB",
+]  # fmt: skip
+
+#: The largest |value| a Linear weight is taken to hold (10^-4 .. 10^3): a weight whose largest value
+#: is over the upper limit under its layout's per-tensor convention and within both under the
+#: reciprocal has its per-tensor scale stored inverted.
+RECIPROCAL_LIMITS = (1e-4, 1e3)
+
+#: A fused layer whose shards' scales differ so little that vLLM's rule changes their values by less than
+#: bfloat16's rounding (SQNR at or above this many dB) gets a note, not an error.
+NEGLIGIBLE_DB = 60
+#: Below this SQNR under vLLM's rule (values off by more than about 3%), fused scales apart are an
+#: error; from it up to :data:`NEGLIGIBLE_DB`, a warning.
+SERIOUS_DB = 30
+
+_SEVERITIES = ("error", "warning", "note")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing found: ``severity`` (error, warning, note), ``kind`` (a short name: structure,
+    fused-scales, nan-scales, negative-scales, zero-scales, nan-values, all-zero, reciprocal),
+    the tensors concerned and what was found; ``sqnr_db``: for fused scales, each shard's SQNR
+    under the runtime's rule against its own scale."""
+
+    severity: str
+    kind: str
+    message: str
+    tensors: tuple[str, ...] = ()
+    sqnr_db: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Checkup:
+    """What :func:`check_checkpoint` found: the layout (None: plain), the producer where the
+    checkpoint says it, the number of quantised weights and the findings, errors first."""
+
+    path: str
+    layout: str | None
+    producer: str | None
+    weights: int
+    findings: list[Finding]
+
+    @property
+    def clean(self) -> bool:
+        """No error or warning (notes are not findings)."""
+        return not any(f.severity != "note" for f in self.findings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "clean": self.clean}
+
+
+def _producer(ckpt: Any) -> str | None:
+    """Who made the checkpoint, where it says so (ModelOpt's and the package's ``producer``, a
+    compressed-tensors version)."""
+    qc = ckpt.quantization_config or {}
+    producer = qc.get("producer")
+    if producer is None and ckpt.folder is not None and "hf_quant_config.json" in ckpt.extra_files:
+        with contextlib.suppress(FileFormatError):
+            producer = (json_file(os.path.join(ckpt.folder, "hf_quant_config.json")) or {}).get("producer")
+    if isinstance(producer, dict) and isinstance(producer.get("name"), str):
+        return str(producer["name"]) + (f" {producer['version']}" if producer.get("version") else "")
+    if isinstance(producer, str):
+        return producer
+    if qc.get("quant_method") == "compressed-tensors" and qc.get("version"):
+        return f"compressed-tensors {qc['version']}"
+    return None
+
+
+def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) -> Checkup:
+    """Check the checkpoint at ``path`` (see the module docstring). A checkpoint that cannot be
+    read at all (missing or truncated shards, an index that disagrees with them, a layout the
+    package does not read) raises :class:`FileFormatError`; everything else is a finding."""
+    ckpt, layout = open_any(os.fspath(path))
+    producer = _producer(ckpt)
+    if layout is None:
+        note = Finding("note", "plain", "no quantisation config and no quantised tensors: a plain checkpoint")
+        return Checkup(ckpt.path, None, producer, 0, [note])
+    try:
+        weights = stored_weights(ckpt, layout)
+    except FileFormatError as exc:
+        return Checkup(ckpt.path, layout.name, producer, 0, [Finding("error", "structure", str(exc))])
+    findings: list[Finding] = []
+    for w in weights:
+        findings += _value_findings(w, chunk_bytes)
+    findings += _fused_findings(layout, weights)
+    findings.sort(key=lambda f: _SEVERITIES.index(f.severity))
+    return Checkup(ckpt.path, layout.name, producer, len(weights), findings)
+
+
+def _value_findings(w: StoredWeight, chunk_bytes: int) -> list[Finding]:
+    """The findings of one weight's block scales and values (one pass over each)."""
+    found: list[Finding] = []
+    bf = w.layout.format
+    scales = np.asarray(w.scales.read_flat(0, w.scales.size))
+    if bf.float_scales:
+        values = scales.astype(np.float32)
+        nan, negative = int(np.isnan(values).sum() + np.isinf(values).sum()), int((values < 0).sum())
+        zero = values == 0
+    elif bf.is_mx:
+        nan, negative, zero = int((scales == 0xFF).sum()), 0, np.zeros(scales.shape, bool)
+    else:  # float8_e4m3fn scales, as bytes
+        magnitude = scales & np.uint8(0x7F)
+        nan = int((magnitude == 0x7F).sum())
+        negative = int(((scales & np.uint8(0x80)) != 0).sum() - ((scales == 0x80) | (scales == 0xFF)).sum())
+        zero = magnitude == 0
+    what = "e8m0 byte 0xff (NaN)" if bf.is_mx else "NaN or infinite"
+    if nan:
+        found.append(
+            Finding(
+                "error",
+                "nan-scales",
+                f"{w.name}: {nan} block scale(s) {what}: the runtimes decode the block's values as NaN",
+                (w.name,),
+            )
+        )
+    if negative:
+        found.append(
+            Finding(
+                "error",
+                "negative-scales",
+                f"{w.name}: {negative} negative block scale(s): the block's values come out with their signs flipped",
+                (w.name,),
+            )
+        )
+    lost = _zero_scaled_codes(w, zero, chunk_bytes) if zero.any() else 0
+    if lost:
+        found.append(
+            Finding(
+                "error",
+                "zero-scales",
+                f"{w.name}: {lost} block(s) with a scale of zero hold non-zero codes: their values decode as 0",
+                (w.name,),
+            )
+        )
+    amax, nans, nonzero = _packed_extremes(w, chunk_bytes) if _by_codes(w) else _decoded_extremes(w, chunk_bytes)
+    if nans:
+        found.append(Finding("error", "nan-values", f"{w.name}: {nans} value(s) decode as NaN or infinity", (w.name,)))
+    if not nonzero:
+        found.append(
+            Finding("warning", "all-zero", f"{w.name}: every value is zero (a weight never written?)", (w.name,))
+        )
+    pts = w.per_tensor_scale
+    low, high = RECIPROCAL_LIMITS
+    if pts and amax > high and low <= amax / pts**2 <= high:
+        found.append(
+            Finding(
+                "error",
+                "reciprocal",
+                f"{w.name}: its largest value is {amax:.3g} under the layout's per-tensor scale convention and "
+                f"{amax / pts**2:.3g} under the reciprocal: the per-tensor scale looks stored inverted "
+                f"(a ModelOpt weight_scale_2 written as a compressed-tensors weight_global_scale, or the reverse)",
+                (w.name,),
+            )
+        )
+    return found
+
+
+def _decoded_extremes(w: StoredWeight, chunk_bytes: int) -> tuple[float, int, int]:
+    """(largest finite |value|, values NaN or infinite, non-zero values) of a weight, decoded."""
+    amax, nans, nonzero = 0.0, 0, 0
+    for piece, _ in w.decoded_pieces("float32", chunk_bytes):
+        finite = np.isfinite(piece)
+        nans += int(piece.size - finite.sum())
+        nonzero += int(np.count_nonzero(piece))
+        if finite.any():
+            amax = max(amax, float(np.abs(piece[finite]).max()))
+    return amax, nans, nonzero
+
+
+def _by_codes(w: StoredWeight) -> bool:
+    """Whether :func:`_packed_extremes` reads the weight: 4-bit codes two per byte in 1-D blocks
+    along the last axis (NVFP4, MXFP4), whose values are never NaN but through their scale."""
+    lay = w.layout
+    return lay.packed and not lay.two_d and not w.transpose and lay.axis == len(lay.shape) - 1 and lay.block_rows == 1
+
+
+def _packed_extremes(w: StoredWeight, chunk_bytes: int) -> tuple[float, int, int]:
+    """:func:`_decoded_extremes` from the codes and scales, without decoding: per block, the
+    largest code magnitude's value times the block's scale (and the per-tensor scale); a block of
+    a NaN scale counts all its values as NaN, one of a zero scale or only zero codes none as
+    non-zero (so "non-zero" counts blocks' values, not every value: enough to tell all-zero)."""
+    lay = w.layout
+    bf = lay.format
+    magnitudes = np.arange(8, dtype=np.uint8).view(bf.element_format.result_dtype)  # E2M1 magnitudes
+    table = magnitudes.astype(np.float32)
+    per_block = lay.block_size // 2
+    pts = np.float32(w.per_tensor_scale if w.per_tensor_scale is not None else 1.0)
+    amax, nans, nonzero = 0.0, 0, 0
+    for codes, scales in w.row_pieces(chunk_bytes):
+        width = codes.shape[1] // per_block * per_block
+        top = block_magnitudes(codes if width == codes.shape[1] else codes[:, :width].copy(), per_block)
+        s = np.abs(scales[:, : top.shape[1]].view(bf.scale_format.result_dtype).astype(np.float32))
+        values = table[top] * (s * pts)
+        bad = ~np.isfinite(s)
+        nans += int(bad.sum()) * lay.block_size
+        nonzero += int(((top > 0) & (s > 0) & ~bad).sum()) * lay.block_size
+        finite = values[np.isfinite(values)]
+        if finite.size:
+            amax = max(amax, float(finite.max()))
+    return amax, nans, nonzero
+
+
+def _zero_scaled_codes(w: StoredWeight, zero: np.ndarray, chunk_bytes: int) -> int:
+    """How many blocks with a zero scale hold a non-zero code (1-D blocks along the last axis;
+    0 where the blocks are tiles, not checked)."""
+    lay = w.layout
+    if lay.two_d or w.transpose or lay.axis != len(lay.shape) - 1 or lay.block_rows != 1:
+        return 0
+    nonzero_bits = np.uint8(0x77 if lay.packed else 0x7F)  # a code's magnitude bits (E2M1 nibbles, E4M3)
+    per_block = lay.block_size // 2 if lay.packed else lay.block_size
+    zero = zero.reshape(-1, lay.scales_shape[-1])
+    lost, row = 0, 0
+    for codes, _ in w.row_pieces(chunk_bytes):
+        n = codes.shape[0]
+        width = codes.shape[1] // per_block * per_block
+        blocks = (codes[:, :width].reshape(n, -1, per_block) & nonzero_bits).any(axis=2)
+        z = zero[row : row + n, : blocks.shape[1]]
+        lost += int((blocks & z).sum())
+        row += n
+    return lost
+
+
+def _fused_findings(layout: CheckpointLayout, weights: list[StoredWeight]) -> list[Finding]:
+    """The fused layers whose shards' per-tensor scales differ, with each shard's SQNR under the
+    runtime's rule against its own scale."""
+    by_name = {w.name: w for w in weights if w.per_tensor_scale is not None}
+    found = []
+    for group in dict.fromkeys(fused_groups(by_name).values()):
+        scales = [float(by_name[n].per_tensor_scale or 0.0) for n in group]
+        if len(set(scales)) == 1:
+            continue
+        ratios = fused_scale_ratio(layout.name, group, scales)
+        sqnr = {n: _ratio_sqnr(r) for n, r in zip(group, ratios)}
+        worst = min(sqnr.values())
+        if worst >= NEGLIGIBLE_DB:
+            found.append(
+                Finding(
+                    "note",
+                    "fused-scales",
+                    f"{', '.join(group)}: per-tensor scales apart by "
+                    f"{max(scales) / min(scales) - 1:.2g} (relative), {worst:.0f} dB: below bfloat16's "
+                    "precision under vLLM's rule",
+                    group,
+                    sqnr,
+                )
+            )
+            continue
+        spread = max(scales) / min(scales)
+        found.append(
+            Finding(
+                "error" if worst < SERIOUS_DB else "warning",
+                "fused-scales",
+                f"{', '.join(group)}: one fused layer in vLLM, with per-tensor scales {spread:.3g}x apart; vLLM "
+                f"keeps one for all ({_rule_words(layout.name, group)}), so the worst shard comes out at "
+                f"{worst:.1f} dB SQNR against its own scale (--repair requantises them under one shared scale)",
+                group,
+                sqnr,
+            )
+        )
+    return found
+
+
+def _ratio_sqnr(ratio: float) -> float:
+    """The SQNR of values all multiplied by ``ratio`` against themselves: -20 log10 |1 - ratio|."""
+    return math.inf if ratio == 1 else -20 * math.log10(abs(1 - ratio))
+
+
+def _rule_words(layout: str, group: tuple[str, ...]) -> str:
+    from .runtimes import fused_scale_rule
+
+    rule = fused_scale_rule(layout, group)
+    return {"min": "the smallest", "max": "the largest", "first": "the first shard's"}[rule] + " per-tensor scale"
+
+
+# ---- repair ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One change :func:`repair_checkpoint` made, or declined to make (``done`` False, ``why``):
+    the tensors, each weight's SQNR under the runtime's rule before and after, against the values
+    its own scale gave."""
+
+    kind: str
+    tensors: tuple[str, ...]
+    done: bool
+    why: str
+    before_db: dict[str, float] = field(default_factory=dict)
+    after_db: dict[str, float] = field(default_factory=dict)
+
+
+def repair_checkpoint(src: str | os.PathLike[str], dst: str, chunk_bytes: int = 64 << 20) -> list[Repair]:
+    """Write ``src`` into the folder ``dst`` (already a temporary, empty folder) with what
+    :func:`check_checkpoint` finds corrected where a correction is exact or better: every file
+    copied, then the tensors of each repaired weight overwritten in place (same dtypes and shapes,
+    so every other byte stays where it was).
+
+    - fused shards with different per-tensor scales: every shard requantised under one scale, from
+      the amax of their exact values (a shard whose own scale that is keeps its bytes); per block,
+      the same codes under its scale rescaled or the block quantised anew, whichever is closer to
+      the block's values. Done only where the worst shard comes out better than under the runtime's
+      rule (requantising costs about 30 dB against the values; a close pair loses less as it is).
+    - a per-tensor scale stored inverted: replaced by its reciprocal (float32).
+
+    Returns what was changed and what was not, with the SQNR before and after."""
+    checkup = check_checkpoint(src, chunk_bytes)
+    ckpt, layout = open_any(os.fspath(src))
+    if ckpt.folder is None or layout is None:
+        raise FileFormatError(f"{src}: repair writes a checkpoint folder from a quantised checkpoint folder")
+    for name in os.listdir(ckpt.folder):
+        source = os.path.join(ckpt.folder, name)
+        if os.path.isfile(source):
+            shutil.copyfile(source, os.path.join(dst, name))
+    if any(f.kind == "structure" for f in checkup.findings):
+        return [
+            Repair(
+                "structure",
+                (),
+                False,
+                "the checkpoint's structure cannot be repaired by values: "
+                + next(f.message for f in checkup.findings if f.kind == "structure"),
+            )
+        ]
+    weights = {w.name: w for w in stored_weights(ckpt, layout)}
+    repairs: list[Repair] = []
+    for finding in checkup.findings:
+        if finding.severity == "note":
+            continue
+        if finding.kind == "fused-scales":
+            repairs.append(_repair_fused(layout, [weights[n] for n in finding.tensors], finding.sqnr_db, ckpt, dst))
+        elif finding.kind == "reciprocal":
+            repairs.append(_repair_reciprocal(layout, weights[finding.tensors[0]], ckpt, dst))
+        else:
+            repairs.append(
+                Repair(finding.kind, finding.tensors, False, "not repairable from the file: " + finding.message)
+            )
+    return repairs
+
+
+def _per_tensor_part(layout: CheckpointLayout, w: StoredWeight) -> str:
+    """The name of the tensor holding a weight's per-tensor scale."""
+    last = "weight_global_scale" if layout.name == "compressed-tensors" else "weight_scale_2"
+    return next(p for p in w.parts if p.endswith("." + last))
+
+
+def _stored_per_tensor(layout: CheckpointLayout, pts: float) -> np.ndarray:
+    """A per-tensor scale as the layout stores it: compressed-tensors' divisor, ModelOpt's multiplier."""
+    value = np.float32(1) / np.float32(pts) if layout.name == "compressed-tensors" else np.float32(pts)
+    return np.array([value], np.float32)
+
+
+def _overwrite(ckpt: Any, dst: str, name: str, data: np.ndarray) -> None:
+    """Write ``data`` (the tensor's dtype and size) over tensor ``name`` in its shard's copy in ``dst``."""
+    entry: ArrayEntry = ckpt.tensors[name]
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    if entry.offset is None or raw.size != entry.nbytes:
+        raise FileFormatError(f"{entry.where}: cannot be overwritten in place ({raw.size} bytes for {entry.nbytes})")
+    with open(os.path.join(dst, os.path.basename(entry.path)), "r+b") as fh:
+        fh.seek(entry.offset)
+        fh.write(raw.tobytes())
+
+
+def _repair_fused(
+    layout: CheckpointLayout, shards: list[StoredWeight], before: dict[str, float], ckpt: Any, dst: str
+) -> Repair:
+    names = tuple(w.name for w in shards)
+    exact = {w.name: w.block_array() for w in shards}
+    values = {n: q.dequantize(np.float32) for n, q in exact.items()}
+    amax = max(float(np.abs(v[np.isfinite(v)]).max(initial=0.0)) for v in values.values())
+    pts = block_job(shards[0].layout.fmt, 2).with_amax(amax).per_tensor_scale
+    assert isinstance(pts, float)
+    fixed: dict[str, BlockArray] = {}
+    after: dict[str, float] = {}
+    for w in shards:
+        own = exact[w.name]
+        if own.per_tensor_scale == pts:
+            fixed[w.name], after[w.name] = own, math.inf
+            continue
+        q = _requantised(own, values[w.name], pts)
+        fixed[w.name], after[w.name] = q, quantization_error(values[w.name], q).sqnr_db
+    if min(after.values()) <= min(before.values()):
+        return Repair(
+            "fused-scales",
+            names,
+            False,
+            f"requantising under one scale would leave the worst shard at {min(after.values()):.1f} dB, no better than "
+            f"the runtime's rule's {min(before.values()):.1f} dB (the scales are close): kept as it is",
+            before,
+            after,
+        )
+    for w in shards:
+        q = fixed[w.name]
+        if q is exact[w.name]:
+            continue
+        codes_name, scales_name = w.parts[0], w.parts[1]
+        _overwrite(ckpt, dst, codes_name, q.codes)
+        _overwrite(ckpt, dst, scales_name, q.scales.view(np.uint8))
+        _overwrite(ckpt, dst, _per_tensor_part(layout, w), _stored_per_tensor(layout, pts))
+    how = f"requantised under one per-tensor scale ({pts:.6g}, from the amax over the layer)"
+    return Repair("fused-scales", names, True, how, before, after)
+
+
+def _requantised(own: BlockArray, values: np.ndarray, pts: float) -> BlockArray:
+    """``own`` (NVFP4, packed, blocks along the last axis) under the per-tensor scale ``pts``,
+    block by block the closer to ``values`` of: its codes under its block scale times its
+    per-tensor scale over ``pts`` (rounded to the scale's format), or the block quantised anew."""
+    fresh = block_job(own.fmt, values.ndim, per_tensor_scale=pts).quantize(values, FORMATS["float32"])
+    ratio = np.float32(own.per_tensor_scale) / np.float32(pts)
+    rescaled = cast(np.asarray(cast(own.scales, "float32") * ratio, np.float32), own.format.scale)
+    kept = dataclasses.replace(own, scales=rescaled, per_tensor_scale=pts)
+    size = own.block_size
+    v = values.reshape(-1, size)
+    a = kept.dequantize(np.float32).reshape(-1, size)
+    b = fresh.dequantize(np.float32).reshape(-1, size)
+    with np.errstate(invalid="ignore", over="ignore"):
+        use_kept = ((a - v) ** 2).sum(axis=1) <= ((b - v) ** 2).sum(axis=1)  # per block; NaN: anew
+    scales = np.where(use_kept, kept.scales.reshape(-1), fresh.scales.reshape(-1)).reshape(own.scales.shape)
+    codes = np.where(use_kept[:, None], kept.codes.reshape(-1, size // 2), fresh.codes.reshape(-1, size // 2))
+    return dataclasses.replace(own, codes=codes.reshape(own.codes.shape), scales=scales, per_tensor_scale=pts)
+
+
+def _repair_reciprocal(layout: CheckpointLayout, w: StoredWeight, ckpt: Any, dst: str) -> Repair:
+    assert w.per_tensor_scale is not None
+    part = _per_tensor_part(layout, w)
+    stored = np.float32(np.asarray(ckpt.tensors[part].read_flat(0, 1))[0])
+    _overwrite(ckpt, dst, part, np.array([np.float32(1) / stored], np.float32))
+    return Repair("reciprocal", (w.name,), True, f"{part}: {stored:.6g} replaced by its reciprocal")
