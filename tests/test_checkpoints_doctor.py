@@ -28,7 +28,8 @@ MODELOPT = Path(__file__).parent / "fixtures" / "modelopt"
 
 def sqnr(x, y):
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    return 10 * np.log10((x**2).sum() / ((x - y) ** 2).sum())
+    noise = ((x - y) ** 2).sum()
+    return np.inf if noise == 0 else 10 * np.log10((x**2).sum() / noise)
 
 
 @pytest.fixture(scope="module")
@@ -206,17 +207,50 @@ def test_reciprocal_repaired(corpus):
     np.testing.assert_allclose(decode_ct(fixed, QKV[0], "nvfp4"), decode_ct(good, QKV[0], "nvfp4"), rtol=2**-22)
 
 
-def test_structure_findings(corpus):
-    def dropped(t):
-        del t[f"{QKV[0]}.weight_scale"]
+def dropped_scale(t):
+    del t[f"{QKV[0]}.weight_scale"]
 
-    def orphan(t):
-        t["model.layers.0.mlp.extra_proj.weight_scale"] = t[f"{QKV[0]}.weight_scale"].copy()
 
-    for name, change in (("dropped", dropped), ("orphan", orphan)):
-        path = broken(corpus, name, change)
-        (finding,) = check_checkpoint(path).findings
-        assert finding.kind == "structure" and finding.severity == "error", finding
+def orphan(t):
+    t["model.layers.0.mlp.extra_proj.weight_scale"] = t[f"{QKV[0]}.weight_scale"].copy()
+
+
+def stored_plain(t):  # o_proj's quantised tensors replaced by a plain weight the config still targets
+    o = "model.layers.1.self_attn.o_proj"
+    for part in ("weight_packed", "weight_scale", "weight_global_scale"):
+        del t[f"{o}.{part}"]
+    t[f"{o}.weight"] = np.zeros((256, 256), BF16)
+
+
+def test_structure_findings_each_named_and_repaired_where_they_can_be(corpus):
+    d, _ = corpus
+    found = {c.__name__: check_checkpoint(broken(corpus, c.__name__, c)).findings for c in (dropped_scale, orphan,
+             stored_plain)}  # fmt: skip
+    assert {f.tensors for f in found["dropped_scale"]} == {
+        (f"{QKV[0]}.weight_packed",), (f"{QKV[0]}.weight_global_scale",)}  # fmt: skip
+    assert [f.tensors for f in found["orphan"]] == [("model.layers.0.mlp.extra_proj.weight_scale",)]
+    assert [f.tensors for f in found["stored_plain"]] == [("model.layers.1.self_attn.o_proj.weight",)]
+    assert all(f.kind == "structure" and f.severity == "error" for fs in found.values() for f in fs)
+    for name, fixable in (("orphan", True), ("stored_plain", True), ("dropped_scale", False)):
+        r = run("check", name, "--repair", f"{name}-fixed", cwd=d, check=False)
+        assert r.returncode == 1 and ("repair done: structure" in r.stdout) == fixable, r.stdout
+        assert kinds(d / f"{name}-fixed") == ([] if fixable else ["structure"]), name
+    assert "a part is missing" in run("check", "dropped_scale", "--repair", "x", cwd=d, check=False).stdout
+    good, fixed = read_dir(d / "good")[0], read_dir(d / "orphan-fixed")[0]
+    assert sorted(fixed) == sorted(good) and all(fixed[n].tobytes() == good[n].tobytes() for n in good)
+    config = json.loads((d / "stored_plain-fixed" / "config.json").read_text())
+    assert "model.layers.1.self_attn.o_proj" in config["quantization_config"]["ignore"]
+
+
+def test_a_fused_layer_quantised_in_part_is_found(corpus):
+    def q_plain(t):
+        for part in ("weight_packed", "weight_scale", "weight_global_scale"):
+            del t[f"{QKV[0]}.{part}"]
+        t[f"{QKV[0]}.weight"] = np.zeros((256, 256), BF16)
+
+    path = broken(corpus, "q_plain", q_plain)
+    messages = [f.message for f in check_checkpoint(path).findings if f.kind == "structure"]
+    assert any("one fused layer" in m or "quantises" in m for m in messages), messages
 
 
 def test_command_exit_codes_and_json(corpus, tmp_path):
@@ -258,4 +292,56 @@ def test_diff(corpus, tmp_path):
     x = dense[f"{QKV[0]}.weight"].astype(np.float32)
     good = read_dir(d / "good")[0]
     assert t["sqnr_db"] == pytest.approx(sqnr(x, decode_ct(good, QKV[0], "nvfp4")), abs=0.01)
-    assert t["why"] == "one is quantised, the other not"
+    assert t["why"].startswith("one is quantised, the other not; per-tensor scale: amax / (6 x 448)")
+
+
+def test_modelopt_checkpoint_with_its_fused_scales_made_unequal(tmp_path):
+    """ModelOpt's own NVFP4 export with k_proj's weight_scale_2 made 4x and its block scales a
+    quarter (the same values, as a producer that skipped the fused-layer scale would write):
+    vLLM's ModelOpt rule (the largest weight_scale_2) multiplies q's and v's values by 4 (-9.5 dB);
+    repaired, the three share one weight_scale_2 and keep their values to within requantising."""
+    src = tmp_path / "modelopt"
+    shutil.copytree(MODELOPT / "nvfp4", src)
+    tensors, meta = read_safetensors(src / "model.safetensors")
+    tensors = {k: np.array(v) for k, v in tensors.items()}
+    k = "model.layers.0.self_attn.k_proj"
+    tensors[f"{k}.weight_scale_2"] = tensors[f"{k}.weight_scale_2"] * np.float32(4)
+    tensors[f"{k}.weight_scale"] = (tensors[f"{k}.weight_scale"].astype(np.float32) / 4).astype(
+        tensors[f"{k}.weight_scale"].dtype
+    )
+    write_safetensors(src / "model.safetensors", tensors, meta)
+    (finding,) = [f for f in check_checkpoint(src).findings if f.kind == "fused-scales"]
+    assert finding.severity == "error" and finding.sqnr_db[f"{k}.weight"] == np.inf
+    assert finding.sqnr_db["model.layers.0.self_attn.q_proj.weight"] == pytest.approx(-20 * np.log10(3))
+    r = run("check", "modelopt", "--repair", "fixed", cwd=tmp_path, check=False)
+    assert r.returncode == 1 and "repair done: fused-scales" in r.stdout, r.stdout
+    fixed = read_safetensors(tmp_path / "fixed" / "model.safetensors")[0]
+    shared = {float(fixed[f"model.layers.0.self_attn.{p}_proj.weight_scale_2"]) for p in "qkv"}
+    assert len(shared) == 1
+    assert not [f for f in check_checkpoint(tmp_path / "fixed").findings if f.severity == "error"]
+    reference = read_safetensors(MODELOPT / "nvfp4.dequantized.safetensors")[0]  # ModelOpt's own values
+    import neuron_kernels as nk
+
+    repaired = nk.load_checkpoint(tmp_path / "fixed")
+    for p in "qkv":
+        name = f"model.layers.0.self_attn.{p}_proj.weight"
+        assert sqnr(reference[name], repaired[name].dequantize()) > 25, name
+
+
+def test_diff_names_the_per_tensor_scale_rule(corpus, tmp_path):
+    """Against the plain weights, each NVFP4 weight's per-tensor scale is matched to a producer's
+    rule (docs/checkpoints.md "Producers' recipes"), from its fused layer's amax or its own."""
+    d, dense = corpus
+    fused = json.loads(run("diff", d / "llama", d / "good", "--json", cwd=tmp_path, check=False).stdout)
+    own = json.loads(run("diff", d / "llama", d / "nofuse", "--json", cwd=tmp_path, check=False).stdout)
+    name = f"{QKV[0]}.weight"
+    assert "amax / (6 x 448) in float32" in {t["name"]: t for t in fused["tensors"]}[name]["why"]
+    assert "from its fused layer's amax" in {t["name"]: t for t in fused["tensors"]}[name]["why"]
+    assert "from its own amax" in {t["name"]: t for t in own["tensors"]}[name]["why"]
+    from neuron_kernels.checkpoints.diff import scale_rule
+
+    amax = float(np.abs(dense[name].astype(np.float32)).max())
+    bf = BF16.type
+    gs = np.float32(bf(bf(448 * 6) / bf(amax)))  # llm-compressor's global scale, computed in bfloat16
+    assert "llm-compressor" in scale_rule(float(np.float32(1) / gs), amax, amax, False)
+    assert "none of the known rules" in scale_rule(1e-3, amax, amax, False)

@@ -5,6 +5,7 @@ how they were quantised (the per-tensor scale, the block scales, the codes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator
@@ -13,10 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from ..blocks.job import per_tensor_scale_of
+from ..formats import BLOCK_FORMATS
 from ..io.files import ArrayEntry
 from .layouts import StoredWeight, open_any, stored_weights
+from .selection import fused_groups
 
-__all__ = ["TensorDiff", "CheckpointDiff", "diff_checkpoints"]
+__all__ = ["TensorDiff", "CheckpointDiff", "diff_checkpoints", "scale_rule"]
+
+_NVFP4 = BLOCK_FORMATS["nvfp4"]
+#: NVFP4's largest block scale and element (448 and 6), whose product the per-tensor scale rules divide by.
+_BOUND, _FP4_MAX = _NVFP4.scale_format.max, _NVFP4.max_element
 
 
 @dataclass(frozen=True)
@@ -186,8 +194,56 @@ def diff_checkpoints(
     a: str | os.PathLike[str], b: str | os.PathLike[str], chunk_bytes: int = 64 << 20
 ) -> CheckpointDiff:
     """Compare the checkpoints ``a`` and ``b`` (folders or files in any layout the package reads,
-    or plain) tensor by tensor, reading pieces of ``chunk_bytes``: see :class:`TensorDiff`."""
+    or plain) tensor by tensor, reading pieces of ``chunk_bytes``: see :class:`TensorDiff`. Where
+    ``a`` is plain and ``b`` holds NVFP4 weights, each one's per-tensor scale is matched against
+    the producers' rules (:func:`scale_rule`), from ``a``'s amax of the weight or of its fused layer."""
     x, y = _contents(os.fspath(a)), _contents(os.fspath(b))
     common = [n for n in x if n in y]
     tensors = [_compare(n, x[n], y[n], chunk_bytes) for n in common]
+    amaxes: dict[str, float] = {}
+    for k, t in enumerate(tensors):
+        xa, yb = x[t.name], y[t.name]
+        if isinstance(xa, ArrayEntry) and isinstance(yb, StoredWeight) and yb.per_tensor_scale is not None:
+            group = fused_groups([n for n in common if isinstance(y[n], StoredWeight)]).get(t.name, (t.name,))
+            for n in group:
+                if n not in amaxes:
+                    amaxes[n] = _amax(x[n], chunk_bytes) if isinstance(x[n], ArrayEntry) else math.nan
+            rule = scale_rule(yb.per_tensor_scale, amaxes[t.name], max(amaxes[n] for n in group), len(group) > 1)
+            tensors[k] = dataclasses.replace(t, why="; ".join(w for w in (t.why, rule) if w))
     return CheckpointDiff(tensors, [n for n in x if n not in y], [n for n in y if n not in x])
+
+
+def _amax(entry: ArrayEntry, chunk_bytes: int) -> float:
+    amax = 0.0
+    for piece in _pieces(entry, chunk_bytes):
+        finite = piece[np.isfinite(piece)]
+        if finite.size:
+            amax = max(amax, float(np.abs(finite).max()))
+    return amax
+
+
+def _rules(amax: float) -> dict[str, float]:
+    """The producers' NVFP4 per-tensor scale rules (docs/checkpoints.md "Producers' recipes"):
+    what each calls it -> the per-tensor scale (the decode multiplier) it gives for ``amax``."""
+    import ml_dtypes
+
+    bf16 = ml_dtypes.bfloat16
+    ours = per_tensor_scale_of(amax, _BOUND, _FP4_MAX)
+    gs = np.float32(bf16(bf16(_BOUND * _FP4_MAX) / bf16(amax)))  # llm-compressor: 448 * 6 / amax in bfloat16
+    return {
+        "amax / (6 x 448) in float32 (this package, torchao, ModelOpt's weight_scale_2)": ours,
+        "448 x 6 / amax in bfloat16 (llm-compressor's global scale)": float(np.float32(1) / gs) if gs > 0 else math.nan,
+    }
+
+
+def scale_rule(pts: float, own: float, fused: float, grouped: bool) -> str:
+    """Which producer's rule gives the per-tensor scale ``pts`` (or its float32 reciprocal, as
+    compressed-tensors stores it), from the tensor's own amax or its fused layer's; "" if none."""
+    reciprocal = float(np.float32(1) / np.float32(pts))
+    for where, amax in (("its fused layer's", fused), ("its own", own)) if grouped else (("its", own),):
+        if not math.isfinite(amax) or amax <= 0:
+            continue
+        for rule, value in _rules(amax).items():
+            if pts == value or reciprocal == float(np.float32(1) / np.float32(value)):
+                return f"per-tensor scale: {rule}, from {where} amax"
+    return "per-tensor scale: none of the known rules from the plain weights' amax"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -39,8 +40,9 @@ from ..blocks.stats import quantization_error
 from ..casting import cast
 from ..formats import FORMATS
 from ..io.files import ArrayEntry, FileFormatError
-from .folder import json_file
+from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
+from .layouts.records import check_fused_whole
 from .runtimes import fused_scale_ratio
 from .selection import fused_groups
 
@@ -124,16 +126,39 @@ def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) 
     if layout is None:
         note = Finding("note", "plain", "no quantisation config and no quantised tensors: a plain checkpoint")
         return Checkup(ckpt.path, None, producer, 0, [note])
-    try:
-        weights = stored_weights(ckpt, layout)
-    except FileFormatError as exc:
-        return Checkup(ckpt.path, layout.name, producer, 0, [Finding("error", "structure", str(exc))])
+    structure = _structure_findings(ckpt, layout)
+    if structure:
+        return Checkup(ckpt.path, layout.name, producer, 0, structure)
+    weights = stored_weights(ckpt, layout)
     findings: list[Finding] = []
+    try:  # vLLM refuses a fused layer quantised in part
+        check_fused_whole(ckpt, {w.name: w.shape for w in weights})
+    except FileFormatError as exc:
+        findings.append(Finding("error", "structure", str(exc).removeprefix(f"{ckpt.path}: ")))
     for w in weights:
         findings += _value_findings(w, chunk_bytes)
     findings += _fused_findings(layout, weights)
     findings.sort(key=lambda f: _SEVERITIES.index(f.severity))
     return Checkup(ckpt.path, layout.name, producer, len(weights), findings)
+
+
+def _structure_findings(ckpt: Checkpoint, layout: CheckpointLayout, most: int = 100) -> list[Finding]:
+    """What the layout's reader refuses, each tensor it names once: the reader stops at the first
+    problem, so the tensor it names is set aside and the reader asked again (up to ``most``)."""
+    found: list[Finding] = []
+    tensors = dict(ckpt.tensors)
+    for _ in range(most):
+        try:
+            stored_weights(dataclasses.replace(ckpt, tensors=tensors), layout)
+            return found
+        except FileFormatError as exc:
+            message = str(exc).removeprefix(f"{ckpt.path}: ")
+            named = sorted((message.find(n), -len(n), n) for n in tensors if n in message)
+            found.append(Finding("error", "structure", message, (named[0][2],) if named else ()))
+            if not named:
+                return found
+            del tensors[named[0][2]]
+    return found
 
 
 def _value_findings(w: StoredWeight, chunk_bytes: int) -> list[Finding]:
@@ -349,7 +374,13 @@ def repair_checkpoint(src: str | os.PathLike[str], dst: str, chunk_bytes: int = 
       the same codes under its scale rescaled or the block quantised anew, whichever is closer to
       the block's values. Done only where the worst shard comes out better than under the runtime's
       rule (requantising costs about 30 dB against the values; a close pair loses less as it is).
-    - a per-tensor scale stored inverted: replaced by its reciprocal (float32).
+    - a per-tensor scale stored inverted: replaced by its reciprocal (float32);
+    - tensors that belong to no quantised weight, where their module holds nothing else (a stray
+      scale): dropped, their shards written again without them (every other tensor's bytes
+      copied) and the index updated; where the module holds more (a weight missing a part),
+      nothing can be made, and the report says so;
+    - a Linear the config quantises (compressed-tensors: targeted, not in ``ignore``) stored plain:
+      added to ``ignore``.
 
     Returns what was changed and what was not, with the SQNR before and after."""
     checkup = check_checkpoint(src, chunk_bytes)
@@ -360,18 +391,16 @@ def repair_checkpoint(src: str | os.PathLike[str], dst: str, chunk_bytes: int = 
         source = os.path.join(ckpt.folder, name)
         if os.path.isfile(source):
             shutil.copyfile(source, os.path.join(dst, name))
-    if any(f.kind == "structure" for f in checkup.findings):
-        return [
-            Repair(
-                "structure",
-                (),
-                False,
-                "the checkpoint's structure cannot be repaired by values: "
-                + next(f.message for f in checkup.findings if f.kind == "structure"),
-            )
-        ]
-    weights = {w.name: w for w in stored_weights(ckpt, layout)}
     repairs: list[Repair] = []
+    structure = [f for f in checkup.findings if f.kind == "structure"]
+    if structure:
+        repairs += _repair_structure(ckpt, layout, structure, dst)
+        if not all(r.done for r in repairs):
+            return repairs + [Repair("values", (), False, "not checked: the structure is not repaired")]
+        checkup = check_checkpoint(dst, chunk_bytes)
+    ckpt, layout = open_any(dst)  # the copy, its tensors where the repairs write them
+    assert layout is not None
+    weights = {w.name: w for w in stored_weights(ckpt, layout)}
     for finding in checkup.findings:
         if finding.severity == "note":
             continue
@@ -474,3 +503,76 @@ def _repair_reciprocal(layout: CheckpointLayout, w: StoredWeight, ckpt: Any, dst
     stored = np.float32(np.asarray(ckpt.tensors[part].read_flat(0, 1))[0])
     _overwrite(ckpt, dst, part, np.array([np.float32(1) / stored], np.float32))
     return Repair("reciprocal", (w.name,), True, f"{part}: {stored:.6g} replaced by its reciprocal")
+
+
+# ---- structure repairs ------------------------------------------------------------------------------
+
+#: What the readers say of a tensor no quantised weight takes (its module's other tensors decide
+#: whether it is a stray, dropped, or a weight missing a part).
+_ORPHAN = ("belongs to no quantised weight", " beside it")
+_PLAIN = "quantization_config quantises "
+
+
+def _repair_structure(ckpt: Checkpoint, layout: CheckpointLayout, findings: list[Finding], dst: str) -> list[Repair]:
+    """The structure findings repaired in ``dst`` where they can be (see :func:`repair_checkpoint`)."""
+    repairs: list[Repair] = []
+    orphans = {f.tensors[0] for f in findings if any(m in f.message for m in _ORPHAN) and f.tensors}
+    dropped: set[str] = set()
+    for f in findings:
+        name = f.tensors[0] if f.tensors else ""
+        module = name.rpartition(".")[0]
+        if name in orphans:
+            held = [n for n in ckpt.tensors if n.rpartition(".")[0] == module]
+            if set(held) <= orphans and not any(n.endswith((".weight", ".weight_packed")) for n in held):
+                dropped.add(name)
+                repairs.append(Repair("structure", (name,), True, f"dropped: {module} holds no weight it belongs to"))
+            else:
+                others = ", ".join(n for n in held if n not in orphans)
+                repairs.append(Repair("structure", (name,), False, f"{module} also holds {others}: a part is "
+                                      "missing, which cannot be made from the file"))  # fmt: skip
+        elif _PLAIN in f.message and layout.name == "compressed-tensors" and name.endswith(".weight"):
+            _ignore_in_config(dst, module)
+            repairs.append(Repair("structure", (name,), True, f"{module} added to the config's ignore (stored plain)"))
+        else:
+            repairs.append(Repair("structure", f.tensors, False, "not repairable from the file: " + f.message))
+    if dropped:
+        _drop_tensors(ckpt, dropped, dst)
+    return repairs
+
+
+def _ignore_in_config(dst: str, module: str) -> None:
+    path = os.path.join(dst, CONFIG_NAME)
+    config = json_file(path)
+    qc = config["quantization_config"]
+    qc["ignore"] = [*(qc.get("ignore") or []), module]
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(config, fh, indent=2)
+        fh.write("\n")
+
+
+def _drop_tensors(ckpt: Checkpoint, dropped: set[str], dst: str) -> None:
+    """The shards of ``dst`` that hold a tensor of ``dropped`` written again without it (the other
+    tensors' bytes copied from ``ckpt``'s shards, the metadata kept), and the index updated."""
+    from ..io.files import SafetensorsWriter, TensorSpec, read_safetensors_header
+
+    for shard in sorted({ckpt.tensors[n].path for n in dropped}):
+        _, metadata, entries = read_safetensors_header(shard)
+        kept = [(n, e) for n, e in entries.items() if n not in dropped]
+        target = os.path.join(dst, os.path.basename(shard))
+        tmp = target + ".partial"
+        specs = [TensorSpec(n, dtype, shape) for n, (dtype, shape, _) in kept]
+        with SafetensorsWriter(tmp, specs, metadata) as writer:
+            for (n, (_, _, offset)), spec in zip(kept, specs):
+                with writer.tensor(n) as sink:
+                    sink.copy_from(shard, offset, spec.nbytes)
+        os.replace(tmp, target)
+    index_path = os.path.join(dst, INDEX_NAME)
+    if os.path.isfile(index_path):
+        index = json_file(index_path)
+        removed = sum(ckpt.tensors[n].nbytes for n in dropped)
+        index["weight_map"] = {n: f for n, f in index["weight_map"].items() if n not in dropped}
+        if isinstance(index.get("metadata"), dict) and isinstance(index["metadata"].get("total_size"), int):
+            index["metadata"]["total_size"] -= removed
+        with open(index_path, "w", encoding="utf-8") as fh:
+            json.dump(index, fh, indent=2)
+            fh.write("\n")

@@ -261,7 +261,8 @@ _CT_PARTS = (
 def _ct_matches(module: str, patterns: Any) -> bool | None:
     """Whether compressed-tensors' ``targets`` / ``ignore`` entries name ``module`` (a name, or
     ``re:`` and a regular expression matched from the start; ``Linear``: any Linear module), or
-    None where an entry names a module class other than Linear (not decidable from the names)."""
+    None where an entry names a module class other than Linear (a capitalised word without a dot:
+    not decidable from the names)."""
     undecided = False
     for p in patterns or ():
         if not isinstance(p, str):
@@ -272,7 +273,7 @@ def _ct_matches(module: str, patterns: Any) -> bool | None:
                     return True
         elif p == "Linear" or p == module:
             return True
-        elif "." not in p:
+        elif "." not in p and p[:1].isupper():  # a class name (lm_head is a module's)
             undecided = True
     return None if undecided else False
 
