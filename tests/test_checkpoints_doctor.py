@@ -341,7 +341,32 @@ def test_diff_names_the_per_tensor_scale_rule(corpus, tmp_path):
     from neuron_kernels.checkpoints.diff import scale_rule
 
     amax = float(np.abs(dense[name].astype(np.float32)).max())
-    bf = BF16.type
-    gs = np.float32(bf(bf(448 * 6) / bf(amax)))  # llm-compressor's global scale, computed in bfloat16
-    assert "llm-compressor" in scale_rule(float(np.float32(1) / gs), amax, amax, False)
     assert "none of the known rules" in scale_rule(1e-3, amax, amax, False)
+
+
+LLMCOMPRESSOR = Path(__file__).parent / "fixtures" / "llmcompressor"
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "mxfp8"])
+def test_llm_compressors_own_checkpoints_report_nothing(scheme):
+    """llm-compressor 0.14's model_free_ptq outputs (tests/fixtures/llmcompressor, made by
+    scripts/make_llmcompressor_fixtures.py from the bfloat16 Llama of tests/fixtures/modelopt/bf16):
+    clean, compressed-tensors named as their producer."""
+    checkup = check_checkpoint(LLMCOMPRESSOR / scheme)
+    assert checkup.clean and checkup.weights == 7, checkup.findings
+    assert (checkup.producer or "").startswith("compressed-tensors")
+
+
+def test_diff_tells_llm_compressors_global_scales(tmp_path):
+    """Against the bfloat16 weights it was made from, every NVFP4 weight of llm-compressor's
+    checkpoint has its global scale from llm-compressor's rule (over the fused layer for q/k/v and
+    gate/up), and every weight of ModelOpt's from ModelOpt's."""
+    source = MODELOPT / "bf16"
+    for made, rule in ((LLMCOMPRESSOR / "nvfp4", "llm-compressor"), (MODELOPT / "nvfp4", "ModelOpt")):
+        report = json.loads(run("diff", source, made, "--json", cwd=tmp_path, check=False).stdout)
+        quantised = [t for t in report["tensors"] if t["b"] == "nvfp4"]
+        assert len(quantised) == 7
+        for t in quantised:
+            assert rule in t["why"], (made, t["name"], t["why"])
+            fused = any(p in t["name"] for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+            assert t["why"].endswith("from its fused layer's amax" if fused else "from its amax"), t

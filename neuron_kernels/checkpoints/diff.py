@@ -229,10 +229,12 @@ def _rules(amax: float) -> dict[str, float]:
 
     bf16 = ml_dtypes.bfloat16
     ours = per_tensor_scale_of(amax, _BOUND, _FP4_MAX)
-    gs = np.float32(bf16(bf16(_BOUND * _FP4_MAX) / bf16(amax)))  # llm-compressor: 448 * 6 / amax in bfloat16
+    # llm-compressor 0.14 (compressed-tensors 0.19) on the CPU, in the weight's dtype: 448 x (6 / amax),
+    # each step rounded to bfloat16 (what its NVFP4A16 checkpoints hold: tests/fixtures/llmcompressor)
+    gs = np.float32(bf16(bf16(_BOUND) * bf16(bf16(_FP4_MAX) / bf16(amax))))
     return {
         "amax / (6 x 448) in float32 (this package, torchao, ModelOpt's weight_scale_2)": ours,
-        "448 x 6 / amax in bfloat16 (llm-compressor's global scale)": float(np.float32(1) / gs) if gs > 0 else math.nan,
+        "448 x (6 / amax) in bfloat16 (llm-compressor's global scale)": float(np.float32(1) / gs) if gs else math.nan,
     }
 
 
