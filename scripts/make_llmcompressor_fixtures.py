@@ -7,10 +7,12 @@ llm-compressor pins its own torch and transformers, so it lives in an environmen
 
     python -m venv /tmp/peer
     /tmp/peer/bin/pip install llmcompressor==0.14.0.1 torch==2.13.0
-    /tmp/peer/bin/python scripts/make_llmcompressor_fixtures.py tests/fixtures/modelopt/bf16 tests/fixtures/llmcompressor
+    /tmp/peer/bin/python scripts/make_llmcompressor_fixtures.py \\
+        tests/fixtures/modelopt/bf16 tests/fixtures/llmcompressor
 
 It writes one folder per scheme: ``nvfp4`` (NVFP4A16), ``mxfp4`` (MXFP4A16) and ``mxfp8``
-(MXFP8A16), the embeddings and the output head kept, as llm-compressor's examples keep them. Run again, it writes the same bytes (no calibration: weights only).
+(MXFP8A16), the embeddings and the output head kept, as llm-compressor's examples keep them.
+Run again, it writes the same bytes (no calibration: weights only).
 """
 
 from __future__ import annotations

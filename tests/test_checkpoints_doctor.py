@@ -370,3 +370,28 @@ def test_diff_tells_llm_compressors_global_scales(tmp_path):
             assert rule in t["why"], (made, t["name"], t["why"])
             fused = any(p in t["name"] for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
             assert t["why"].endswith("from its fused layer's amax" if fused else "from its amax"), t
+
+
+def test_what_a_runtime_loads_wrong_is_a_warning(tmp_path):
+    """A valid checkpoint that a runtime is known to refuse (transformers and fine-grained FP8
+    whose down_proj has 320 columns, partial 128 x 128 tiles; vLLM loads it): a runtime warning."""
+    make_llama(tmp_path / "llama", intermediate=320)
+    run("quantize", "llama", "fp8", "--layout", "fp8", "--format", "fp8_block", "--ignore", "*.gate_proj",
+        "--ignore", "*.up_proj", cwd=tmp_path)  # fmt: skip
+    checkup = check_checkpoint(tmp_path / "fp8")
+    assert [(f.severity, f.kind) for f in checkup.findings] == [("warning", "runtime")]
+    assert "transformers" in checkup.findings[0].message and "partial" not in checkup.findings[0].kind
+
+
+def test_vllms_fused_scale_rules():
+    """vLLM keeps, for a fused NVFP4 layer: compressed-tensors, the largest weight_global_scale
+    (``weight_global_scale.max()``: the smallest multiplier); ModelOpt, the largest weight_scale_2;
+    MoE experts' w1/w3, the gate's (``[:, 0]``). Each shard's values take the kept scale over its own."""
+    from neuron_kernels.checkpoints.runtimes import fused_scale_ratio
+
+    dense = ("m.q_proj.weight", "m.k_proj.weight")
+    experts = ("m.experts.0.w1.weight", "m.experts.0.w3.weight")
+    assert fused_scale_ratio("compressed-tensors", dense, [1.0, 2.0]) == [1.0, 0.5]
+    assert fused_scale_ratio("modelopt", dense, [1.0, 2.0]) == [2.0, 1.0]
+    assert fused_scale_ratio("compressed-tensors", experts, [2.0, 1.0]) == [1.0, 2.0]
+    assert fused_scale_ratio("modelopt", experts, [1.0, 4.0]) == [1.0, 0.25]

@@ -12,7 +12,8 @@ What is checked, per weight and over the checkpoint:
   block's values lost); e8m0's NaN byte 0xff; NaN values; weights that are all zero; a per-tensor
   scale that reads as the reciprocal of its layout's convention (the weight's largest value over
   ``RECIPROCAL_LIMITS[1]`` under the convention, within the limits under the reciprocal);
-- runtime rules: the shards of a fused layer whose per-tensor scales differ, each with the SQNR
+- runtime rules: what a runtime is known to refuse or load wrong in a valid checkpoint (the
+  command's notes); the shards of a fused layer whose per-tensor scales differ, each with the SQNR
   it gets under the runtime's rule (:data:`~.runtimes.FUSED_SCALE_RULES`) against its own scale
   (an error below :data:`SERIOUS_DB`, a warning below :data:`NEGLIGIBLE_DB`, a note above).
 
@@ -40,10 +41,11 @@ from ..blocks.stats import quantization_error
 from ..casting import cast
 from ..formats import FORMATS
 from ..io.files import ArrayEntry, FileFormatError
+from .architecture import architecture_of
 from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
 from .layouts.records import check_fused_whole
-from .runtimes import fused_scale_ratio
+from .runtimes import fused_scale_ratio, runtime_notes
 from .selection import fused_groups
 
 __all__ = [
@@ -138,6 +140,7 @@ def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) 
     for w in weights:
         findings += _value_findings(w, chunk_bytes)
     findings += _fused_findings(layout, weights)
+    findings += _runtime_findings(ckpt, layout, weights)
     findings.sort(key=lambda f: _SEVERITIES.index(f.severity))
     return Checkup(ckpt.path, layout.name, producer, len(weights), findings)
 
@@ -331,6 +334,21 @@ def _fused_findings(layout: CheckpointLayout, weights: list[StoredWeight]) -> li
                 sqnr,
             )
         )
+    return found
+
+
+def _runtime_findings(ckpt: Checkpoint, layout: CheckpointLayout, weights: list[StoredWeight]) -> list[Finding]:
+    """What a runtime is known to load wrong or refuse in a valid checkpoint (the command's notes,
+    :func:`~.runtimes.runtime_notes`: transformers' MoE experts, fine-grained FP8 in partial tiles),
+    as warnings; the modules from the package's table of architectures."""
+    parts = {p for w in weights for p in w.parts}
+    names = [w.name for w in weights] + [n for n in ckpt.tensors if n not in parts]
+    arch = architecture_of(ckpt.config, names, "table")
+    found = []
+    for fmt in dict.fromkeys(w.layout.fmt for w in weights):
+        shapes = {w.name: w.shape for w in weights if w.layout.fmt == fmt}
+        for note in runtime_notes(layout.name, fmt, arch, shapes):
+            found.append(Finding("warning", "runtime", note))
     return found
 
 
