@@ -7,7 +7,10 @@ other cases are in ``test_cli_files.py``; the bad-input tests of the functions b
 ``test_cast_bad_input.py`` and ``test_mx_bad_input.py``.
 """
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -111,3 +114,17 @@ def test_only_user_errors_are_one_line(tmp_path, monkeypatch, capsys):
     with pytest.raises(ValueError, match="a bug inside the package"):
         cli.main(["cast", "x.npy", "y.npy", "--to", "bfloat16"])
     assert not (tmp_path / "y.npy").exists()
+
+
+def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
+    """A reader that stops early (``neuron-kernels ... | head``): status 141, as a shell reports
+    SIGPIPE, nothing on stderr (the output was complete; the summary had nowhere to go). A process
+    of its own: the pipe's reader is closed before the command writes."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "neuron_kernels", "formats"], stdout=write, stderr=subprocess.PIPE,
+                           text=True, cwd=tmp_path)  # fmt: skip
+    finally:
+        os.close(write)
+    assert r.returncode == 141 and r.stderr == "", r.stderr

@@ -8,12 +8,16 @@ Subcommands:
   checkpoint folders (to and from the layouts runtimes load, :mod:`neuron_kernels.checkpoints`);
   ``quantize`` also reads a Zarr store into a Zarr store, chunk by chunk on Dask (``--workers N``:
   a local cluster, ``--scheduler ADDRESS``: an existing one; :mod:`neuron_kernels.lazy.stores`);
+- ``check``: what would make a quantised checkpoint's runtime refuse it or load it wrong
+  (``--repair OUT``); ``diff``: two checkpoints compared tensor by tensor
+  (:mod:`neuron_kernels.checkpoints.doctor`, :mod:`neuron_kernels.checkpoints.diff`);
 - ``error``: which block format, scale mode and scale policy suits an array (SQNR table, histogram);
 - ``promote``: the promotion lattice (one pair, ``--explain``, or ``--table``);
 - ``formats``: the format table.
 
 Bad input prints one line on stderr and exits with status 2; an interrupted run exits with 130.
-Neither leaves an output behind.
+Neither leaves an output behind. A reader of stdout that stops early (``| head``) ends the command
+quietly with status 141, its output files complete.
 
 The modules, each importing only those listed after it: :mod:`.commands` (one function per
 subcommand, by kind of input), :mod:`.progress` (what a terminal shows meanwhile), :mod:`.parser`
@@ -23,6 +27,7 @@ subcommand, by kind of input), :mod:`.progress` (what a terminal shows meanwhile
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -50,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with compile_notice(args):
             return int(COMMANDS[args.command](args))
+    except BrokenPipeError:  # the reader of stdout stopped early (`| head`): the output is complete
+        with contextlib.suppress(OSError, ValueError):  # nothing more to flush into the closed pipe
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a command ended by SIGPIPE
     except (NeuronKernelsError, OSError) as exc:  # the caller's mistakes (UsageError too); else a bug
         message = (
             str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"
