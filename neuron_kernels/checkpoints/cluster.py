@@ -79,8 +79,10 @@ def write_on_cluster(client: Any, folder: str, shards: list[Shard], resolve: Any
         results = client.gather(futures)
     finally:
         client.cancel(futures)
-    for group, _ in passes:
-        resolve.settle(group, [r for (g, _), r in zip(calls, results) if g == group])
+    start = 0
+    for group, fns in passes:  # the results in the order of the calls: each group's a slice
+        resolve.settle(group, results[start : start + len(fns)])
+        start += len(fns)
 
     stop = Event(f"nk-stop-{run}", client=client)
     futures = [

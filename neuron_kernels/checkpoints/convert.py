@@ -10,7 +10,6 @@ under a temporary name and renamed when complete (:func:`neuron_kernels.io.files
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 from collections import Counter
@@ -31,7 +30,7 @@ from ..io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..io.stream import Progress, entry_amax, quantized_pieces, transposed_pieces
 from .architecture import Architecture, architecture_of, transformers_available
 from .cluster import write_on_cluster
-from .folder import CONFIG_NAME, Checkpoint
+from .folder import CONFIG_NAME, Checkpoint, write_json
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, open_any, stored_weights
 from .layouts.records import FOREIGN_PARTS
 from .runtimes import runtime_notes
@@ -154,7 +153,7 @@ def _finish_folder(
     if quantization_config is not None:
         config["quantization_config"] = quantization_config
     if config or ckpt.config is not None:
-        _write_json(os.path.join(folder, CONFIG_NAME), config)
+        write_json(os.path.join(folder, CONFIG_NAME), config)
     if ckpt.folder is not None:
         described = {f for lay in LAYOUTS.values() for f in lay.config_files}
         for name in ckpt.extra_files:
@@ -162,13 +161,7 @@ def _finish_folder(
                 continue
             shutil.copyfile(os.path.join(ckpt.folder, name), os.path.join(folder, name))
     for name, content in (files or {}).items():
-        _write_json(os.path.join(folder, name), content)
-
-
-def _write_json(path: str, content: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(content, fh, indent=2)
-        fh.write("\n")
+        write_json(os.path.join(folder, name), content)
 
 
 def _report_kept(name: str, entry: ArrayEntry, reason: str) -> TensorReport:

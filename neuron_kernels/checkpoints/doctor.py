@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -42,7 +41,7 @@ from ..casting import cast
 from ..formats import FORMATS
 from ..io.files import ArrayEntry, FileFormatError
 from .architecture import architecture_of
-from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file
+from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
 from .layouts.records import check_fused_whole
 from .runtimes import fused_scale_ratio, runtime_notes
@@ -563,9 +562,7 @@ def _ignore_in_config(dst: str, module: str) -> None:
     config = json_file(path)
     qc = config["quantization_config"]
     qc["ignore"] = [*(qc.get("ignore") or []), module]
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(config, fh, indent=2)
-        fh.write("\n")
+    write_json(path, config)
 
 
 def _drop_tensors(ckpt: Checkpoint, dropped: set[str], dst: str) -> None:
@@ -591,6 +588,4 @@ def _drop_tensors(ckpt: Checkpoint, dropped: set[str], dst: str) -> None:
         index["weight_map"] = {n: f for n, f in index["weight_map"].items() if n not in dropped}
         if isinstance(index.get("metadata"), dict) and isinstance(index["metadata"].get("total_size"), int):
             index["metadata"]["total_size"] -= removed
-        with open(index_path, "w", encoding="utf-8") as fh:
-            json.dump(index, fh, indent=2)
-            fh.write("\n")
+        write_json(index_path, index)

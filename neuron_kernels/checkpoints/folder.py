@@ -16,7 +16,7 @@ from typing import Any
 
 from ..io.files import ArrayEntry, FileFormatError, read_safetensors_header
 
-__all__ = ["Checkpoint", "open_checkpoint", "json_file", "INDEX_NAME", "CONFIG_NAME", "PTS_KEY"]
+__all__ = ["Checkpoint", "open_checkpoint", "json_file", "write_json", "INDEX_NAME", "CONFIG_NAME", "PTS_KEY"]
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -78,6 +78,13 @@ def json_file(path: str) -> Any:
             return json.load(fh)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise FileFormatError(f"{path}: cannot read it as JSON ({exc})") from None
+
+
+def write_json(path: str, content: Any) -> None:
+    """``content`` as the JSON document at ``path`` (indented, as the producers write config.json)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(content, fh, indent=2)
+        fh.write("\n")
 
 
 def _shard_entries(path: str, shown: str) -> tuple[dict[str, ArrayEntry], dict[str, str]]:

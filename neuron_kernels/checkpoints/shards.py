@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..io.files import SafetensorsWriter, TensorSpec
-from .folder import INDEX_NAME, PTS_KEY
+from .folder import INDEX_NAME, PTS_KEY, write_json
 
 __all__ = ["Item", "Shard", "Tally", "shards_of", "write_index", "write_shard", "write_shards"]
 
@@ -105,10 +105,7 @@ def write_index(folder: str, shards: list[Shard]) -> None:
         return
     weight_map = {s.name: shard.name for shard in shards for s in shard.specs}
     total = sum(s.nbytes for shard in shards for s in shard.specs)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    with open(os.path.join(folder, INDEX_NAME), "w", encoding="utf-8") as fh:
-        json.dump(index, fh, indent=2)
-        fh.write("\n")
+    write_json(os.path.join(folder, INDEX_NAME), {"metadata": {"total_size": total}, "weight_map": weight_map})
 
 
 def write_shards(folder: str, items: list[Item], max_bytes: int) -> None:
