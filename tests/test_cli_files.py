@@ -335,6 +335,33 @@ def test_interrupted_run_leaves_no_output(tmp_path):
     assert interrupted, "every run finished before its signal landed"
 
 
+def test_interrupt_in_mid_compile_prints_no_traceback(tmp_path):
+    """Ctrl-C inside a compile leaves objects whose finalisers fail when collected: one line, exit 130."""
+    script = """
+import sys
+from neuron_kernels import cli
+from neuron_kernels.cli.commands import COMMANDS
+
+
+class HalfBuilt:  # as llvmlite's ModuleRef when the interrupt lands in its constructor
+    def __del__(self):
+        raise AttributeError("no attribute '_as_parameter_'")
+
+
+def interrupted(args):
+    left = [HalfBuilt()]
+    left.append(left)  # a cycle: collected at exit, after main() has returned
+    raise KeyboardInterrupt
+
+
+COMMANDS["formats"] = interrupted
+sys.exit(cli.main(["formats"]))
+"""
+    p = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr == "neuron-kernels formats: interrupted; no output written\n"
+
+
 def test_one_long_row_is_cut_within_the_row(tmp_path):
     """A (1, N) array with --chunk-mb 1: pieces are block ranges of its one row, in all three commands."""
     x = np.random.default_rng(5).standard_normal((1, 3_000_001)).astype(np.float32)

@@ -45,6 +45,10 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _ignore(unraisable: Any) -> None:
+    pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     args = parser.parse_args(argv)
@@ -66,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-kernels {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # Objects the interrupt left half-built (a kernel in mid-compile) fail in their finalisers
+        # as they are collected; the run is over and its output removed, so they are not reported.
+        sys.unraisablehook = _ignore
         print(f"neuron-kernels {args.command}: interrupted; no output written", file=sys.stderr)
         return 130
     finally:
