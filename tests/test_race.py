@@ -29,3 +29,20 @@ def test_the_race_runs_on_a_tiny_checkpoint(tmp_path):
     for kind in ("bf16", "fp8"):
         out = nk.load_checkpoint(tmp_path / f"out-{kind}-nvfp4")
         assert out["model.layers.0.mlp.down_proj.weight"].fmt == "nvfp4", kind
+
+
+def test_the_gguf_race_runs_on_a_tiny_file(tmp_path):
+    """``scripts/race_gguf.py`` on a tiny file: its rows, and outputs the package reads back."""
+    script = SCRIPT.parent / "race_gguf.py"
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--layers", "1", "--hidden", "256", "--intermediate", "512",
+         "--vocab", "512", "--repeat", "1"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    names = [" ".join(row[3:-3]) for row in rows]  # after "NAME.gguf (0.01 GB)"
+    assert names == ["cat", "neuron-kernels nvfp4", "neuron-kernels nvfp4 --no-stats", "neuron-kernels mxfp4_e2m1",
+                     "neuron-kernels mxfp4_e2m1 --no-stats"]  # fmt: skip
+    assert all(float(row[-3]) >= 0 and float(row[-1]) > 0 for row in rows), r.stdout
+    out = nk.load_checkpoint(tmp_path / "out-nvfp4.gguf")
+    assert out["blk.0.ffn_down.weight"].fmt == "nvfp4"

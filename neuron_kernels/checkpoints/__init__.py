@@ -13,6 +13,8 @@ processed in bounded memory. One module per job:
   (transformers' MXFP4, the layout of the gpt-oss checkpoints), ``npz`` (the package's own file
   of block arrays, :mod:`neuron_kernels.io.blockfile`), ``modelopt`` (NVIDIA ModelOpt's NVFP4,
   MXFP8 and FP8, read only), ``fp8`` (fine-grained FP8, read only);
+- :mod:`.gguf`: GGUF files, llama.cpp's (:func:`quantize_gguf` to MXFP4 or NVFP4 blocks,
+  :func:`dequantize_gguf`, :func:`load_gguf`);
 - :mod:`.convert`: :func:`quantize_checkpoint` (from a plain checkpoint or a quantised one of any
   layout read: converted byte for byte to the same format, else dequantised exactly and
   quantised), :func:`dequantize_checkpoint`, :func:`load_checkpoint`.
@@ -31,6 +33,7 @@ from .convert import (
 from .folder import CONFIG_NAME as CONFIG_NAME
 from .folder import INDEX_NAME as INDEX_NAME
 from .folder import Checkpoint, open_checkpoint
+from .gguf import dequantize_gguf, load_gguf, quantize_gguf
 from .layouts import LAYOUTS, CheckpointLayout, StoredWeight
 from .layouts import Output as Output
 from .layouts import detect_layout as detect_layout
@@ -53,6 +56,9 @@ __all__ = [
     "TensorReport",
     "open_checkpoint",
     "load_checkpoint",
+    "quantize_gguf",
+    "dequantize_gguf",
+    "load_gguf",
     "tensor_decision",
     "expert_decision",
     "fused_groups",

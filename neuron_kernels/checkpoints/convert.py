@@ -13,7 +13,7 @@ import functools
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,6 @@ import numpy as np
 from ..blocks.array import BlockArray
 from ..blocks.exact import nvfp4_scales, per_tensor_exponent, relayable
 from ..blocks.job import DEFAULT, BlockJob, block_job
-from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
 from ..formats import BLOCK_FORMATS, INPUT_DTYPES, WHOLE
 from ..io.blockfile import BlockFileWriter
@@ -33,6 +32,7 @@ from .cluster import write_on_cluster
 from .folder import CONFIG_NAME, Checkpoint, write_json
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, open_any, stored_weights
 from .layouts.records import FOREIGN_PARTS
+from .reports import TensorReport, exact_stats, pipelined_stats
 from .runtimes import runtime_notes
 from .selection import fused_groups, ignored_modules, module_decision
 from .shards import Item, Tally, shards_of, write_shards
@@ -53,12 +53,17 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
     gpt-oss's expert parameters are [E, out, in] blocks), a numpy array for every other tensor.
 
     ``path``: a checkpoint folder or ``.safetensors`` file in any layout of :data:`LAYOUTS` (or
-    plain), or the package's ``.npz`` file. ``names``: only these names (an iterable). Keys are
+    plain), the package's ``.npz`` file, or a GGUF file (:func:`~.gguf.load_gguf`). ``names``:
+    only these names (an iterable). Keys are
     the weights' names (``NAME.weight``; ``NAME`` for gpt-oss's experts) and the other tensors'.
     The FP8 layouts' weights come as block arrays of ``fp8_block``, ``fp8_channel`` or ``fp8_tensor``
     (float scales in their stored dtype).
     NVFP4's per-tensor scale is the one quantised with when this package wrote the checkpoint,
     else ``1 / weight_global_scale`` in float32."""
+    if os.fspath(path).lower().endswith(".gguf"):  # llama.cpp's file: its own reader
+        from .gguf import load_gguf
+
+        return load_gguf(path, names)
     ckpt, layout = open_any(os.fspath(path))
     wanted = None if names is None else set(names)
     out: dict[str, BlockArray | np.ndarray] = {}
@@ -76,37 +81,6 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
 
 
 # ---- writing ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class TensorReport:
-    """What happened to one tensor: ``action`` is ``quantised``, ``converted`` (a quantised weight
-    written into another layout as its bytes), ``dequantised`` or ``kept``; ``reason`` why it was
-    kept, or how it was converted; ``stats`` the error of a quantised one; ``fused_with``: the shards
-    of its fused layer (itself included) whose per-tensor scale it shares, if any."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    action: str
-    reason: str = ""
-    stats: QuantizationStats | None = None
-    outputs: tuple[str, ...] = ()
-    fused_with: tuple[str, ...] = ()
-
-    @property
-    def exact(self) -> bool | None:
-        """Whether every value came out as it went in: a converted weight always; a quantised one
-        when its error is zero everywhere (None for a tensor kept or dequantised)."""
-        if self.action == "converted":
-            return True
-        if self.action != "quantised" or self.stats is None:
-            return None
-        return _exact(self.stats)
-
-
-def _exact(st: QuantizationStats) -> bool:
-    return st.max_abs_error == 0 and st.mse == 0
 
 
 class Reports(list[TensorReport]):
@@ -576,36 +550,6 @@ class _ScaleResolver:
             self.amax[group] = max(results)
 
 
-def _pipelined_stats(
-    pieces: Iterator[tuple[np.ndarray, BlockArray]],
-    write: Callable[[BlockArray], None],
-    progress: Progress,
-    stats: bool = True,
-) -> QuantizationStats | None:
-    """Write each quantised piece and fold it into the error statistics, the statistics of one
-    piece running on a worker thread while the next is read and quantised. At most one piece
-    waits for them. Without ``stats``: the pieces written only (None)."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    if not stats:
-        for arr, mx in pieces:
-            write(mx)
-            progress(arr.nbytes)
-        return None
-    acc = ErrorStats()
-    with ThreadPoolExecutor(1, thread_name_prefix="nk-stats") as pool:
-        pending: Future[None] | None = None
-        for arr, mx in pieces:
-            write(mx)
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(acc.add, arr, mx)
-            progress(arr.nbytes)
-        if pending is not None:
-            pending.result()
-    return acc.result()
-
-
 def _quantize_item(
     name: str,
     entry: ArrayEntry,
@@ -635,12 +579,12 @@ def _quantize_item(
             scales.write(mx.scales.reshape(-1).view(np.uint8).view(scales.spec.dtype))
 
         pieces = transposed_pieces(entry, done) if transpose else quantized_pieces(entry, done, chunk_bytes)
-        report.stats = _pipelined_stats(pieces, write, progress, stats or require_exact)
+        report.stats = pipelined_stats(pieces, write, progress, stats or require_exact)
         if "per_tensor" in by_role:
             pts = done.per_tensor_scale
             assert isinstance(pts, float)
             sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(pts)], np.float32))
-        if require_exact and report.stats is not None and not _exact(report.stats):
+        if require_exact and report.stats is not None and not exact_stats(report.stats):
             src = report.reason.partition(" (")[0].removeprefix("dequantised from ") or report.dtype
             raise FileFormatError(
                 f"{name}: {src} to {done.fmt.name} changes its values (max abs error {report.stats.max_abs_error:.3g}, "
@@ -722,7 +666,7 @@ def _quantize_to_block_file(
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
             with writer.array(name, job.layout(entry.shape), pts, job.rotation, job.fmt.scale) as out:
                 pieces = quantized_pieces(entry, job, chunk_bytes)
-                report.stats = _pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress, stats)
+                report.stats = pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress, stats)
             report.outputs = (name,)
 
 

@@ -135,8 +135,9 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         sub,
         "quantize",
         "quantise the arrays of a file (to the package's .npz file) or a checkpoint (to a layout runtimes load)",
-        arrays + ", a checkpoint folder of .safetensors shards, or a Zarr store (.zarr)",
-        "the block file to write (.npz), the checkpoint folder to write, or the Zarr store (.zarr)",
+        arrays + ", a checkpoint folder of .safetensors shards, a GGUF file (.gguf), or a Zarr store (.zarr)",
+        "the block file to write (.npz), the checkpoint folder to write, the GGUF file (.gguf; docs/gguf.md), "
+        "or the Zarr store (.zarr)",
     )
     q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
     q.add_argument(
@@ -214,14 +215,14 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         sub,
         "dequantize",
         "a block file back to float arrays, or a quantised checkpoint back to a plain one",
-        "a block file (.npz), or a quantised checkpoint folder (any --layout of quantize)",
-        ".npy (one array), .npz or .safetensors; or a checkpoint folder",
+        "a block file (.npz), a quantised checkpoint folder (any --layout of quantize), or a GGUF file",
+        ".npy (one array), .npz or .safetensors; a checkpoint folder; or a GGUF file (from a GGUF file)",
     )
     d.add_argument(
         "--dtype",
         default=None,
         choices=list(INPUT_DTYPES),
-        help="default: float32 for files, bfloat16 for checkpoints",
+        help="default: float32 for files and GGUF files, bfloat16 for checkpoints",
     )
     _shard_option(d, DEFAULT_MAX_SHARD_BYTES)
 

@@ -117,16 +117,20 @@ class _Spares:
         return q
 
 
-def quantized_pieces(entry: ArrayEntry, job: BlockJob, chunk_bytes: int) -> Iterator[tuple[np.ndarray, BlockArray]]:
+def quantized_pieces(
+    entry: ArrayEntry, job: BlockJob, chunk_bytes: int, first: int = 0
+) -> Iterator[tuple[np.ndarray, BlockArray]]:
     """(input piece, its quantisation) over ``entry``, in C order; ``job`` is for the whole array
-    (its per-tensor scale resolved). A piece's codes and scales are valid until two more pieces
-    are asked for (they live in buffers reused from piece to piece, see :class:`_Spares`)."""
+    (its per-tensor scale resolved); ``first``: the C-order index of ``entry``'s first element in
+    a larger array it is part of (stochastic rounding depends on it). A piece's codes and scales
+    are valid until two more pieces are asked for (they live in buffers reused from piece to
+    piece, see :class:`_Spares`)."""
     pieces = Pieces(job.layout(entry.shape))
     cuts = pieces.cuts(_budget(chunk_bytes, entry.dtype.itemsize))
     spares = _Spares()
     for k, start, arr, src in _input_pieces(entry, pieces, chunk_bytes):
         piece_job = dataclasses.replace(job, axis=pieces.piece_layout(cuts[k]).axis)
-        yield arr, spares.quantize(piece_job, arr, src, start)
+        yield arr, spares.quantize(piece_job, arr, src, first + start)
 
 
 def transposed_pieces(entry: ArrayEntry, job: BlockJob) -> Iterator[tuple[np.ndarray, BlockArray]]:

@@ -8,7 +8,7 @@ import argparse
 import functools
 from collections.abc import Callable
 
-from . import bench, checkpoints, doctor, files, info, stores
+from . import bench, checkpoints, doctor, files, gguf, info, stores
 from .inputs import by_input_kind
 
 __all__ = ["COMMANDS"]
@@ -17,10 +17,17 @@ __all__ = ["COMMANDS"]
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": bench.cmd_bench,
     "quantize": functools.partial(
-        by_input_kind, {"zarr": stores.cmd_quantize, "checkpoint": checkpoints.cmd_quantize, "file": files.cmd_quantize}
+        by_input_kind,
+        {
+            "gguf": gguf.cmd_quantize,
+            "zarr": stores.cmd_quantize,
+            "checkpoint": checkpoints.cmd_quantize,
+            "file": files.cmd_quantize,
+        },
     ),
     "dequantize": functools.partial(
-        by_input_kind, {"checkpoint": checkpoints.cmd_dequantize, "file": files.cmd_dequantize}
+        by_input_kind,
+        {"gguf": gguf.cmd_dequantize, "checkpoint": checkpoints.cmd_dequantize, "file": files.cmd_dequantize},
     ),
     "check": doctor.cmd_check,
     "diff": doctor.cmd_diff,

@@ -1,5 +1,5 @@
-"""The kinds of input of ``quantize`` and ``dequantize`` (an array file, a checkpoint folder, a
-Zarr store), told apart by one table, and the command of each kind."""
+"""The kinds of input of ``quantize`` and ``dequantize`` (a GGUF file, an array file, a
+checkpoint folder, a Zarr store), told apart by one table, and the command of each kind."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ import os
 from collections.abc import Callable, Mapping
 
 __all__ = ["INPUT_KINDS", "by_input_kind"]
+
+
+def _gguf_job(args: argparse.Namespace) -> bool:
+    """Whether a command reads or writes a GGUF file (llama.cpp's)."""
+    from .gguf import is_gguf_job
+
+    return is_gguf_job(args)
 
 
 def _zarr_job(args: argparse.Namespace) -> bool:
@@ -41,6 +48,7 @@ def _array_file(args: argparse.Namespace) -> bool:
 #: The kinds of input, in the order they are told apart: an input is of the first kind whose
 #: test holds (among the kinds its command takes).
 INPUT_KINDS: tuple[tuple[str, Callable[[argparse.Namespace], bool]], ...] = (
+    ("gguf", _gguf_job),
     ("zarr", _zarr_job),
     ("checkpoint", _checkpoint_input),
     ("file", _array_file),
