@@ -8,7 +8,8 @@ Llama's shapes quantised one way after another, each with its wall time and peak
    deviation 0.02, written by gguf-py in pieces.
 2. Times ``cat`` of the file into another (the ceiling), ``neuron-kernels quantize`` to NVFP4 and
    MXFP4 (also with ``--no-stats``), and, with ``--llama-quantize`` (llama.cpp's own tool, built
-   from its source), ``llama-quantize`` to NVFP4 and MXFP4_MOE with 2 threads. Each runs
+   from its source), ``llama-quantize`` to NVFP4 (where the tool offers it) and MXFP4_MOE with 2
+   threads, ``--pure`` with the output layer kept in BF16 (the tensors the package quantises). Each runs
    ``--repeat`` times, alternating with ``cat``; the table gives the medians and the ratio to
    ``cat``.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,7 +60,7 @@ def make_llama_gguf(path: Path, layers: int, hidden: int, intermediate: int, voc
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(0)
-    for name, shape in shapes.items():
+    for shape in shapes.values():
         if len(shape) == 1:
             w.write_tensor_data(np.ones(shape, np.float32))
             continue
@@ -89,8 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         jobs[f"neuron-kernels {fmt}"] = [*nk, out, "--format", fmt, "--quiet", "--force"]
         jobs[f"neuron-kernels {fmt} --no-stats"] = [*jobs[f"neuron-kernels {fmt}"], "--no-stats"]
     if args.llama_quantize:
+        # The same tensors as the package: every one llama-quantize may quantise (--pure: no Q8_0 for
+        # the non-expert tensors of MXFP4_MOE) but the output layer, kept in BF16.
+        offered = subprocess.run([args.llama_quantize, "--help"], capture_output=True, text=True)
         for kind in ("NVFP4", "MXFP4_MOE"):
-            jobs[f"llama-quantize {kind}"] = [args.llama_quantize, str(src), str(work / f"lq-{kind}.gguf"), kind, "2"]
+            if f" {kind} " not in offered.stdout + offered.stderr:
+                print(f"{args.llama_quantize} does not offer {kind}", file=sys.stderr)
+                continue
+            out = str(work / f"lq-{kind}.gguf")
+            jobs[f"llama-quantize {kind}"] = [args.llama_quantize, "--pure", "--output-tensor-type", "bf16", str(src),
+                                              out, kind, "2"]  # fmt: skip
     timed(jobs["cat"])  # the page cache warm
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in jobs}
     for _ in range(args.repeat):

@@ -31,6 +31,7 @@ from ..blocks.layout import BlockLayout
 from ..errors import InvalidValueError, NotApplicableError
 from ..formats import BLOCK_FORMATS, BlockFormat
 from ..io.gguf import (
+    UINT32,
     GgufFile,
     GgufOutput,
     GgufTensor,
@@ -219,8 +220,7 @@ def quantize_gguf(
         report.dtype = spec.ggml_type
         report.outputs = (t.name,) + ((scaled,) if scaled else ())
         plans.append(_Plan(t, report, spec.ggml_type, job, scaled))
-    gguf = _gguf_module()
-    changes = {"general.file_type": (spec.file_type, gguf.GGUFValueType.UINT32)}
+    changes = {"general.file_type": (spec.file_type, UINT32)}
     tick = progress or (lambda n: None)
     with atomic_output(dst, force, (src,)) as tmp, GgufOutput(tmp, source, changes) as out:
         for p in plans:
@@ -261,10 +261,12 @@ def _write_quantized(
     def pieces() -> Iterator[tuple[np.ndarray, BlockArray]]:
         from ..io.arrays import raw_entry
 
+        # Each matrix as its rows, pieces of whole rows (whole ggml blocks); a row longer than a
+        # piece (pieces then cut rows at the package's blocks) as rows of one ggml block.
+        width = t.shape[-1] if t.shape[-1] * (entry.dtype.itemsize + 4) <= chunk_bytes else spec.block
         for m in range(matrices):
-            # a matrix as rows of one ggml block: every piece then holds whole blocks
             offset = t.offset + m * per * entry.dtype.itemsize
-            sub = raw_entry(t.path, t.name, (per // spec.block, spec.block), entry.dtype, offset)
+            sub = raw_entry(t.path, t.name, (per // width, width), entry.dtype, offset)
             resolved = resolved_job(sub, job, chunk_bytes)
             scales.append(float(resolved.per_tensor_scale or 1.0))
             yield from quantized_pieces(sub, resolved, chunk_bytes, m * per)
@@ -378,8 +380,7 @@ def dequantize_gguf(
         plan.append((t, type_name if decodable else t.type))
         action = "dequantised" if decodable else "kept"
         reports.append(TensorReport(name, t.shape, t.type, action, "" if decodable else "copied as stored"))
-    gguf = _gguf_module()
-    changes = {"general.file_type": (file_type, gguf.GGUFValueType.UINT32)}
+    changes = {"general.file_type": (file_type, UINT32)}
     tick = progress or (lambda n: None)
     with atomic_output(dst, force, (src,)) as tmp, GgufOutput(tmp, source, changes) as out:
         for t, kind in plan:

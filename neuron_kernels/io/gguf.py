@@ -1,13 +1,14 @@
-"""GGUF files (llama.cpp's): the header read and written through ``gguf`` (gguf-py, llama.cpp's own
-Python package), the tensor data read through memory maps and written piece by piece, and the
-byte layout of the two FP4 block types.
+"""GGUF files (llama.cpp's): the header (read and written here, in the layout of ggml's ``gguf.h``,
+with gguf-py's tables of tensor types and block sizes; the tests read every file written with
+gguf-py's own reader), the tensor data read through memory maps and written piece by piece, and
+the byte layout of the two FP4 block types.
 
 - :func:`open_gguf` reads the header (metadata and tensor table) of a file and checks that every
   tensor's data lies inside it; :class:`GgufTensor` is one tensor, :meth:`GgufTensor.entry` its
   values as an :class:`~.arrays.ArrayEntry` (float types) and :meth:`GgufTensor.raw` its stored
   bytes.
-- :class:`GgufOutput` writes a file: the metadata of a source file with some keys changed, a
-  tensor table declared up front, then each tensor's bytes in order, in pieces.
+- :class:`GgufOutput` writes a file: the metadata entries of a source file as stored, some keys
+  changed, a tensor table declared up front, then each tensor's bytes in order, in pieces.
 - :func:`mxfp4_blocks`, :func:`nvfp4_blocks` and their inverses re-lay 4-bit codes (one per byte)
   and block scale bytes into ggml's blocks and back: ``block_mxfp4`` (type 39) is the e8m0 scale
   then 16 bytes, byte ``j`` holding element ``j`` in its low nibble and element ``j + 16`` in its
@@ -20,9 +21,13 @@ GGUF shapes are numpy's here (the slowest axis first), the reverse of ggml's ``n
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
 import ml_dtypes
@@ -31,7 +36,9 @@ import numpy as np
 from .arrays import ArrayEntry, FileFormatError, mapped, raw_entry
 
 __all__ = [
+    "UINT32",
     "GGUF_SUFFIX",
+    "GgufField",
     "GgufFile",
     "GgufOutput",
     "GgufTensor",
@@ -119,16 +126,98 @@ class GgufTensor:
         return np.asarray(values, np.float32).reshape(self.shape)
 
 
+#: GGUF value types (``gguf_type`` in ggml's ``gguf.h``): the struct format of each scalar type.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+#: The GGUF value type of ``general.file_type``.
+UINT32 = 4
+
+
+class _Cursor:
+    """Little-endian reads from a buffer (a memory map of the file), advancing a position."""
+
+    def __init__(self, buf: Any, pos: int = 0) -> None:
+        self.buf, self.pos = buf, pos
+
+    def scalar(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        if self.pos + n > len(self.buf):
+            raise IndexError("a string runs past the end of the file")
+        text = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", "replace")
+        self.pos += n
+        return text
+
+    def skip(self, kind: int) -> None:
+        """Past one value of GGUF type ``kind``."""
+        if kind in _SCALARS:
+            self.pos += struct.calcsize(_SCALARS[kind])
+        elif kind == _STRING:
+            self.pos += 8 + self.scalar("<Q")
+        elif kind == _ARRAY:
+            item, count = self.scalar("<I"), self.scalar("<Q")
+            if item in _SCALARS:
+                self.pos += count * struct.calcsize(_SCALARS[item])
+            else:
+                for _ in range(count):
+                    self.skip(item)
+        else:
+            raise ValueError(f"unknown GGUF value type {kind}")
+        if self.pos > len(self.buf):
+            raise IndexError("a value runs past the end of the file")
+
+    def value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self.scalar(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        item, count = self.scalar("<I"), self.scalar("<Q")
+        if item in _SCALARS:
+            dtype = np.dtype(_SCALARS[item])
+            values = np.frombuffer(self.buf, dtype, count, self.pos)
+            self.pos += count * dtype.itemsize
+            return values.tolist()
+        return [self.value(item) for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class GgufField:
+    """One metadata entry: its key, GGUF value type and the entry's bytes as stored (key, type and
+    value), copied as they are into a file written from this one."""
+
+    key: str
+    type: int
+    raw: bytes
+    value_at: int
+
+    def contents(self) -> Any:
+        """The value: a number, a string, or a list of them (an array)."""
+        return _Cursor(self.raw, self.value_at).value(self.type)
+
+
+def _field_bytes(key: str, kind: int, value: Any) -> bytes:
+    """A metadata entry of a scalar or string value, as GGUF stores it."""
+    name = key.encode()
+    head = struct.pack("<Q", len(name)) + name + struct.pack("<I", kind)
+    if kind == _STRING:
+        text = str(value).encode()
+        return head + struct.pack("<Q", len(text)) + text
+    return head + struct.pack(_SCALARS[kind], value)
+
+
 @dataclass(frozen=True)
 class GgufFile:
-    """A GGUF file's header: ``fields`` its metadata (gguf-py ``ReaderField`` objects by key,
-    without the ``GGUF.*`` entries of the header itself), ``tensors`` its tensor table in file
-    order."""
+    """A GGUF file's header: ``fields`` its metadata entries by key, ``tensors`` its tensor table
+    in file order, ``alignment`` that of its tensor data."""
 
     path: str
     version: int
     alignment: int
-    fields: dict[str, Any]
+    fields: dict[str, GgufField]
     tensors: dict[str, GgufTensor]
 
     def value(self, key: str, default: Any = None) -> Any:
@@ -146,101 +235,162 @@ class GgufFile:
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GgufFile:
-    """Read the header of a GGUF file. A file that is not GGUF, of a version or tensor type gguf-py
-    does not know, or shorter than its tensor table says raises :class:`FileFormatError`."""
+    """Read the header of a GGUF file (version 2 or 3, little-endian; the layout of ggml's
+    ``gguf.h``, the tensor types and block sizes gguf-py's). A file that is not GGUF, of another
+    version, with a tensor type gguf-py does not know, or shorter than its header or tensor table
+    says raises :class:`FileFormatError`. (gguf-py's own reader takes seconds over the
+    vocabulary of a large model; this one reads the metadata's arrays only when asked.)"""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise FileFormatError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise FileFormatError(f"{path}: is a folder, not a GGUF file") from None
-    if head[:4] != _MAGIC:
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            raise FileFormatError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
+        buf = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    with buf:
+        return _header(path, buf, size)
+
+
+def _header(path: str, buf: Any, size: int) -> GgufFile:
+    if buf[:4] != _MAGIC:
         raise FileFormatError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
-    version = int.from_bytes(head[4:8], "little") if len(head) == 8 else -1
+    version = int.from_bytes(buf[4:8], "little")
     if version not in _VERSIONS:
         raise FileFormatError(
-            f"{path}: GGUF version {version} is not read here (versions {', '.join(map(str, _VERSIONS))})"
+            f"{path}: GGUF version {version} is not read here (versions {', '.join(map(str, _VERSIONS))}, "
+            "little-endian)"
         )
     gguf = _gguf()
-    size = os.path.getsize(path)
+    cur = _Cursor(buf, 8)
+    fields: dict[str, GgufField] = {}
+    infos = []
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:
-        message = str(exc)
-        if "is not a valid GGMLQuantizationType" in message:
-            known = ", ".join(t.name for t in gguf.GGMLQuantizationType)
-            raise FileFormatError(f"{path}: unknown ggml tensor type ({message}); known: {known}") from None
-        raise FileFormatError(f"{path}: truncated or corrupt GGUF file ({size} bytes): {message}") from None
+        n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+        for _ in range(n_kv):
+            start = cur.pos
+            key = cur.string()
+            kind = cur.scalar("<I")
+            value_at = cur.pos - start
+            cur.skip(kind)
+            fields[key] = GgufField(key, kind, bytes(buf[start : cur.pos]), value_at)
+        for _ in range(n_tensors):
+            name = cur.string()
+            dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+            infos.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
+    except (struct.error, IndexError, ValueError, OverflowError, MemoryError) as exc:
+        raise FileFormatError(f"{path}: truncated or corrupt GGUF header ({size} bytes): {exc}") from None
+    alignment = fields["general.alignment"].contents() if "general.alignment" in fields else 32
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise FileFormatError(f"{path}: general.alignment {alignment!r} is not a power of two")
+    data = cur.pos + (-cur.pos % alignment)
     tensors: dict[str, GgufTensor] = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        tensor = GgufTensor(path, t.name, t.tensor_type.name, shape, int(t.data_offset), int(t.n_bytes))
+    known = {int(t): t.name for t in gguf.GGMLQuantizationType}
+    for name, dims, kind, offset in infos:
+        if kind not in known:
+            raise FileFormatError(
+                f"{path}[{name}]: unknown ggml tensor type {kind} (gguf-py {gguf_version()} knows "
+                f"{', '.join(known.values())})"
+            )
+        if name in tensors:
+            raise FileFormatError(f"{path}: two tensors are named {name}")
+        tensor = GgufTensor(path, name, known[kind], tuple(int(d) for d in reversed(dims)), data + offset, 0)
+        elements, nbytes = tensor.block
+        if tensor.shape and tensor.shape[-1] % elements:
+            raise FileFormatError(f"{path}[{name}]: rows of {tensor.shape[-1]} are not whole {tensor.type} blocks")
+        tensor = replace(tensor, nbytes=tensor.size // elements * nbytes)
         if tensor.offset + tensor.nbytes > size:
             raise FileFormatError(
-                f"{path}: truncated: tensor {t.name} ends at byte {tensor.offset + tensor.nbytes}, the file has {size}"
+                f"{path}: truncated: tensor {name} ends at byte {tensor.offset + tensor.nbytes}, the file has {size}"
             )
-        if shape and tensor.type not in _PLAIN and shape[-1] % tensor.block[0]:
-            raise FileFormatError(f"{path}[{t.name}]: rows of {shape[-1]} are not whole {tensor.type} blocks")
-        tensors[t.name] = tensor
-    fields = {k: v for k, v in reader.fields.items() if not k.startswith("GGUF.")}
-    alignment = int(getattr(reader, "alignment", 32))
-    del reader  # its memory map of the whole file
+        tensors[name] = tensor
     return GgufFile(path, version, alignment, fields, tensors)
 
 
-class GgufOutput:
-    """A GGUF file written in one pass: :meth:`add` declares each tensor (name, numpy shape, ggml
-    type) in file order, :meth:`begin` writes the header (the metadata of ``source`` with
-    ``changes`` applied: key -> (value, gguf-py ``GGUFValueType``), None to drop a key), then
-    :meth:`write` takes each tensor's bytes in order, in pieces of any size."""
+def gguf_version() -> str:
+    from importlib.metadata import version
 
-    def __init__(self, path: str, source: GgufFile, changes: dict[str, tuple[Any, Any] | None]) -> None:
-        gguf = _gguf()
+    return version("gguf")
+
+
+class GgufOutput:
+    """A GGUF file (version 3) written in one pass: :meth:`add` declares each tensor (name, numpy
+    shape, ggml type) in file order, :meth:`begin` writes the header (the metadata entries of
+    ``source`` as stored, in its order, with ``changes`` applied: key -> (value, GGUF value type of
+    a scalar or string), None to drop a key), then :meth:`write` takes each tensor's bytes in
+    order, in pieces of any size."""
+
+    def __init__(self, path: str, source: GgufFile, changes: dict[str, tuple[Any, int] | None]) -> None:
         self.path = path
-        arch = source.architecture or ""
-        self._writer = gguf.GGUFWriter(path, arch, use_temp_file=False)
-        self._writer.data_alignment = source.alignment
-        self._writer.kv_data = [{}]  # the source's keys, general.architecture included, in its order
-        for key, field in source.fields.items():  # in the source's order, a changed key in its place
-            if key in changes:
-                change = changes[key]
-                if change is not None:
-                    self._writer.add_key_value(key, change[0], change[1])
-                continue
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            self._writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-        for key, change in changes.items():
-            if change is not None and key not in source.fields:
-                self._writer.add_key_value(key, change[0], change[1])
-        self._planned: list[tuple[str, int]] = []
+        self._source = source
+        self._changes = changes
+        self._planned: list[tuple[str, tuple[int, ...], int, int]] = []  # name, shape, type, bytes
         self._current = 0
         self._left = 0
+        self._written = 0  # bytes handed to the writer thread so far
         self._out: BinaryIO | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future[Any]] = deque()
 
     def add(self, name: str, shape: tuple[int, ...], type_name: str) -> None:
-        gguf = _gguf()
         kind = ggml_type(type_name)
-        elements, nbytes = gguf.GGML_QUANT_SIZES[kind]
+        elements, nbytes = _gguf().GGML_QUANT_SIZES[kind]
         size = int(np.prod(shape, dtype=np.int64))
-        total = size // elements * nbytes
-        # the shape is given in elements (gguf-py takes a uint8 array's shape as bytes instead)
-        self._writer.add_tensor_info(name, shape, np.dtype(np.float32), total, kind)
-        self._planned.append((name, total))
+        self._planned.append((name, shape, int(kind), size // elements * nbytes))
+
+    def _header(self) -> bytes:
+        fields = []
+        for key, field in self._source.fields.items():  # in the source's order, a changed key in its place
+            if key in self._changes:
+                change = self._changes[key]
+                if change is not None:
+                    fields.append(_field_bytes(key, int(change[1]), change[0]))
+            else:
+                fields.append(field.raw)
+        for key, change in self._changes.items():
+            if change is not None and key not in self._source.fields:
+                fields.append(_field_bytes(key, int(change[1]), change[0]))
+        head = [_MAGIC, struct.pack("<IQQ", 3, len(self._planned), len(fields)), *fields]
+        offset, align = 0, self._source.alignment
+        for name, shape, kind, nbytes in self._planned:
+            encoded = name.encode()
+            dims = struct.pack(f"<{len(shape)}Q", *reversed(shape))
+            head += [struct.pack("<Q", len(encoded)), encoded, struct.pack("<I", len(shape)), dims]
+            head.append(struct.pack("<IQ", kind, offset))
+            offset += nbytes + (-nbytes % align)
+        return b"".join(head)
 
     def begin(self) -> None:
-        self._writer.write_header_to_file()
-        self._writer.write_kv_data_to_file()
-        self._writer.write_ti_data_to_file()
-        self._out = self._writer.fout[0]
+        self._out = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nk-gguf-writer")
+        self._emit(np.frombuffer(self._header(), np.uint8))
         self._pad()
-        self._left = self._planned[0][1] if self._planned else 0
+        self._left = self._planned[0][3] if self._planned else 0
+        self._skip_empty()
+
+    def _emit(self, data: np.ndarray) -> None:
+        """Hand ``data`` to the writer thread, which writes while the caller makes the next piece
+        (at most two pieces wait; an error of the writer is raised here, at the next piece)."""
+        assert self._pool is not None and self._out is not None
+        while len(self._pending) >= 2:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(self._out.write, data.data))
+        self._written += data.nbytes
 
     def _pad(self) -> None:
-        assert self._out is not None
-        align = self._writer.data_alignment
-        self._out.write(b"\0" * (-self._out.tell() % align))
+        self._emit(np.zeros(-self._written % self._source.alignment, np.uint8))
+
+    def _skip_empty(self) -> None:
+        while self._left == 0 and self._current < len(self._planned):
+            self._pad()
+            self._current += 1
+            self._left = self._planned[self._current][3] if self._current < len(self._planned) else -1
 
     def write(self, data: np.ndarray) -> None:
         """The next bytes of the current tensor (any array: its bytes in C order)."""
@@ -249,28 +399,34 @@ class GgufOutput:
         if n > self._left:
             name = self._planned[self._current][0] if self._current < len(self._planned) else "(none)"
             raise RuntimeError(f"{n} bytes written to {name}, {self._left} were left")
-        self._out.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
+        self._emit(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         self._left -= n
-        while self._left == 0 and self._current < len(self._planned):
-            self._pad()
-            self._current += 1
-            self._left = self._planned[self._current][1] if self._current < len(self._planned) else -1
+        self._skip_empty()
 
-    def close(self) -> None:
-        if self._out is not None and self._current < len(self._planned):
-            name = self._planned[self._current][0]
-            self._writer.close()
-            raise RuntimeError(f"{self.path}: tensor {name} was not written in full")
-        self._writer.close()
+    def close(self, failed: bool = False) -> None:
+        """Wait for the writer and close the file (``failed``: without raising the writer's errors)."""
+        if self._out is None:
+            return
+        out, self._out = self._out, None
+        try:
+            while self._pending:
+                future = self._pending.popleft()
+                if failed:
+                    future.exception()
+                else:
+                    future.result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+            out.close()
+        if not failed and self._current < len(self._planned):
+            raise RuntimeError(f"{self.path}: tensor {self._planned[self._current][0]} was not written in full")
 
     def __enter__(self) -> GgufOutput:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        else:
-            self._writer.close()
+        self.close(failed=exc[0] is not None)
 
 
 # ---- the FP4 blocks ----------------------------------------------------------------------------------
@@ -279,11 +435,7 @@ class GgufOutput:
 def mxfp4_blocks(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """ggml ``block_mxfp4`` bytes (n / 32, 17) of ``codes`` (n 4-bit codes, one per byte, in
     element order; n a multiple of 32) and their ``scales`` (n / 32 e8m0 bytes)."""
-    c = codes.reshape(-1, 32)
-    out = np.empty((c.shape[0], 17), np.uint8)
-    out[:, 0] = scales.reshape(-1).view(np.uint8)
-    np.bitwise_or(c[:, :16], c[:, 16:] << 4, out=out[:, 1:])
-    return out
+    return _blocks(codes, scales, 32, 32)
 
 
 def mxfp4_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -299,10 +451,19 @@ def nvfp4_blocks(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """ggml ``block_nvfp4`` bytes (n / 64, 36) of ``codes`` (n 4-bit codes, one per byte, in
     element order; n a multiple of 64) and their ``scales`` (n / 16 float8_e4m3fn bytes, one per 16
     elements; ggml reads them as unsigned UE4M3, so they must be positive or zero)."""
-    c = codes.reshape(-1, 4, 16)
-    out = np.empty((c.shape[0], 36), np.uint8)
-    out[:, :4] = scales.reshape(-1, 4).view(np.uint8)
-    np.bitwise_or(c[:, :, :8], c[:, :, 8:] << 4, out=out[:, 4:].reshape(-1, 4, 8))
+    return _blocks(codes, scales, 64, 16)
+
+
+def _blocks(codes: np.ndarray, scales: np.ndarray, block: int, group: int) -> np.ndarray:
+    from .._parallel import run_tasks
+    from ..kernels.ggml import ggml_blocks
+
+    c = np.ascontiguousarray(codes).reshape(-1).view(np.uint8)
+    if c.size % block:
+        raise ValueError(f"{c.size} codes are not whole ggml blocks of {block}")
+    out = np.empty((c.size // block, block // group + block // 2), np.uint8)
+    s = np.ascontiguousarray(scales).reshape(-1).view(np.uint8)
+    run_tasks(ggml_blocks, out.shape[0], c.size, (c, s, out, block, group))
     return out
 
 
