@@ -6,6 +6,8 @@ activations in its FP4 dot products, and far from those of the unquantised model
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -24,12 +26,12 @@ def _llama():
     return llama_cpp
 
 
-def _logits(path) -> np.ndarray:
+def _logits(path, tokens=TOKENS) -> np.ndarray:
     llama_cpp = _llama()
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=1, logits_all=True, verbose=False)
     try:
-        llm.eval(TOKENS)
-        return np.array(llm.scores[: len(TOKENS)], np.float32)
+        llm.eval(list(tokens))
+        return np.array(llm.scores[: len(tokens)], np.float32)
     finally:
         llm.close()
 
@@ -52,3 +54,22 @@ def test_llama_cpp_runs_the_quantised_model(tmp_path, fmt, experts):
     assert _distance(quantised, fake) < 0.05
     assert _distance(quantised, original) > 4 * _distance(quantised, fake)
     assert (quantised.argmax(1) == fake.argmax(1)).mean() >= 0.75
+
+
+@pytest.mark.parametrize(
+    "source, fmt",
+    [("modelopt/nvfp4", "nvfp4"), ("llmcompressor/nvfp4", "nvfp4"), ("llmcompressor/mxfp4", "mxfp4_e2m1")],
+)
+def test_llama_cpp_runs_checkpoints_carried_over(tmp_path, source, fmt):
+    """ModelOpt's and llm-compressor's checkpoints of the fixtures' tiny Llama carried into its GGUF
+    file: llama.cpp runs them as it runs their dequantised weights in F32."""
+    _llama()
+    fixtures = Path(__file__).parent / "fixtures"
+    template = fixtures / "gguf" / "llama-bf16.gguf"
+    run("quantize", fixtures / source, "q.gguf", "--format", fmt, "--template", template, cwd=tmp_path)
+    run("dequantize", "q.gguf", "fake.gguf", "--dtype", "float32", cwd=tmp_path)
+    tokens = [1, 40, 90, 17, 120, 3, 64, 100]  # the fixtures' vocabulary has 128 tokens
+    quantised, fake, original = (_logits(p, tokens) for p in (tmp_path / "q.gguf", tmp_path / "fake.gguf", template))
+    assert np.isfinite(quantised).all()
+    assert _distance(quantised, fake) < 0.05
+    assert _distance(quantised, original) > 2 * _distance(quantised, fake)

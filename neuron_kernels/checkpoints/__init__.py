@@ -14,7 +14,8 @@ processed in bounded memory. One module per job:
   of block arrays, :mod:`neuron_kernels.io.blockfile`), ``modelopt`` (NVIDIA ModelOpt's NVFP4,
   MXFP8 and FP8, read only), ``fp8`` (fine-grained FP8, read only);
 - :mod:`.gguf`: GGUF files, llama.cpp's (:func:`quantize_gguf` to MXFP4 or NVFP4 blocks,
-  :func:`dequantize_gguf`, :func:`load_gguf`);
+  :func:`dequantize_gguf`, :func:`load_gguf`) and :mod:`.gguf_carry` (a quantised checkpoint
+  carried into GGUF, :func:`carry_into_gguf`);
 - :mod:`.convert`: :func:`quantize_checkpoint` (from a plain checkpoint or a quantised one of any
   layout read: converted byte for byte to the same format, else dequantised exactly and
   quantised), :func:`dequantize_checkpoint`, :func:`load_checkpoint`.
@@ -34,6 +35,7 @@ from .folder import CONFIG_NAME as CONFIG_NAME
 from .folder import INDEX_NAME as INDEX_NAME
 from .folder import Checkpoint, open_checkpoint
 from .gguf import dequantize_gguf, load_gguf, quantize_gguf
+from .gguf_carry import carry_into_gguf
 from .layouts import LAYOUTS, CheckpointLayout, StoredWeight
 from .layouts import Output as Output
 from .layouts import detect_layout as detect_layout
@@ -59,6 +61,7 @@ __all__ = [
     "quantize_gguf",
     "dequantize_gguf",
     "load_gguf",
+    "carry_into_gguf",
     "tensor_decision",
     "expert_decision",
     "fused_groups",

@@ -179,6 +179,12 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         help="refuse (exit 2, nothing written) a checkpoint conversion that would change a value; converting "
         'keeps every value where it can (docs/checkpoints.md "Exact conversions")',
     )
+    q.add_argument(
+        "--template",
+        metavar="MODEL.gguf",
+        help="carry a quantised checkpoint folder's NVFP4 / MXFP4 weights into a GGUF OUTPUT without re-quantising, "
+        "the metadata, names and other tensors from this GGUF file of the same model (docs/gguf.md)",
+    )
     _block_options(q)
     q.add_argument("--block-shape", type=_block_shape, metavar="RxC", help="2-D tiles over the last two axes")
     q.add_argument("--scale-mode", default=None, choices=list(SCALE_MODES), help="default: the format's")

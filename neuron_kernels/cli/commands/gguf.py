@@ -18,12 +18,20 @@ _SUFFIX = ".gguf"
 def is_gguf_job(args: argparse.Namespace) -> bool:
     """Whether a command reads or writes a GGUF file."""
     output = getattr(args, "output", "") or ""
-    return args.input.lower().endswith(_SUFFIX) or output.lower().endswith(_SUFFIX)
+    template = getattr(args, "template", None) is not None
+    return template or args.input.lower().endswith(_SUFFIX) or output.lower().endswith(_SUFFIX)
 
 
 def _check_paths(args: argparse.Namespace, what: str) -> None:
     if not (args.input.lower().endswith(_SUFFIX) and args.output.lower().endswith(_SUFFIX)):
-        raise UsageError(f"a GGUF file is {what} into a GGUF file: INPUT and OUTPUT must both end in {_SUFFIX}")
+        raise UsageError(
+            f"a GGUF file is {what} into a GGUF file: INPUT and OUTPUT must both end in {_SUFFIX}"
+            + (
+                " (a quantised checkpoint folder goes into GGUF with --template MODEL.gguf)"
+                if what == "quantised"
+                else ""
+            )
+        )
     if args.name is not None:
         raise UsageError(f"--name picks an array of a file; a GGUF file is {what} whole")
     unused = [
@@ -46,6 +54,8 @@ def _check_paths(args: argparse.Namespace, what: str) -> None:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ...checkpoints.gguf import GGUF_FORMATS, quantize_gguf
 
+    if getattr(args, "template", None) is not None:
+        return _carry(args)
     _check_paths(args, "quantised")
     if args.format not in GGUF_FORMATS:
         raise UsageError(f"GGUF stores {' and '.join(GGUF_FORMATS)} blocks; --format {args.format} is not one of them")
@@ -80,6 +90,32 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         print(name_columns("kept", "shape", width, "type") + "  why")
         for r in kept:
             print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")
+    return 0
+
+
+def _carry(args: argparse.Namespace) -> int:
+    """A quantised checkpoint folder carried into GGUF (docs/gguf.md "Carried over without loss")."""
+    from ...checkpoints.gguf_carry import carry_into_gguf
+
+    if not args.output.lower().endswith(_SUFFIX) or not args.template.lower().endswith(_SUFFIX):
+        raise UsageError(f"--template and OUTPUT are GGUF files (ending in {_SUFFIX})")
+    if not os.path.isdir(args.input) and not args.input.lower().endswith(".safetensors"):
+        raise UsageError("with --template, INPUT is a quantised checkpoint folder (or .safetensors file)")
+    with progress_bar(args, os.path.getsize(args.template), "carry into GGUF") as progress:
+        reports = carry_into_gguf(
+            args.input, args.template, args.output, args.format, force=args.force, progress=progress
+        )
+    carried = [r for r in reports if r.action == "converted"]
+    print(
+        f"{args.output}: {len(carried)} weight(s) carried from {args.input} (bytes copied), "
+        f"the rest from {args.template}"
+    )
+    width = max([32] + [len(r.name) + 2 for r in reports])
+    for r in carried:
+        print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")
+    for r in reports:
+        if r.action == "kept" and r.reason != "the template's":
+            print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  kept: {r.reason}")
     return 0
 
 

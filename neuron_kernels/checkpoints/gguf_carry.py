@@ -1,0 +1,223 @@
+"""A Hugging Face checkpoint already in NVFP4 or MXFP4 carried into GGUF without re-quantising: its
+codes and block scales re-laid into ggml's blocks byte for byte, its per-tensor scale as the
+``NAME.scale`` tensor, into the tensor table and metadata of a GGUF file of the same model (the
+template: its names, hyperparameters, tokenizer and every tensor not carried).
+
+Each quantised weight is placed by gguf-py's table of tensor names for the template's
+architecture (``gguf.get_tensor_name_map``) and then checked against the template's own tensor of
+that name: the carried values must be the template's up to FP4 rounding (at least
+:data:`MIN_MATCH_DB` of SQNR), as they are or with their rows in the order llama.cpp's converter
+gives the rotary projections (its ``permute``, over the heads or the key-value heads). A weight
+that matches in neither order is refused, never guessed; a weight of another format, or one the
+template has no tensor for, is reported and the template's tensor kept.
+
+The contract: ``docs/gguf.md`` ("Carried over without loss").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidValueError, NotApplicableError
+from ..io.gguf import UINT32, GgufFile, GgufOutput, GgufTensor, byte_pieces, open_gguf
+from ..io.outputs import atomic_output
+from .gguf import GGUF_FORMATS, NVFP4_SCALED
+from .layouts import open_any, stored_weights
+from .reports import TensorReport
+
+__all__ = ["MIN_MATCH_DB", "carry_into_gguf"]
+
+#: The SQNR (dB) between a carried weight's values and the template's own tensor below which the
+#: two are not the same weight (FP4 of the same weight gives 17-21 dB; another weight, or the
+#: right weight with its rows in another order, about 0 dB or less).
+MIN_MATCH_DB = 10.0
+
+
+def _rotary_rows(rows: int, heads: int) -> np.ndarray | None:
+    """The row order llama.cpp's converter gives a rotary projection of ``heads`` heads (its
+    ``permute``: each head's two halves interleaved), as indices into the checkpoint's rows."""
+    if heads <= 0 or rows % (2 * heads):
+        return None
+    return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
+
+
+def _sqnr_db(reference: np.ndarray, values: np.ndarray) -> float:
+    noise = float(np.sum((reference.astype(np.float64) - values) ** 2))
+    signal = float(np.sum(reference.astype(np.float64) ** 2))
+    return float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-300) / noise)
+
+
+def _name_map(template: GgufFile) -> Callable[[str], str | None]:
+    import gguf
+
+    arch = template.architecture
+    by_name = {name: arch_id for arch_id, name in gguf.MODEL_ARCH_NAMES.items()}
+    if arch not in by_name:
+        raise NotApplicableError(f"{template.path}: gguf-py has no table of tensor names for architecture {arch!r}")
+    blocks = int(template.value(f"{arch}.block_count", 0))
+    table = gguf.get_tensor_name_map(by_name[arch], blocks)
+
+    def gguf_name(hf_name: str) -> str | None:
+        found = table.get_name(hf_name, try_suffixes=(".weight",))
+        return found if found is None else str(found)
+
+    return gguf_name
+
+
+def carry_into_gguf(
+    checkpoint: str | os.PathLike[str],
+    template: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    fmt: str | None = None,
+    *,
+    force: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> list[TensorReport]:
+    """Write ``dst``: the GGUF file ``template`` with every NVFP4 and MXFP4 weight (only those of
+    ``fmt``, if given) of the quantised checkpoint ``checkpoint`` (compressed-tensors, ModelOpt,
+    any layout the package reads with 1-D blocks along rows) carried into it as it is stored (see
+    the module docstring). Returns a report per weight of the checkpoint not carried and per
+    tensor of the output: ``converted`` (carried, bytes copied) or ``kept`` (with the reason)."""
+    checkpoint, template, dst = os.fspath(checkpoint), os.fspath(template), os.fspath(dst)
+    tpl = open_gguf(template)
+    gguf_name = _name_map(tpl)
+    arch = tpl.architecture
+    heads = int(tpl.value(f"{arch}.attention.head_count", 0) or 0)
+    kv_heads = int(tpl.value(f"{arch}.attention.head_count_kv", heads) or heads)
+    ckpt, layout = open_any(checkpoint)
+    if layout is None:
+        raise NotApplicableError(f"{checkpoint}: holds no quantised weight to carry (quantize the GGUF file instead)")
+    carried: dict[str, tuple[Any, np.ndarray]] = {}  # GGUF name -> (block array, row order)
+    inputs: dict[str, float | None] = {}  # GGUF name -> its activations' per-tensor scale
+    notes: list[TensorReport] = []
+    wanted = fmt
+    if wanted is not None and wanted not in GGUF_FORMATS:
+        raise NotApplicableError(f"GGUF stores {' and '.join(GGUF_FORMATS)} blocks; got format {wanted!r}")
+    for w in stored_weights(ckpt, layout):
+        fmt = w.layout.fmt
+        target = gguf_name(w.name)
+        if (
+            fmt not in GGUF_FORMATS
+            or (wanted is not None and fmt != wanted)
+            or w.transpose
+            or w.layout.block_rows != 1
+            or len(w.layout.shape) != 2
+        ):
+            why = (
+                f"{fmt} weights are not carried ("
+                + (f"only {wanted}" if wanted else f"GGUF holds {' and '.join(GGUF_FORMATS)} blocks along rows")
+                + "); the template's tensor kept"
+            )
+            notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", why))
+            continue
+        if target is None or target not in tpl.tensors:
+            notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", f"the template has no tensor for {w.name}"))
+            continue
+        tensor = tpl.tensors[target]
+        if tensor.shape != w.layout.shape:
+            raise InvalidValueError(
+                f"{checkpoint}[{w.name}] is {w.layout.shape}, the template's {target} is {tensor.shape}: "
+                "not the same model"
+            )
+        spec = GGUF_FORMATS[fmt]
+        if w.layout.shape[-1] % spec.block or w.layout.block_size != spec.format.block_size:
+            raise InvalidValueError(
+                f"{checkpoint}[{w.name}]: blocks of {w.layout.block_size} over rows of {w.layout.shape[-1]} are not "
+                f"ggml's {spec.ggml_type} blocks ({spec.block} elements, a scale per {spec.format.block_size})"
+            )
+        ba = w.block_array()
+        carried[target] = (ba, _row_order(checkpoint, w.name, ba, tensor, heads, kv_heads))
+        inputs[target] = _input_scale(ckpt.tensors, w.dropped)
+    reports: list[TensorReport] = []
+    plan: list[tuple[GgufTensor | None, str, tuple[int, ...], str, Any]] = []
+    for name, t in tpl.tensors.items():
+        scale_of = name[: -len("scale")] + "weight" if name.endswith(".scale") else None
+        input_of = name[: -len("input_scale")] + "weight" if name.endswith(".input_scale") else None
+        if scale_of in carried or input_of in carried:
+            continue  # the template's own scales of a weight carried: replaced below
+        if name not in carried:
+            plan.append((t, name, t.shape, t.type, None))
+            reports.append(TensorReport(name, t.shape, t.type, "kept", "the template's"))
+            continue
+        ba, order = carried[name]
+        spec = GGUF_FORMATS[ba.fmt]
+        pts = ba.per_tensor_scale
+        if spec.unsigned_scales and pts is not None and not NVFP4_SCALED.fullmatch(name) and pts != 1:
+            plan.append((t, name, t.shape, t.type, None))
+            reason = "llama.cpp reads no per-tensor scale for it; the template's kept"
+            reports.append(TensorReport(name, t.shape, t.type, "kept", reason))
+            continue
+        plan.append((None, name, t.shape, spec.ggml_type, (ba, order)))
+        outputs = (name,)
+        if spec.unsigned_scales and pts is not None and NVFP4_SCALED.fullmatch(name):
+            scale = name[: -len("weight")] + "scale"
+            plan.append((None, scale, (1,), "F32", np.array([pts], np.float32)))
+            outputs += (scale,)
+            if inputs.get(name) is not None:
+                input_scale = name[: -len("weight")] + "input_scale"
+                plan.append((None, input_scale, (1,), "F32", np.array([inputs[name]], np.float32)))
+                outputs += (input_scale,)
+        how = "codes and scales re-laid" + (" (rows in llama.cpp's rotary order)" if order is not None else "")
+        reports.append(TensorReport(name, t.shape, spec.ggml_type, "converted", how, outputs=outputs))
+    file_type = {GGUF_FORMATS[ba.fmt].file_type for ba, _ in carried.values()}
+    changes = {"general.file_type": (file_type.pop(), UINT32)} if len(file_type) == 1 else {}
+    tick = progress or (lambda n: None)
+    with atomic_output(dst, force, (checkpoint, template)) as tmp, GgufOutput(tmp, tpl, changes) as out:
+        for _, name, shape, kind, _ in plan:
+            out.add(name, shape, kind)
+        out.begin()
+        for source, _, _, _, payload in plan:
+            if source is not None:
+                for piece in byte_pieces(source, 64 << 20):
+                    out.write(piece)
+                    tick(piece.nbytes)
+            elif isinstance(payload, np.ndarray):
+                out.write(payload)
+            else:
+                ba, order = payload
+                out.write(_blocks_of(ba, order))
+    return notes + reports
+
+
+def _input_scale(tensors: dict[str, Any], parts: tuple[str, ...]) -> float | None:
+    """A weight's activation scale as llama.cpp's ``NAME.input_scale`` holds it (a multiplier):
+    ModelOpt's ``input_scale`` as it is, compressed-tensors' ``input_global_scale`` inverted."""
+    for part in parts:
+        kind = part.rpartition(".")[2]
+        if kind in ("input_scale", "input_global_scale") and part in tensors:
+            value = np.asarray(tensors[part].read(), np.float32).reshape(-1)
+            if value.size == 1:
+                return float(value[0]) if kind == "input_scale" else float(np.float32(1) / value[0])
+    return None
+
+
+def _row_order(checkpoint: str, name: str, ba: Any, tensor: GgufTensor, heads: int, kv_heads: int) -> np.ndarray | None:
+    """The order of ``ba``'s rows that matches the template's ``tensor`` (None: as they are)."""
+    values = ba.dequantize()
+    reference = tensor.decoded().reshape(values.shape)
+    tried = []
+    for order in (None, _rotary_rows(values.shape[0], heads), _rotary_rows(values.shape[0], kv_heads)):
+        if order is None and tried:
+            continue
+        db = _sqnr_db(reference, values if order is None else values[order])
+        tried.append(f"{db:.1f} dB")
+        if db >= MIN_MATCH_DB:
+            return order
+    raise InvalidValueError(
+        f"{checkpoint}[{name}] does not match the template's {tensor.name} in any known row order "
+        f"(SQNR {', '.join(tried)}; at least {MIN_MATCH_DB:g} dB expected): not the same model's weight"
+    )
+
+
+def _blocks_of(ba: Any, order: np.ndarray | None) -> np.ndarray:
+    """ggml's blocks of a block array (rows reordered first where ``order`` says)."""
+    spec = GGUF_FORMATS[ba.fmt]
+    codes = ba.unpacked_codes()
+    scales = ba.scales.view(np.uint8)
+    if order is not None:
+        codes, scales = codes[order], scales[order]
+    return spec.to_blocks(codes, scales)
