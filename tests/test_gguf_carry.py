@@ -128,3 +128,24 @@ def test_usage(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and "holds no quantised weight" in r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_experts_stacked_as_llama_cpp_stacks_them(tmp_path):
+    """A Mixtral's per-expert NVFP4 weights (written by the package in compressed-tensors) carried
+    into the converter's GGUF file of the same model: each layer's experts stacked into
+    ffn_*_exps in expert order, their codes and scales byte for byte, one .scale per expert."""
+    run("quantize", FIXTURES / "gguf" / "mixtral-bf16", "ct", "--format", "nvfp4", cwd=tmp_path)
+    reports = carry_into_gguf(tmp_path / "ct", FIXTURES / "gguf" / "mixtral-bf16.gguf", tmp_path / "c.gguf")
+    stacked = {r.name: r for r in reports if "experts stacked" in r.reason}
+    assert set(stacked) == {f"blk.0.ffn_{p}_exps.weight" for p in ("gate", "up", "down")}
+    stored = nk.load_checkpoint(tmp_path / "ct")
+    carried = nk.load_checkpoint(tmp_path / "c.gguf")
+    for name, proj in (("gate", "w1"), ("down", "w2"), ("up", "w3")):
+        experts = carried[f"blk.0.ffn_{name}_exps.weight"]
+        for e, got in enumerate(experts):
+            want = stored[f"model.layers.0.block_sparse_moe.experts.{e}.{proj}.weight"]
+            np.testing.assert_array_equal(got.unpacked_codes(), want.unpacked_codes())
+            np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
+            assert got.per_tensor_scale == want.per_tensor_scale
+    scales = _tensors(tmp_path / "c.gguf")["blk.0.ffn_up_exps.scale"]
+    assert scales.data.shape == (4,) and len(set(scales.data.tolist())) == 4  # one per expert

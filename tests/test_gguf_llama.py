@@ -58,15 +58,26 @@ def test_llama_cpp_runs_the_quantised_model(tmp_path, fmt, experts):
 
 @pytest.mark.parametrize(
     "source, fmt",
-    [("modelopt/nvfp4", "nvfp4"), ("llmcompressor/nvfp4", "nvfp4"), ("llmcompressor/mxfp4", "mxfp4_e2m1")],
+    [
+        ("modelopt/nvfp4", "nvfp4"),
+        ("llmcompressor/nvfp4", "nvfp4"),
+        ("llmcompressor/mxfp4", "mxfp4_e2m1"),
+        ("gguf/mixtral-bf16", "nvfp4"),
+        ("gguf/mixtral-bf16", "mxfp4_e2m1"),
+    ],
 )
 def test_llama_cpp_runs_checkpoints_carried_over(tmp_path, source, fmt):
-    """ModelOpt's and llm-compressor's checkpoints of the fixtures' tiny Llama carried into its GGUF
-    file: llama.cpp runs them as it runs their dequantised weights in F32."""
+    """ModelOpt's and llm-compressor's checkpoints of the fixtures' tiny Llama, and the package's of
+    their tiny Mixtral (experts stacked), carried into the converter's GGUF file of the same model:
+    llama.cpp runs them as it runs their dequantised weights in F32."""
     _llama()
     fixtures = Path(__file__).parent / "fixtures"
-    template = fixtures / "gguf" / "llama-bf16.gguf"
-    run("quantize", fixtures / source, "q.gguf", "--format", fmt, "--template", template, cwd=tmp_path)
+    checkpoint = fixtures / source
+    template = fixtures / "gguf" / ("mixtral-bf16.gguf" if "mixtral" in source else "llama-bf16.gguf")
+    if "mixtral" in source:  # the unquantised model: quantised by the package first
+        run("quantize", checkpoint, "ct", "--format", fmt, cwd=tmp_path)
+        checkpoint = tmp_path / "ct"
+    run("quantize", checkpoint, "q.gguf", "--format", fmt, "--template", template, cwd=tmp_path)
     run("dequantize", "q.gguf", "fake.gguf", "--dtype", "float32", cwd=tmp_path)
     tokens = [1, 40, 90, 17, 120, 3, 64, 100]  # the fixtures' vocabulary has 128 tokens
     quantised, fake, original = (_logits(p, tokens) for p in (tmp_path / "q.gguf", tmp_path / "fake.gguf", template))

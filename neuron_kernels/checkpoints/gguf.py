@@ -240,12 +240,6 @@ def quantize_gguf(
     return [p.report for p in plans]
 
 
-def _gguf_module() -> Any:
-    import gguf
-
-    return gguf
-
-
 def _write_quantized(
     out: GgufOutput, plan: _Plan, spec: GgufFormat, chunk_bytes: int, tick: Progress, stats: bool
 ) -> list[float]:
@@ -403,12 +397,12 @@ def dequantize_gguf(
 
 def _decodes(t: GgufTensor) -> bool:
     """Whether gguf-py decodes blocks of ``t``'s type (tried on its first block)."""
+    import gguf
+
     if not t.nbytes:
         return False
     try:
-        _gguf_module().quants.dequantize(
-            t.raw(0, t.block[1]).reshape(1, -1), _gguf_module().GGMLQuantizationType[t.type]
-        )
+        gguf.quants.dequantize(t.raw(0, t.block[1]).reshape(1, -1), gguf.GGMLQuantizationType[t.type])
     except NotImplementedError:
         return False
     return True

@@ -17,6 +17,7 @@ The contract: ``docs/gguf.md`` ("Carried over without loss").
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,9 @@ from .layouts import open_any, stored_weights
 from .reports import TensorReport
 
 __all__ = ["MIN_MATCH_DB", "carry_into_gguf"]
+
+#: A per-expert weight (``...mlp.experts.3.gate_proj.weight``): its module, expert and projection.
+_EXPERT = re.compile(r"(.+)\.experts\.(\d+)\.([^.]+)\.weight")
 
 #: The SQNR (dB) between a carried weight's values and the template's own tensor below which the
 #: two are not the same weight (FP4 of the same weight gives 17-21 dB; another weight, or the
@@ -91,15 +95,15 @@ def carry_into_gguf(
     ckpt, layout = open_any(checkpoint)
     if layout is None:
         raise NotApplicableError(f"{checkpoint}: holds no quantised weight to carry (quantize the GGUF file instead)")
-    carried: dict[str, tuple[Any, np.ndarray]] = {}  # GGUF name -> (block array, row order)
-    inputs: dict[str, float | None] = {}  # GGUF name -> its activations' per-tensor scale
+    carried: dict[str, tuple[list[Any], np.ndarray | None]] = {}  # GGUF name -> (block arrays, row order)
+    inputs: dict[str, list[float | None]] = {}  # GGUF name -> its activations' per-tensor scales
     notes: list[TensorReport] = []
     wanted = fmt
     if wanted is not None and wanted not in GGUF_FORMATS:
         raise NotApplicableError(f"GGUF stores {' and '.join(GGUF_FORMATS)} blocks; got format {wanted!r}")
+    experts: dict[str, dict[int, Any]] = {}  # merged name (experts.PROJ.weight) -> expert -> weight
     for w in stored_weights(ckpt, layout):
         fmt = w.layout.fmt
-        target = gguf_name(w.name)
         if (
             fmt not in GGUF_FORMATS
             or (wanted is not None and fmt != wanted)
@@ -114,24 +118,44 @@ def carry_into_gguf(
             )
             notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", why))
             continue
-        if target is None or target not in tpl.tensors:
-            notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", f"the template has no tensor for {w.name}"))
-            continue
-        tensor = tpl.tensors[target]
-        if tensor.shape != w.layout.shape:
-            raise InvalidValueError(
-                f"{checkpoint}[{w.name}] is {w.layout.shape}, the template's {target} is {tensor.shape}: "
-                "not the same model"
-            )
         spec = GGUF_FORMATS[fmt]
         if w.layout.shape[-1] % spec.block or w.layout.block_size != spec.format.block_size:
             raise InvalidValueError(
                 f"{checkpoint}[{w.name}]: blocks of {w.layout.block_size} over rows of {w.layout.shape[-1]} are not "
                 f"ggml's {spec.ggml_type} blocks ({spec.block} elements, a scale per {spec.format.block_size})"
             )
+        expert = _EXPERT.fullmatch(w.name)
+        if expert is not None:  # stacked with the layer's other experts, as llama.cpp stores them
+            experts.setdefault(f"{expert[1]}.experts.{expert[3]}.weight", {})[int(expert[2])] = w
+            continue
+        target = gguf_name(w.name)
+        if target is None or target not in tpl.tensors:
+            notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", f"the template has no tensor for {w.name}"))
+            continue
+        tensor = _template_tensor(checkpoint, w.name, tpl, target, w.layout.shape)
         ba = w.block_array()
-        carried[target] = (ba, _row_order(checkpoint, w.name, ba, tensor, heads, kv_heads))
-        inputs[target] = _input_scale(ckpt.tensors, w.dropped)
+        carried[target] = ([ba], _row_order(checkpoint, w.name, ba.dequantize(), tensor, heads, kv_heads))
+        inputs[target] = [_input_scale(ckpt.tensors, w.dropped)]
+    for merged, by_index in experts.items():
+        target = gguf_name(merged)
+        first = next(iter(by_index.values()))
+        shape = (len(by_index), *first.layout.shape)
+        if target is None or target not in tpl.tensors:
+            for w in by_index.values():
+                notes.append(
+                    TensorReport(w.name, w.layout.shape, w.layout.fmt, "kept", f"the template has no {merged}")
+                )
+            continue
+        if sorted(by_index) != list(range(len(by_index))) or len({w.layout.fmt for w in by_index.values()}) > 1:
+            raise InvalidValueError(
+                f"{checkpoint}: the experts of {merged} are not experts 0 to {len(by_index) - 1} of one format"
+            )
+        tensor = _template_tensor(checkpoint, merged, tpl, target, shape)
+        arrays = [by_index[e].block_array() for e in range(len(by_index))]
+        values = np.stack([ba.dequantize() for ba in arrays])
+        _row_order(checkpoint, merged, values, tensor, 0, 0)  # as they are: experts are not rotary
+        carried[target] = (arrays, None)
+        inputs[target] = [_input_scale(ckpt.tensors, by_index[e].dropped) for e in range(len(by_index))]
     reports: list[TensorReport] = []
     plan: list[tuple[GgufTensor | None, str, tuple[int, ...], str, Any]] = []
     for name, t in tpl.tensors.items():
@@ -143,27 +167,30 @@ def carry_into_gguf(
             plan.append((t, name, t.shape, t.type, None))
             reports.append(TensorReport(name, t.shape, t.type, "kept", "the template's"))
             continue
-        ba, order = carried[name]
-        spec = GGUF_FORMATS[ba.fmt]
-        pts = ba.per_tensor_scale
-        if spec.unsigned_scales and pts is not None and not NVFP4_SCALED.fullmatch(name) and pts != 1:
+        arrays, order = carried[name]
+        spec = GGUF_FORMATS[arrays[0].fmt]
+        scales = [ba.per_tensor_scale for ba in arrays]
+        two_level = spec.unsigned_scales and any(pts is not None for pts in scales)
+        if two_level and not NVFP4_SCALED.fullmatch(name) and any(pts != 1 for pts in scales):
             plan.append((t, name, t.shape, t.type, None))
             reason = "llama.cpp reads no per-tensor scale for it; the template's kept"
             reports.append(TensorReport(name, t.shape, t.type, "kept", reason))
             continue
-        plan.append((None, name, t.shape, spec.ggml_type, (ba, order)))
+        plan.append((None, name, t.shape, spec.ggml_type, (arrays, order)))
         outputs = (name,)
-        if spec.unsigned_scales and pts is not None and NVFP4_SCALED.fullmatch(name):
+        per = t.shape[:-2] or (1,)
+        if two_level and NVFP4_SCALED.fullmatch(name):
             scale = name[: -len("weight")] + "scale"
-            plan.append((None, scale, (1,), "F32", np.array([pts], np.float32)))
+            plan.append((None, scale, per, "F32", np.array([pts or 1 for pts in scales], np.float32)))
             outputs += (scale,)
-            if inputs.get(name) is not None:
+            if all(v is not None for v in inputs[name]):
                 input_scale = name[: -len("weight")] + "input_scale"
-                plan.append((None, input_scale, (1,), "F32", np.array([inputs[name]], np.float32)))
+                plan.append((None, input_scale, per, "F32", np.array(inputs[name], np.float32)))
                 outputs += (input_scale,)
         how = "codes and scales re-laid" + (" (rows in llama.cpp's rotary order)" if order is not None else "")
+        how += f" ({len(arrays)} experts stacked)" if len(t.shape) == 3 else ""
         reports.append(TensorReport(name, t.shape, spec.ggml_type, "converted", how, outputs=outputs))
-    file_type = {GGUF_FORMATS[ba.fmt].file_type for ba, _ in carried.values()}
+    file_type = {GGUF_FORMATS[arrays[0].fmt].file_type for arrays, _ in carried.values()}
     changes = {"general.file_type": (file_type.pop(), UINT32)} if len(file_type) == 1 else {}
     tick = progress or (lambda n: None)
     with atomic_output(dst, force, (checkpoint, template)) as tmp, GgufOutput(tmp, tpl, changes) as out:
@@ -178,8 +205,9 @@ def carry_into_gguf(
             elif isinstance(payload, np.ndarray):
                 out.write(payload)
             else:
-                ba, order = payload
-                out.write(_blocks_of(ba, order))
+                arrays, order = payload
+                for ba in arrays:
+                    out.write(_blocks_of(ba, order))
     return notes + reports
 
 
@@ -195,9 +223,20 @@ def _input_scale(tensors: dict[str, Any], parts: tuple[str, ...]) -> float | Non
     return None
 
 
-def _row_order(checkpoint: str, name: str, ba: Any, tensor: GgufTensor, heads: int, kv_heads: int) -> np.ndarray | None:
-    """The order of ``ba``'s rows that matches the template's ``tensor`` (None: as they are)."""
-    values = ba.dequantize()
+def _template_tensor(checkpoint: str, name: str, tpl: GgufFile, target: str, shape: tuple[int, ...]) -> GgufTensor:
+    tensor = tpl.tensors[target]
+    if tensor.shape != shape:
+        raise InvalidValueError(
+            f"{checkpoint}[{name}] is {shape}, the template's {target} is {tensor.shape}: not the same model"
+        )
+    return tensor
+
+
+def _row_order(
+    checkpoint: str, name: str, values: np.ndarray, tensor: GgufTensor, heads: int, kv_heads: int
+) -> np.ndarray | None:
+    """The order of the rows of ``values`` (a weight's, dequantised) that matches the template's
+    ``tensor`` (None: as they are)."""
     reference = tensor.decoded().reshape(values.shape)
     tried = []
     for order in (None, _rotary_rows(values.shape[0], heads), _rotary_rows(values.shape[0], kv_heads)):
