@@ -107,15 +107,22 @@ def cat_command(folder: Path, into: Path) -> list[str]:
     return ["sh", "-c", 'cat "$@" > ' + str(into), "cat", *shards]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def race_arguments(doc: str) -> argparse.ArgumentParser:
+    """The options of a race: its working folder, the model's shapes (a 7B Llama's by default) and
+    the number of timed runs."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("workdir", type=Path)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--intermediate", type=int, default=11008)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--formats", default=",".join(PEER_SCHEMES), help="comma-separated formats of the package")
     ap.add_argument("--repeat", type=int, default=3)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = race_arguments(__doc__)
+    ap.add_argument("--formats", default=",".join(PEER_SCHEMES), help="comma-separated formats of the package")
     ap.add_argument("--peer-python", help="a Python with llm-compressor installed (its own environment)")
     ap.add_argument("--no-fp8-input", action="store_true", help="race the bfloat16 input only")
     ap.add_argument("--no-stats", action="store_true", help="also each conversion with --no-stats")

@@ -18,7 +18,6 @@ Nothing here is a test; ``tests/test_race.py`` runs it on a tiny file to keep it
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from race import timed  # the same timer as the checkpoint race (scripts/race.py)
+from race import race_arguments, timed  # the checkpoint race's options and timer (scripts/race.py)
 
 
 def make_llama_gguf(path: Path, layers: int, hidden: int, intermediate: int, vocab: int) -> None:
@@ -70,13 +69,7 @@ def make_llama_gguf(path: Path, layers: int, hidden: int, intermediate: int, voc
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("workdir", type=Path)
-    ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--intermediate", type=int, default=11008)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = race_arguments(__doc__)
     ap.add_argument("--llama-quantize", help="llama.cpp's llama-quantize binary")
     args = ap.parse_args(argv)
     work = args.workdir
