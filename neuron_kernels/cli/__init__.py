@@ -41,7 +41,11 @@ from .progress import compile_notice
 __all__ = ["main"]
 
 
-def _terminate(signum: int, frame: Any) -> None:
+def _stop(signum: int, frame: Any) -> None:
+    """SIGINT or SIGTERM: stop the run. Objects the interrupt leaves half-built (a kernel in
+    mid-compile, a cache file being written) fail in their finalisers as the stack unwinds and at
+    exit; the run is over and its output removed, so they are not reported."""
+    sys.unraisablehook = _ignore
     raise KeyboardInterrupt
 
 
@@ -53,9 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     args = parser.parse_args(argv)
 
-    previous = signal.getsignal(signal.SIGTERM)
-    with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
-        signal.signal(signal.SIGTERM, _terminate)  # clean up partial outputs as on Ctrl-C
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with contextlib.suppress(ValueError):  # not the main thread: leave the signals alone
+        for signum in previous:
+            signal.signal(signum, _stop)  # clean up partial outputs, quietly
     try:
         with compile_notice(args):
             return int(COMMANDS[args.command](args))
@@ -70,11 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-kernels {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # Objects the interrupt left half-built (a kernel in mid-compile) fail in their finalisers
-        # as they are collected; the run is over and its output removed, so they are not reported.
-        sys.unraisablehook = _ignore
+        sys.unraisablehook = _ignore  # as _stop does (a KeyboardInterrupt raised another way)
         print(f"neuron-kernels {args.command}: interrupted; no output written", file=sys.stderr)
         return 130
     finally:
-        with contextlib.suppress(ValueError, TypeError):
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)
