@@ -121,14 +121,15 @@ def cast(
 
 def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
     arr, src = input_array(x)
-    job = block_job(fmt, arr.ndim, **options)
+    job = block_job(fmt, arr.ndim, dtype=src.name, **options)
     return arr, src, job.resolved(arr, src)
 
 
 def _lazy_job(x: Any, fmt: Any, **options: Any) -> BlockJob:
     from .lazy.blocks import as_dask
 
-    return block_job(fmt, as_dask(x, "block quantisation").ndim, **options)
+    x = as_dask(x, "block quantisation")
+    return block_job(fmt, x.ndim, dtype=get_format(x.dtype).name, **options)
 
 
 def _quantized(x: Any, fmt: Any, out: BlockArray | None = None, **options: Any) -> Any:
@@ -178,6 +179,7 @@ def quantize(
     scale_search: str | None = ...,
     rht: Any = ...,
     scale_dtype: Any = ...,
+    recipe: str | None = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray: ...
 @overload
@@ -198,6 +200,7 @@ def quantize(
     scale_search: str | None = ...,
     rht: Any = ...,
     scale_dtype: Any = ...,
+    recipe: str | None = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray | LazyBlockArray: ...
 
@@ -219,6 +222,7 @@ def quantize(
     scale_search: str | None = None,
     rht: Any = False,
     scale_dtype: Any = None,
+    recipe: str | None = None,
     out: BlockArray | None = None,
 ) -> Any:
     """Quantise an array to a block-scaled format (any of ``neuron_kernels.BLOCK_FORMATS``).
@@ -278,6 +282,11 @@ def quantize(
         Float scales only: the dtype they are stored as, ``float32`` (the default), ``bfloat16`` or
         ``float16`` (compressed-tensors keeps the weight's dtype). The scale is rounded to it
         before the elements are divided by it.
+    recipe
+        Quantise as a producer does, bit for bit (docs/recipes.md): ``"llm-compressor"``,
+        ``"modelopt"``, ``"torchao"`` or ``"ggml"``, each for the formats it writes. A recipe fixes
+        the scale rule, the rounding, the per-tensor scale and, where its producer fixes them, the
+        blocks: passing those options too is an error. None (the default): the package's rules.
 
     out
         A block array to write the codes and scales into instead of new arrays (a loop over pieces
@@ -308,6 +317,7 @@ def quantize(
         scale_search=scale_search,
         rht=rht,
         scale_dtype=scale_dtype,
+        recipe=recipe,
     )
 
 

@@ -21,9 +21,11 @@ from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError, UnknownFormatError
 from ..formats import BLOCK_FORMATS, BlockFormat, Format
 from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
+from ..recipes import RECIPES, RecipeRule
 from .array import BlockArray
 from .inputs import input_array
 from .layout import BlockLayout
+from .recipes import check_finite, ct_global_scale, recipe_options, recipe_quantize, weight_dtype
 from .rotation import check_length, rotate_array, rotated_amax, rotation_signs
 
 __all__ = ["BlockJob", "block_job", "input_array", "per_tensor_scale_of", "tensor_amax", "DEFAULT"]
@@ -202,14 +204,32 @@ class BlockJob:
     four_over_six: str | None = None
     scale_search: str | None = None
     rotation: tuple[int, ...] | None = None
+    #: A producer's recipe (:data:`neuron_kernels.recipes.RECIPES`; "": the package's own rules) and
+    #: the dtype its intermediate results are rounded to (the weight's, where the producer keeps it).
+    recipe: str = ""
+    intermediate: str = "float32"
 
     @property
     def needs_amax(self) -> bool:
         return self.per_tensor_scale == "amax"
 
+    @property
+    def rule(self) -> RecipeRule | None:
+        """The recipe's rule for this job's format, where a recipe replaces the package's kernels."""
+        if not self.recipe:
+            return None
+        rule = RECIPES[self.recipe].rules[self.fmt.name]
+        return None if rule.scale == "package" else rule
+
     def with_amax(self, amax: float) -> BlockJob:
-        """This job with the per-tensor scale of a tensor whose finite amax is ``amax``."""
-        return replace(self, per_tensor_scale=per_tensor_scale_of(amax, self.scale_bound, self.fmt.max_element))
+        """This job with the per-tensor scale of a tensor whose finite amax is ``amax`` (by the
+        recipe's rule, with one)."""
+        rule = self.rule
+        if rule is not None and rule.per_tensor == "ct":
+            pts = ct_global_scale(amax, self.intermediate, self.scale_bound, self.fmt.max_element)
+        else:
+            pts = per_tensor_scale_of(amax, self.scale_bound, self.fmt.max_element)
+        return replace(self, per_tensor_scale=pts)
 
     def amax(self, arr: np.ndarray, src: Format) -> float:
         """The finite amax of ``arr`` as this job quantises it (rotated first, with a rotation)."""
@@ -364,7 +384,9 @@ class BlockJob:
             scales = self._scale_buffer(lay.scales_shape)
         else:
             codes, scales = self.out_buffers(out, arr)
-        if arr.size:
+        if arr.size and self.rule is not None:
+            self._by_recipe(arr, src, codes, scales)
+        elif arr.size:
             ks = lay.kernel_shapes(split_rows=True)
             row = ks.row
             arr, source = self._source(arr, src, row)
@@ -403,11 +425,24 @@ class BlockJob:
             rotation=self.rotation,
         )
 
+    def _by_recipe(self, arr: np.ndarray, src: Format, codes: np.ndarray, scales: np.ndarray) -> None:
+        """The codes and scales of ``arr`` by the recipe's rule (:mod:`.recipes`)."""
+        rule = self.rule
+        assert rule is not None
+        check_finite(_amax_pattern(arr, src, False), self.recipe)
+        size, rows = self._stored(arr.shape)
+        pts = self.per_tensor_scale if isinstance(self.per_tensor_scale, float) else None
+        if rule.per_tensor != "none" and pts is None:
+            raise RuntimeError("the per-tensor scale of this job has not been computed yet")
+        recipe_quantize(rule, self.recipe, self.fmt, self.intermediate, pts, arr, src, (size, rows, 1), codes, scales)
+
     def binding(self, shape: tuple[int, ...], src: Format, quantize: bool = True) -> str:
         """Which binding of the kernels quantises (``quantize`` False: fake-quantises) an array of
         ``shape`` and dtype ``src`` (see :func:`~neuron_kernels.kernels.blocks.binding`)."""
         from ..kernels import blocks as K
 
+        if self.rule is not None:
+            return f"recipe {self.recipe}: recipe_rows ({self.rule.scale})"
         row = self.layout(shape).kernel_shapes().row
         source = "float32" if self.rotation is not None else src.name
         return K.binding(source, self.fmt, self.rounding, self.block_size, row, self._policy() != K.PLAIN, quantize)
@@ -417,7 +452,9 @@ class BlockJob:
         from ..kernels import blocks as K
 
         lay = self.layout(arr.shape)
-        if arr.size:
+        if arr.size and self.rule is not None:  # the recipe's codes, dequantised
+            self.quantize(arr, src, idx0).dequantize(out=out.reshape(arr.shape))
+        elif arr.size:
             ks = lay.kernel_shapes(split_rows=True)
             row, vshape = ks.row, ks.values
             arr, source = self._source(arr, src, row)
@@ -436,7 +473,7 @@ class BlockJob:
         rotation, another rounding than nearest-even."""
         from ..kernels import blocks as K
 
-        if self.rotation is not None or self.rounding != "nearest_even" or self.block_rows > 1:
+        if self.rotation is not None or self.rounding != "nearest_even" or self.block_rows > 1 or self.rule is not None:
             return None
         ks = self.layout(arr.shape).kernel_shapes()
         vshape = ks.values
@@ -468,11 +505,34 @@ def block_job(
     scale_search: Any = None,
     rht: Any = False,
     scale_dtype: Any = None,
+    recipe: Any = None,
+    dtype: Any = None,
     formats: tuple[str, ...] = tuple(BLOCK_FORMATS),
     what: str = "block format",
 ) -> BlockJob:
     """Validate the options of :func:`neuron_kernels.quantize` for arrays of ``ndim`` dimensions
-    (``formats``: the formats accepted, named ``what`` in errors)."""
+    (``formats``: the formats accepted, named ``what`` in errors). ``recipe``: a producer's
+    (:mod:`.recipes`), which fixes the options of its arithmetic; ``dtype``: the input's dtype
+    (the intermediate dtype of a recipe that computes in the weight's; None: float32)."""
+    if recipe is not None:
+        own = block_format(fmt, formats, what)
+        left = (DEFAULT, None, False, "nearest_even", "amax", own.block_size)  # defaults, and family functions' own
+        named = {
+            "block_size": block_size, "block_shape": block_shape, "scale_mode": scale_mode, "rounding": rounding,
+            "per_tensor_scale": per_tensor_scale, "scale_bound": scale_bound, "four_over_six": four_over_six,
+            "scale_search": scale_search, "rht": rht, "scale_dtype": scale_dtype,
+        }  # fmt: skip
+        given = {k for k, v in named.items() if not any(v is d or (type(v) is type(d) and v == d) for d in left)}
+        rule = recipe_options(recipe, own, {"axis": axis, "ndim": ndim}, given)
+        intermediate = weight_dtype(rule, dtype, recipe)
+        job = block_job(
+            fmt, ndim, block_size=block_size, block_shape=block_shape, axis=axis, pack=pack, formats=formats, what=what,
+            scale_mode=rule.scale_mode if rule.scale == "package" else DEFAULT,
+            scale_dtype=intermediate if rule.scale != "package" and own.float_scales else None,
+        )  # fmt: skip
+        if rule.scale != "package" and rule.per_tensor == "none":
+            job = replace(job, per_tensor_scale=None)
+        return replace(job, recipe=recipe, intermediate=intermediate)
     bf = _with_scale_dtype(block_format(fmt, formats, what), scale_dtype)
     size, rows, ax = _blocks(block_size, block_shape, bf, axis, ndim)
     mode = bf.scale_modes[0] if scale_mode is DEFAULT else scale_mode

@@ -1,0 +1,189 @@
+"""Quantisation by a producer's recipe (``recipe=``; the table is :data:`neuron_kernels.recipes.RECIPES`):
+the options a recipe fixes, checked (:func:`recipe_options`); its global scale from an amax
+(:func:`ct_global_scale`); and the codes and scales of an array by the generic recipe
+kernel (:func:`recipe_quantize`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .._parallel import run_tasks
+from ..errors import InvalidValueError, NotApplicableError
+from ..formats import FORMATS, BlockFormat, Format
+from ..recipes import RECIPES, Recipe, RecipeRule
+
+__all__ = [
+    "recipe_of",
+    "recipe_rule",
+    "recipe_options",
+    "ct_global_scale",
+    "recipe_quantize",
+    "weight_dtype",
+    "check_finite",
+]
+
+
+def recipe_of(name: Any) -> Recipe:
+    if not isinstance(name, str) or name not in RECIPES:
+        raise InvalidValueError(f"unknown recipe {name!r}; accepted: {', '.join(RECIPES)} (or None: the package's own)")
+    return RECIPES[name]
+
+
+def recipe_rule(name: str, bf: BlockFormat) -> RecipeRule:
+    """The rule of recipe ``name`` for the format ``bf``, or a :class:`NotApplicableError` naming
+    the formats the recipe writes."""
+    recipe = recipe_of(name)
+    if bf.name not in recipe.rules:
+        raise NotApplicableError(
+            f"recipe {name!r} ({recipe.producer}) does not write {bf.name}; it writes: {', '.join(recipe.rules)}"
+        )
+    return recipe.rules[bf.name]
+
+
+def weight_dtype(rule: RecipeRule, dtype: Any, recipe: str) -> str:
+    """The dtype a recipe's intermediate results are rounded to, for input of ``dtype`` (a name,
+    or None where unknown: float32)."""
+    name = "float32" if dtype is None else str(dtype)
+    if rule.intermediate == "float32" or name in ("float32", "float64"):
+        return "float32"
+    if name != "bfloat16":
+        raise NotApplicableError(
+            f"recipe {recipe!r} computes in the weight's dtype; it is followed for float32 and bfloat16 "
+            f"weights, got {name}"
+        )
+    return name
+
+
+def recipe_options(name: str, bf: BlockFormat, options: dict[str, Any], given: set[str]) -> RecipeRule:
+    """The rule of recipe ``name`` for ``bf``, after checking that none of the options in ``given``
+    (those the caller set) is one the recipe fixes: a recipe is a producer's whole arithmetic."""
+    rule = recipe_rule(name, bf)
+    fixed = {"scale_mode", "rounding", "per_tensor_scale", "scale_bound", "four_over_six", "scale_search", "rht"}
+    if rule.scale != "package" or bf.float_scales:
+        fixed |= {"block_size", "block_shape", "scale_dtype"}
+    clash = sorted(given & fixed)
+    if clash:
+        raise InvalidValueError(
+            f"recipe {name!r} fixes {', '.join(clash)} ({RECIPES[name].producer}'s arithmetic); "
+            "give the recipe or these options, not both"
+        )
+    if rule.scale != "package" and options.get("axis", -1) not in (-1, None) and options["axis"] != options["ndim"] - 1:
+        raise InvalidValueError(
+            f"recipe {name!r} blocks the last axis, as its producer does; got axis {options['axis']}"
+        )
+    return rule
+
+
+def _round(value: float, dtype: str) -> float:
+    """``value`` rounded to float32, then to ``dtype`` (float32 or bfloat16), as torch rounds a result."""
+    return float(np.float32(value) if dtype == "float32" else ml_dtypes.bfloat16(np.float32(value)))
+
+
+def ct_global_scale(amax: float, dtype: str, bound: float, max_element: float) -> float:
+    """compressed-tensors' NVFP4 global scale ``448 * 6 / amax`` from the finite amax of the tensor
+    or its fused layer, as torch computes it in the weight's dtype (``dtype``): the amax's
+    reciprocal rounded to that dtype, times 2688, rounded again; 1.0 where not finite. Returned as
+    the per-tensor scale the package's block arrays hold (a multiplier): its reciprocal in double
+    precision, so that the float32 reciprocal a layout stores is the global scale exactly."""
+    tiny = float(np.finfo(np.float32).tiny)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        a = _round(max(float(amax), tiny), dtype)
+        reciprocal = _round(float(np.float32(1) / np.float32(a)), dtype)
+        gs = _round(float(np.float32(reciprocal) * (np.float32(bound) * np.float32(max_element))), dtype)
+    return 1.0 / gs if math.isfinite(gs) else 1.0
+
+
+def _codec(name: str | None) -> Any:
+    from ..kernels import codec as C
+
+    return C.NO_CODEC if name is None else C.codec_of(FORMATS[name])
+
+
+def recipe_quantize(
+    rule: RecipeRule,
+    recipe: str,
+    bf: BlockFormat,
+    wdtype: str,
+    pts: float | None,
+    arr: np.ndarray,
+    src: Format,
+    shape: tuple[int, int, int],
+    codes: np.ndarray,
+    scales: np.ndarray,
+) -> None:
+    """The codes and scales of the C-contiguous ``arr`` by a recipe's rule, in blocks along its
+    last axis of ``shape[2]`` elements (``shape``: (block, tile rows, 1) for 1-D blocks; tile rows
+    > 1 for 2-D tiles and whole matrices), into ``codes`` and ``scales`` (a float scale's float32
+    patterns), both C-contiguous in the layout's shapes. Input holding NaN or infinity is refused:
+    the producers' arithmetic has no rule for it."""
+    from ..kernels import blocks as K
+    from ..kernels.blocks.spec import source_of
+    from ..kernels.recipes import element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
+
+    block, tile_rows = shape[0], shape[1]
+    cols = arr.shape[-1]
+    source = source_of(src.name)
+    x = K.input_view(arr).reshape(-1, cols)
+    rows = x.shape[0]
+    c2 = codes.reshape(rows, -1)
+    float_scales = bf.float_scales
+    wc = _codec(None if wdtype == "float32" else wdtype)
+    qc = wc if rule.quotient == "weight" else _codec(None)
+    sc = wc if float_scales else _codec(bf.scale)
+    eps = np.float32(FORMATS[wdtype].eps if float_scales else bf.scale_format.eps)
+    g = np.float32(0.0)
+    if rule.per_tensor == "ct" and pts is not None:
+        g = np.float32(1.0 / pts)
+    elif pts is not None:
+        g = np.float32(pts)
+    params = (
+        rule_id(rule.scale), g, np.float32(bf.max_element), bf.emax_elem, rule.bump_bits,
+        np.float32(bf.scale_format.max), np.float32(bf.scale_format.smallest_subnormal), eps, sc, wc,
+    )  # fmt: skip
+    ids = (element_id(rule.elements), zero_id(rule.zero_sign))
+    pack = bool(bf.packable and codes.shape[-1] != arr.shape[-1])
+    if tile_rows == 1:
+        empty = np.empty((0, 1), np.float32)
+        s2 = scales.reshape(rows, -1)
+        run_tasks(
+            recipe_rows,
+            rows,
+            x.size,
+            (x, c2, s2, empty, block, 1, source.kind, source.codec, _codec(bf.element), sc, wc, qc,
+             params[0], *ids, *params[1:8], pack),
+        )  # fmt: skip
+        return
+    mrows = arr.shape[-2]
+    matrices = rows // mrows
+    nb = -(-cols // block)
+    for m in range(matrices):
+        xm = x[m * mrows : (m + 1) * mrows]
+        amax = np.empty((mrows, nb), np.uint32)
+        run_tasks(recipe_amax, mrows, xm.size, (xm, amax, block, source.kind, source.codec))
+        tiles = np.maximum.reduceat(amax, np.arange(0, mrows, tile_rows), axis=0)
+        stored = np.empty(tiles.size, np.uint32)
+        vals = np.empty(tiles.size, np.float32)
+        recipe_scales(tiles.reshape(-1), stored, vals, *params)
+        scales.reshape(matrices, -1)[m] = stored.astype(scales.dtype)
+        run_tasks(
+            recipe_rows,
+            mrows,
+            xm.size,
+            (xm, c2[m * mrows : (m + 1) * mrows], np.empty((0, 1), scales.dtype), vals.reshape(tiles.shape), block,
+             tile_rows, source.kind, source.codec, _codec(bf.element), sc, wc, qc, params[0], *ids,
+             *params[1:8], pack),
+        )  # fmt: skip
+
+
+def check_finite(amax_pattern: int, recipe: str) -> None:
+    """Refuse input whose largest |x| pattern (of all values) is an infinity's or a NaN's: the
+    producers' arithmetic has no rule for it."""
+    if amax_pattern >= 0x7F800000:
+        raise InvalidValueError(
+            f"recipe {recipe!r}: the input holds NaN or infinity, for which its producer has no rule; "
+            "quantise it without a recipe (the package's rules give such blocks a NaN scale)"
+        )
