@@ -334,6 +334,7 @@ def quantize_mx(
     pack: bool = ...,
     block_shape: tuple[int, ...] | None = ...,
     scale_search: str | None = ...,
+    recipe: str | None = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray: ...
 @overload
@@ -349,6 +350,7 @@ def quantize_mx(
     pack: bool = ...,
     block_shape: tuple[int, ...] | None = ...,
     scale_search: str | None = ...,
+    recipe: str | None = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray | LazyBlockArray: ...
 
@@ -359,12 +361,13 @@ def quantize_mx(
     *,
     block_size: int = 32,
     axis: int = -1,
-    scale_mode: str = "floor",
+    scale_mode: str | None = None,
     rounding: str = "nearest_even",
     seed: int | None = None,
     pack: bool = True,
     block_shape: tuple[int, ...] | None = None,
     scale_search: str | None = None,
+    recipe: str | None = None,
     out: BlockArray | None = None,
 ) -> Any:
     """Quantise an array to an MX format (:func:`quantize` restricted to the MX formats, with their
@@ -372,8 +375,9 @@ def quantize_mx(
 
     ``fmt``: ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``,
     ``mxint8``. ``block_shape=(8, 4)`` with ``scale_mode="neuron"`` is Neuron's ``quantize_mx`` on
-    a [P, F] tile. ``out``: a block array to write into (see :func:`quantize`). A Dask array gives
-    a lazy result (see :func:`quantize`).
+    a [P, F] tile. ``recipe``: a producer's arithmetic (see :func:`quantize`). ``out``: a block
+    array to write into (see :func:`quantize`). A Dask array gives a lazy result (see
+    :func:`quantize`).
     """
     return _quantized(
         x,
@@ -382,11 +386,12 @@ def quantize_mx(
         block_size=DEFAULT if block_shape is not None else block_size,
         block_shape=block_shape,
         axis=axis,
-        scale_mode=scale_mode,
+        scale_mode=DEFAULT if scale_mode is None else scale_mode,
         rounding=rounding,
         seed=seed,
         pack=pack,
         scale_search=scale_search,
+        recipe=recipe,
         formats=tuple(MX_FORMATS),
         what="MX format",
     )
@@ -407,6 +412,7 @@ def quantize_nvfp4(
     seed: int | None = ...,
     pack: bool = ...,
     rht: Any = ...,
+    recipe: str | None = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray: ...
 @overload
@@ -424,6 +430,7 @@ def quantize_nvfp4(
     seed: int | None = ...,
     pack: bool = ...,
     rht: Any = ...,
+    recipe: str | None = ...,
     out: BlockArray | None = ...,
 ) -> BlockArray | LazyBlockArray: ...
 
@@ -442,11 +449,13 @@ def quantize_nvfp4(
     seed: int | None = None,
     pack: bool = True,
     rht: Any = False,
+    recipe: str | None = None,
     out: BlockArray | None = None,
 ) -> Any:
     """Quantise an array to NVFP4 (:func:`quantize` with ``fmt="nvfp4"``): FP4 E2M1 elements, one
     float8_e4m3fn scale per 16 elements, and a float32 per-tensor scale (two levels) unless
-    ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``. ``out``: a block
+    ``per_tensor_scale=None``. Bit for bit with torchao's ``nvfp4_quantize``; ``recipe``: another
+    producer's arithmetic (see :func:`quantize`). ``out``: a block
     array to write into (see :func:`quantize`). A Dask array gives a lazy result (see
     :func:`quantize`)."""
     return _quantized(
@@ -464,6 +473,7 @@ def quantize_nvfp4(
         seed=seed,
         pack=pack,
         rht=rht,
+        recipe=recipe,
     )
 
 
@@ -488,7 +498,7 @@ def shared_per_tensor_scale(arrays: Any, fmt: Any = "nvfp4", **options: Any) -> 
         if is_lazy(x):
             raise InvalidTypeError("shared_per_tensor_scale takes in-memory arrays; compute the shards' amax with Dask")
         arr, src = input_array(from_torch(x) if is_torch(x) else x)
-        job = block_job(fmt, arr.ndim, **options)
+        job = block_job(fmt, arr.ndim, dtype=src.name, **options)
         if not job.needs_amax:
             raise InvalidValueError(f"{job.fmt.name} has no per-tensor scale from the amax (it applies to nvfp4)")
         amax = max(amax, job.amax(arr, src))

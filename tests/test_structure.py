@@ -23,6 +23,7 @@ PACKAGE = pathlib.Path(nk.__file__).parent
 LAYERS: dict[str, int] = {
     "errors": 0,
     "modes": 0,
+    "recipes": 0,
     "_random": 0,
     "_compat": 5,
     "_parallel": 0,

@@ -434,7 +434,14 @@ class BlockJob:
         pts = self.per_tensor_scale if isinstance(self.per_tensor_scale, float) else None
         if rule.per_tensor != "none" and pts is None:
             raise RuntimeError("the per-tensor scale of this job has not been computed yet")
-        recipe_quantize(rule, self.recipe, self.fmt, self.intermediate, pts, arr, src, (size, rows, 1), codes, scales)
+        lay = self.layout(arr.shape)
+        ks = lay.kernel_shapes()
+        if not (ks.row or lay.two_d):
+            raise InvalidValueError(f"recipe {self.recipe!r} blocks the last axis, as its producer does")
+        blocks = (size, rows if lay.two_d else 1)
+        recipe_quantize(
+            rule, self.recipe, self.fmt, self.intermediate, pts, arr, src, ks.values, blocks, self.pack, codes, scales
+        )
 
     def binding(self, shape: tuple[int, ...], src: Format, quantize: bool = True) -> str:
         """Which binding of the kernels quantises (``quantize`` False: fake-quantises) an array of
@@ -523,6 +530,8 @@ def block_job(
             "scale_search": scale_search, "rht": rht, "scale_dtype": scale_dtype,
         }  # fmt: skip
         given = {k for k, v in named.items() if not any(v is d or (type(v) is type(d) and v == d) for d in left)}
+        if per_tensor_scale is None:  # one level, which a recipe with a global scale does not write
+            given.add("per_tensor_scale")
         rule = recipe_options(recipe, own, {"axis": axis, "ndim": ndim}, given)
         intermediate = weight_dtype(rule, dtype, recipe)
         job = block_job(
@@ -532,6 +541,14 @@ def block_job(
         )  # fmt: skip
         if rule.scale != "package" and rule.per_tensor == "none":
             job = replace(job, per_tensor_scale=None)
+        elif "per_tensor_scale" in given:  # as given, in double precision (a recipe's global scale is exact)
+            _per_tensor(per_tensor_scale, job.fmt)
+            if not isinstance(per_tensor_scale, (numbers.Real, np.floating)) or isinstance(per_tensor_scale, bool):
+                raise InvalidValueError(
+                    f"recipe {recipe!r} computes the per-tensor scale from the amax ('amax') or takes a fused "
+                    f"layer's (a float, from shared_per_tensor_scale); got {per_tensor_scale!r}"
+                )
+            job = replace(job, per_tensor_scale=float(per_tensor_scale))
         return replace(job, recipe=recipe, intermediate=intermediate)
     bf = _with_scale_dtype(block_format(fmt, formats, what), scale_dtype)
     size, rows, ax = _blocks(block_size, block_shape, bf, axis, ndim)

@@ -62,7 +62,9 @@ def recipe_options(name: str, bf: BlockFormat, options: dict[str, Any], given: s
     """The rule of recipe ``name`` for ``bf``, after checking that none of the options in ``given``
     (those the caller set) is one the recipe fixes: a recipe is a producer's whole arithmetic."""
     rule = recipe_rule(name, bf)
-    fixed = {"scale_mode", "rounding", "per_tensor_scale", "scale_bound", "four_over_six", "scale_search", "rht"}
+    fixed = {"scale_mode", "rounding", "scale_bound", "four_over_six", "scale_search", "rht"}
+    if rule.per_tensor == "none":  # otherwise a given one is a fused layer's (shared_per_tensor_scale)
+        fixed.add("per_tensor_scale")
     if rule.scale != "package" or bf.float_scales:
         fixed |= {"block_size", "block_shape", "scale_dtype"}
     clash = sorted(given & fixed)
@@ -111,21 +113,23 @@ def recipe_quantize(
     pts: float | None,
     arr: np.ndarray,
     src: Format,
-    shape: tuple[int, int, int],
+    values: tuple[int, ...],
+    blocks: tuple[int, int],
+    pack: bool,
     codes: np.ndarray,
     scales: np.ndarray,
 ) -> None:
-    """The codes and scales of the C-contiguous ``arr`` by a recipe's rule, in blocks along its
-    last axis of ``shape[2]`` elements (``shape``: (block, tile rows, 1) for 1-D blocks; tile rows
-    > 1 for 2-D tiles and whole matrices), into ``codes`` and ``scales`` (a float scale's float32
-    patterns), both C-contiguous in the layout's shapes. Input holding NaN or infinity is refused:
-    the producers' arithmetic has no rule for it."""
+    """The codes and scales of the C-contiguous ``arr`` by a recipe's rule into ``codes`` (two per
+    byte with ``pack``) and ``scales`` (a float scale's float32 patterns), both C-contiguous in the
+    layout's shapes. ``values``: the kernels' view of ``arr``, (A, L) rows blocked along L or
+    (A, R, C) matrices tiled; ``blocks``: (block length, tile rows: 1 for rows). The input holds
+    finite values only (:func:`check_finite`)."""
     from ..kernels import blocks as K
     from ..kernels.blocks.spec import source_of
     from ..kernels.recipes import element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
 
-    block, tile_rows = shape[0], shape[1]
-    cols = arr.shape[-1]
+    block, tile_rows = blocks
+    cols = values[-1]
     source = source_of(src.name)
     x = K.input_view(arr).reshape(-1, cols)
     rows = x.shape[0]
@@ -145,8 +149,7 @@ def recipe_quantize(
         np.float32(bf.scale_format.max), np.float32(bf.scale_format.smallest_subnormal), eps, sc, wc,
     )  # fmt: skip
     ids = (element_id(rule.elements), zero_id(rule.zero_sign))
-    pack = bool(bf.packable and codes.shape[-1] != arr.shape[-1])
-    if tile_rows == 1:
+    if len(values) == 2:
         empty = np.empty((0, 1), np.float32)
         s2 = scales.reshape(rows, -1)
         run_tasks(
@@ -157,7 +160,7 @@ def recipe_quantize(
              params[0], *ids, *params[1:8], pack),
         )  # fmt: skip
         return
-    mrows = arr.shape[-2]
+    mrows = values[1]
     matrices = rows // mrows
     nb = -(-cols // block)
     for m in range(matrices):

@@ -27,6 +27,7 @@ from ..formats import BLOCK_FORMATS, INPUT_DTYPES, WHOLE
 from ..io.blockfile import BlockFileWriter
 from ..io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..io.stream import Progress, entry_amax, quantized_pieces, transposed_pieces
+from ..recipes import RECIPES
 from .architecture import Architecture, architecture_of, transformers_available
 from .cluster import write_on_cluster
 from .folder import CONFIG_NAME, Checkpoint, write_json
@@ -332,6 +333,8 @@ def _plan(
             + (f"; modules from {arch.source}" if arch is not None else "")
             + '; see --only / --ignore and docs/checkpoints.md "Which tensors are quantised"); nothing written'
         )
+    recipe = options.get("recipe")
+    fuse = fuse and (recipe is None or RECIPES[recipe].fuses)  # torchao and ggml: one scale per tensor
     groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies) if fuse else {}
     for report in reports:
         report.fused_with = groups.get(report.name, ())
@@ -355,7 +358,10 @@ def _layout_options(
     """The options of a weight's job: the user's; for float scales, the scale dtype its layout
     stores those of a weight of its dtype in where the user chose none, and power-of-two scales
     for a stored MX weight (its values are on a power-of-two grid, which they keep) where the user
-    chose no scale mode."""
+    chose no scale mode; with a recipe, the weight's dtype (its intermediate dtype, and its float
+    scales' dtype)."""
+    if options.get("recipe") is not None:
+        return {**options, "dtype": entry.dtype.name}
     if not BLOCK_FORMATS[fmt].float_scales:
         return options
     if w is not None and w.layout.format.is_mx and options.get("scale_mode") in (None, DEFAULT):
@@ -583,7 +589,8 @@ def _quantize_item(
         if "per_tensor" in by_role:
             pts = done.per_tensor_scale
             assert isinstance(pts, float)
-            sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(pts)], np.float32))
+            # in double precision: a recipe's global scale (compressed-tensors') comes back exactly
+            sinks[by_role["per_tensor"]].write(np.array([np.float32(1.0 / pts)], np.float32))
         if require_exact and report.stats is not None and not exact_stats(report.stats):
             src = report.reason.partition(" (")[0].removeprefix("dequantised from ") or report.dtype
             raise FileFormatError(

@@ -45,6 +45,7 @@ def block_options_of(args: argparse.Namespace) -> dict[str, Any]:
         "scale_search": args.scale_search,
         "rht": args.rht,
         "scale_dtype": args.scale_dtype,
+        "recipe": getattr(args, "recipe", None),
     }
 
 
@@ -117,6 +118,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     from ..formats import BLOCK_FORMATS
     from ..io.stream import POLICIES
     from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, ROUNDING_MODES, SCALE_MODES, SCALE_SEARCHES
+    from ..recipes import RECIPES
 
     p = _Parser(prog="neuron-kernels", description=description)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -201,6 +203,12 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         "--scale-dtype",
         choices=list(FLOAT_SCALE_DTYPES),
         help="FP8 with float scales: the dtype of the scales (default: float32, or the layout's)",
+    )
+    q.add_argument(
+        "--recipe",
+        choices=list(RECIPES),
+        help="quantise as this producer does, bit for bit (docs/recipes.md); it fixes the scale rule, rounding "
+        "and per-tensor scale (default: the package's own rules)",
     )
     q.add_argument(
         "--workers",
