@@ -72,9 +72,8 @@ def test_llm_compressor_checkpoint_byte_for_byte(tmp_path, scheme):
     assert [k for k in want if got[k] != want[k]] == []
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     group = next(iter(config["config_groups"].values()))
-    assert group["format"] == config["format"] == next(iter(json.loads(
-        (FIXTURES / "llmcompressor" / scheme / "config.json").read_text())["quantization_config"]["config_groups"].values()
-    ))["format"]  # fmt: skip
+    theirs = json.loads((FIXTURES / "llmcompressor" / scheme / "config.json").read_text())["quantization_config"]
+    assert group["format"] == config["format"] == next(iter(theirs["config_groups"].values()))["format"]
 
 
 def test_default_differs_from_llm_compressor():
@@ -165,7 +164,7 @@ def test_compressed_tensors_functions(rng):
     args_of = import_runtime("compressed_tensors.quantization").QuantizationArgs
     fp4 = args_of(num_bits=4, type="float", strategy="tensor_group", group_size=16, scale_dtype=torch.float8_e4m3fn)
     e2m1 = BLOCK_FORMATS["nvfp4"].max_element
-    for k in range(4):
+    for _ in range(4):
         x = (rng.standard_normal((64, 256)) * 0.02 * 10.0 ** rng.uniform(-5, 5)).astype(ml_dtypes.bfloat16)
         x[0, :16], x[1, :16], x[1, 16] = 0, -1e-30, -0.0
         w = _torch_bf16(torch, x)
