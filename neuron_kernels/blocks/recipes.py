@@ -125,8 +125,8 @@ def recipe_quantize(
     (A, R, C) matrices tiled; ``blocks``: (block length, tile rows: 1 for rows). The input holds
     finite values only (:func:`check_finite`)."""
     from ..kernels import blocks as K
-    from ..kernels.blocks.spec import source_of
-    from ..kernels.recipes import element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
+    from ..kernels.blocks.spec import _element_of, _vector_length, source_of
+    from ..kernels.recipes import RecipeSpec, element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
 
     block, tile_rows = blocks
     cols = values[-1]
@@ -134,31 +134,35 @@ def recipe_quantize(
     x = K.input_view(arr).reshape(-1, cols)
     rows = x.shape[0]
     c2 = codes.reshape(rows, -1)
-    float_scales = bf.float_scales
     wc = _codec(None if wdtype == "float32" else wdtype)
-    qc = wc if rule.quotient == "weight" else _codec(None)
-    sc = wc if float_scales else _codec(bf.scale)
-    eps = np.float32(FORMATS[wdtype].eps if float_scales else bf.scale_format.eps)
+    spec = RecipeSpec(
+        kind=source.kind,
+        xc=source.codec,
+        el=_element_of(bf, "nearest_even"),
+        sc=wc if bf.float_scales else _codec(bf.scale),
+        wc=wc,
+        qc=wc if rule.quotient == "weight" else _codec(None),
+        rule=rule_id(rule.scale),
+        # a power-of-two divisor: the kernel multiplies by its exact reciprocal (the same quotient)
+        elements=element_id("multiply" if rule.scale == "ct_e8m0" else rule.elements),
+        zero=zero_id(rule.zero_sign),
+        max_el=np.float32(bf.max_element),
+        emax=bf.emax_elem,
+        bump=rule.bump_bits,
+        top=np.float32(bf.scale_format.max),
+        lowest=np.float32(bf.scale_format.smallest_subnormal),
+        eps=np.float32(FORMATS[wdtype].eps if bf.float_scales else bf.scale_format.eps),
+    )
     g = np.float32(0.0)
     if rule.per_tensor == "ct" and pts is not None:
         g = np.float32(1.0 / pts)
     elif pts is not None:
         g = np.float32(pts)
-    params = (
-        rule_id(rule.scale), g, np.float32(bf.max_element), bf.emax_elem, rule.bump_bits,
-        np.float32(bf.scale_format.max), np.float32(bf.scale_format.smallest_subnormal), eps, sc, wc,
-    )  # fmt: skip
-    ids = (element_id(rule.elements), zero_id(rule.zero_sign))
+    vlen = _vector_length(src.name, bf) if block == bf.block_size else 0
+    kernel = recipe_rows(spec, vlen, pack)
     if len(values) == 2:
-        empty = np.empty((0, 1), np.float32)
         s2 = scales.reshape(rows, -1)
-        run_tasks(
-            recipe_rows,
-            rows,
-            x.size,
-            (x, c2, s2, empty, block, 1, source.kind, source.codec, _codec(bf.element), sc, wc, qc,
-             params[0], *ids, *params[1:8], pack),
-        )  # fmt: skip
+        run_tasks(kernel, rows, x.size, (x, c2, s2, np.empty((0, 1), np.float32), block, 1, g))
         return
     mrows = values[1]
     matrices = rows // mrows
@@ -170,16 +174,15 @@ def recipe_quantize(
         tiles = np.maximum.reduceat(amax, np.arange(0, mrows, tile_rows), axis=0)
         stored = np.empty(tiles.size, np.uint32)
         vals = np.empty(tiles.size, np.float32)
-        recipe_scales(tiles.reshape(-1), stored, vals, *params)
+        recipe_scales(spec)(tiles.reshape(-1), stored, vals, g)
         scales.reshape(matrices, -1)[m] = stored.astype(scales.dtype)
+        dst = c2[m * mrows : (m + 1) * mrows]
         run_tasks(
-            recipe_rows,
+            kernel,
             mrows,
             xm.size,
-            (xm, c2[m * mrows : (m + 1) * mrows], np.empty((0, 1), scales.dtype), vals.reshape(tiles.shape), block,
-             tile_rows, source.kind, source.codec, _codec(bf.element), sc, wc, qc, params[0], *ids,
-             *params[1:8], pack),
-        )  # fmt: skip
+            (xm, dst, np.empty((0, 1), scales.dtype), vals.reshape(tiles.shape), block, tile_rows, g),
+        )
 
 
 def check_finite(amax_pattern: int, recipe: str) -> None:

@@ -1,6 +1,6 @@
-"""The producers' recipes (:mod:`neuron_kernels.recipes`) as one generic kernel: the rules arrive
-as numbers, so a single compilation per input dtype serves every recipe and format (they are the
-long tail: the package's own kernels are the specialised ones).
+"""The producers' recipes (:mod:`neuron_kernels.recipes`) as kernels made from the recipe table's
+numbers: one closure per source, recipe rule and format (:class:`RecipeSpec`), whose rule, codecs
+and constants are compiled in (made when first used, and cached on disk).
 
 :func:`recipe_rows` quantises rows blocked along their last axis: each block's scale from its
 amax by the recipe's rule, or, for 2-D tiles and whole matrices, from the tiles' amaxes found
@@ -11,6 +11,8 @@ float32 with the intermediate roundings they make (docs/recipes.md)."""
 from __future__ import annotations
 
 import math
+from functools import cache
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,8 +20,12 @@ from .._jit import f32_bits, f32_from_bits, jit, u32_and
 from ..recipes import ELEMENT_RULES, SCALE_RULES, ZERO_SIGNS
 from . import codec as C
 from . import sources as S
+from .blocks.elements import _load, _nearest_even
+from .blocks.runs import _pair_bytes
+from .blocks.scales import _row_amax
+from .blocks.spec import Element
 
-__all__ = ["recipe_rows", "recipe_amax", "recipe_scales", "rule_id", "element_id", "zero_id"]
+__all__ = ["RecipeSpec", "recipe_rows", "recipe_amax", "recipe_scales", "rule_id", "element_id", "zero_id"]
 
 CT_E4M3, MODELOPT_E4M3, GGML_UE4M3, CT_E8M0, GGML_E8M0, MODELOPT_E8M0, CT_FLOAT = (
     SCALE_RULES.index(r)
@@ -27,9 +33,6 @@ CT_E4M3, MODELOPT_E4M3, GGML_UE4M3, CT_E8M0, GGML_E8M0, MODELOPT_E8M0, CT_FLOAT 
 )
 DIVIDE, MULTIPLY, GGML = (ELEMENT_RULES.index(r) for r in ("divide", "multiply", "ggml"))
 KEPT, NEGATIVE, POSITIVE = (ZERO_SIGNS.index(z) for z in ("kept", "negative", "positive"))
-
-#: ggml's ``kvalues_mxfp4``: twice the E2M1 value of each code.
-_KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
 
 
 def rule_id(name: str) -> int:
@@ -46,9 +49,13 @@ def zero_id(name: str) -> int:
 
 @jit(inline="always")
 def _w(v, wc):  # pragma: no cover - compiled
-    """The float32 ``v`` rounded to the intermediate dtype (codec ``wc``; none: float32, as is)."""
+    """The finite float32 ``v`` rounded to the intermediate dtype (codec ``wc``; none: float32, as
+    is; bfloat16: its pattern's top half, rounded to nearest even in integer arithmetic)."""
     if wc.bits == 0:
         return v
+    if wc.bits == 16 and wc.mbits == 7:
+        b = f32_bits(v)
+        return f32_from_bits(u32_and(b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1)), 0xFFFF0000))
     code = C.encode(f32_bits(v), np.uint32(0), np.uint32(0), wc, C.NEAREST_EVEN, False)
     return f32_from_bits(C.decode(code, wc))
 
@@ -101,10 +108,11 @@ def _ue4m3_half(b):  # pragma: no cover - compiled
     return raw * np.float32(0.5)
 
 
-@jit
+@jit(inline="always")
 def _block_scale(a, rule, g, max_el, emax, bump, top, lowest, eps, sc, wc):  # pragma: no cover - compiled
     """(stored, v): a block's scale as stored (a byte, or a float scale's float32 pattern) and the
-    float32 its elements are divided or multiplied by (ggml: the half scale), from its finite
+    float32 its elements are divided or multiplied by (ggml: the half scale; ``ct_e8m0``: the
+    reciprocal of the divisor, its elements multiplied by it), from its finite
     amax ``a`` by the rule ``rule`` (see :data:`neuron_kernels.recipes.SCALE_RULES`)."""
     zero = np.uint32(0)
     if rule == CT_E4M3:
@@ -143,31 +151,44 @@ def _block_scale(a, rule, g, max_el, emax, bump, top, lowest, eps, sc, wc):  # p
             byte = 255
         else:
             byte = max(0, min(255, np.int64(p >> np.uint32(23)) - emax))
-        return np.uint32(byte), _w(_pow2(byte - 127), wc)
+        # elements are divided by W(2^(byte - 127)): multiplied by its exact reciprocal instead (the
+        # same float32 quotient; 0 for byte 255, whose divisor is infinite)
+        return np.uint32(byte), _pow2(127 - byte) if byte < 255 else np.float32(0.0)
     # CT_FLOAT
     s = _w(a / max_el, wc)
     s = eps if s == 0 else s
     return f32_bits(s), s
 
 
+#: The positive E2M1 codes' doubled values (ggml's ``kvalues_mxfp4[1:8]``).
+_KPOS = np.array([1, 2, 3, 4, 6, 8, 12], np.float32)
+
+
 @jit(inline="always")
-def _code(x, v, elements, zero, ec, qc):  # pragma: no cover - compiled
-    """The code of the float32 ``x`` under its block's ``v`` by the element rule ``elements``."""
+def _code(x, v, elements, zero, el, qc):  # pragma: no cover - compiled
+    """The code of the float32 ``x`` under its block's ``v`` by the element rule ``elements``
+    (``el``: the element's :class:`~.blocks.spec.Element`). ggml's arg-min over the 16 codes is
+    taken over the 7 non-zero ones of ``x``'s sign against the zero code (a code of the other sign
+    is never nearer, and the lower index wins a tie: the +0 code is index 0); ``|k * v - x|`` is
+    ``|k * v - |x||`` for the negative codes, exactly. Otherwise the quotient (``x / v``, or ``x *
+    v``: MX multiplies by the power of two's exact reciprocal, the same float32), rounded to the
+    intermediate dtype, is rounded to nearest even, saturating."""
     if elements == GGML:
-        best = 0
-        best_err = abs(np.float32(0.0) * v - x)
-        lo = 1 if x >= 0 else 9
-        for i in range(lo, lo + 7):
-            err = abs(_KVALUES[i] * v - x)
-            if err < best_err:
-                best = i
-                best_err = err
-        return np.uint32(best)
+        ax = abs(x)
+        best = np.uint32(0)
+        best_err = ax
+        for i in range(7):  # branch-free: the loop vectorises across elements
+            err = abs(_KPOS[i] * v - ax)
+            better = err < best_err
+            best = np.uint32(i + 1) if better else best
+            best_err = err if better else best_err
+        return best + np.uint32(8) if (x < 0) & (best != 0) else best
     q = _w(x / v if elements == DIVIDE else x * v, qc)
-    code = C.encode(f32_bits(q), np.uint32(0), np.uint32(0), ec, C.NEAREST_EVEN, True)
-    if u32_and(code, ec.sign_bit - 1) == 0 and zero != KEPT:
-        return np.uint32(ec.sign_bit) if (zero == NEGATIVE) & (q < 0) else np.uint32(0)
-    return np.uint32(code)
+    code = np.uint32(_nearest_even(q, el, False))
+    sign = np.uint32(1 << (el.codec.bits - 1))
+    if zero != KEPT and u32_and(code, sign - np.uint32(1)) == 0:
+        return sign if (zero == NEGATIVE) & (q < 0) else np.uint32(0)
+    return code
 
 
 @jit
@@ -183,46 +204,97 @@ def recipe_amax(x, amax, block, kind, xc, r0, r1):  # pragma: no cover - compile
             amax[r, b] = m
 
 
-@jit
-def recipe_scales(amax, stored, vals, rule, g, max_el, emax, bump, top, lowest, eps, sc, wc):  # pragma: no cover
-    """The scales of blocks (or tiles) from their finite amax patterns ``amax`` (flat): stored
-    into ``stored``, the element divisors or multipliers into ``vals`` (see :func:`_block_scale`)."""
-    for k in range(amax.size):
-        stored[k], vals[k] = _block_scale(f32_from_bits(amax[k]), rule, g, max_el, emax, bump, top, lowest, eps, sc, wc)
+class RecipeSpec(NamedTuple):
+    """What a recipe kernel is specialised on (compile-time constants): the source (``kind``,
+    ``xc``), the element, scale and intermediate codecs, the rule ids and the format's numbers."""
+
+    kind: int
+    xc: C.Codec
+    el: Element
+    sc: C.Codec
+    wc: C.Codec
+    qc: C.Codec
+    rule: int
+    elements: int
+    zero: int
+    max_el: np.float32
+    emax: int
+    bump: int
+    top: np.float32
+    lowest: np.float32
+    eps: np.float32
 
 
-@jit
-def recipe_rows(x, codes, scales, vals, block, tile_rows, kind, xc, ec, sc, wc, qc, rule, elements, zero, g, max_el,
-                emax, bump, top, lowest, eps, pack, r0, r1):  # fmt: skip  # pragma: no cover - compiled
-    """Rows ``[r0, r1)`` of the 2-D ``x`` (float32 patterns, 16-bit float codes or float64: ``kind``
-    and ``xc`` as :func:`~.sources.load` takes them) quantised in blocks of ``block`` along the last
-    axis (``wc``, ``qc``: the codecs of the scale's and the quotient's intermediate dtypes): codes
-    into ``codes`` (two per byte with ``pack``, the even element low), each block's scale into
-    ``scales`` (rows, blocks). With ``vals`` empty, each block's scale comes from its own amax;
-    otherwise ``vals`` (row tiles, blocks) holds each tile's divisor or multiplier (the scales
-    already stored), the tile of row ``r`` being ``r // tile_rows``. The blocks hold finite values
-    only (the caller checks)."""
-    cols = x.shape[1]
-    nb = -(-cols // block)
-    for r in range(r0, r1):
-        for b in range(nb):
-            l0 = b * block
-            l1 = min(l0 + block, cols)
+@cache
+def recipe_scales(spec: RecipeSpec) -> Any:
+    """Kernel ``(amax, stored, vals, g)``: the scales of blocks (or tiles) from their finite amax
+    patterns ``amax`` (flat): stored into ``stored``, the element divisors or multipliers into
+    ``vals`` (see :func:`_block_scale`); ``g`` the global scale."""
+    p = spec
+
+    @jit
+    def kernel(amax, stored, vals, g):  # pragma: no cover - compiled
+        for k in range(amax.size):
+            stored[k], vals[k] = _block_scale(
+                f32_from_bits(amax[k]), p.rule, g, p.max_el, p.emax, p.bump, p.top, p.lowest, p.eps, p.sc, p.wc
+            )
+
+    return kernel
+
+
+@cache
+def recipe_rows(spec: RecipeSpec, vlen: int, pack: bool) -> Any:
+    """Kernel ``(x, codes, scales, vals, block, tile_rows, g, r0, r1)``: rows ``[r0, r1)`` of the
+    2-D ``x`` (float32 patterns, 16-bit float codes or float64, as ``spec.kind`` says) quantised in
+    blocks of ``block`` along the last axis: codes into ``codes`` (two per byte with ``pack``, the
+    even element low), each block's scale into ``scales`` (rows, blocks). With ``vals`` empty,
+    each block's scale comes from its own amax; otherwise ``vals`` (row tiles, blocks) holds each
+    tile's divisor or multiplier (the scales already stored), the tile of row ``r`` being
+    ``r // tile_rows``. ``g``: the global scale. The blocks hold finite values only (the caller
+    checks). ``vlen``: the block length compiled in (16, 32 or 64, the format's own, where the
+    source has the vector amax; 0: none), whose element loops have a constant trip count, so that
+    they unroll and vectorise, as :mod:`.blocks.runs` explains. Per row: the scales first, then the
+    codes one per byte, then (``pack``) paired."""
+    p = spec
+    v16, v32, v64 = (vlen if vlen == n else 0 for n in (16, 32, 64))
+
+    @jit
+    def kernel(x, codes, scales, vals, block, tile_rows, g, r0, r1):  # pragma: no cover - compiled
+        cols = x.shape[1]
+        nb = -(-cols // block)
+        row_vals = np.empty(nb, np.float32)
+        words = np.empty(cols // 2 + 1, np.uint16)
+        one = words.view(np.uint8)
+        for r in range(r0, r1):
+            xr = x[r]
             if vals.shape[0] == 0:
-                m = np.uint32(0)
-                for i in range(l0, l1):
-                    m = max(m, u32_and(S.load(x[r, i], kind, xc), 0x7FFFFFFF))
-                stored, v = _block_scale(f32_from_bits(m), rule, g, max_el, emax, bump, top, lowest, eps, sc, wc)
-                scales[r, b] = stored
+                for b in range(nb):
+                    l0 = np.uint64(b * block)
+                    l1 = np.uint64(min(b * block + block, cols))
+                    m = _row_amax(xr, l0, l1, p.kind, p.xc, v16, v32, v64)
+                    stored, v = _block_scale(
+                        f32_from_bits(m), p.rule, g, p.max_el, p.emax, p.bump, p.top, p.lowest, p.eps, p.sc, p.wc
+                    )
+                    scales[r, b] = stored
+                    row_vals[b] = v
             else:
-                v = vals[r // tile_rows, b]
+                row_vals[:] = vals[r // tile_rows]
+            dst = one if pack else codes[r]
+            for b in range(nb):
+                v = row_vals[b]
+                l0 = np.uint64(b * block)
+                if vlen != 0 and b * block + vlen <= cols:
+                    for k in range(vlen):  # a constant trip count
+                        i = l0 + np.uint64(k)
+                        dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
+                else:
+                    for i in range(b * block, min(b * block + block, cols)):
+                        dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
             if pack:
-                for i in range(l0, l1, 2):
-                    lo = _code(f32_from_bits(S.load(x[r, i], kind, xc)), v, elements, zero, ec, qc)
-                    hi = np.uint32(0)
-                    if i + 1 < l1:
-                        hi = _code(f32_from_bits(S.load(x[r, i + 1], kind, xc)), v, elements, zero, ec, qc)
-                    codes[r, i >> 1] = lo | (hi << np.uint32(4))
-            else:
-                for i in range(l0, l1):
-                    codes[r, i] = _code(f32_from_bits(S.load(x[r, i], kind, xc)), v, elements, zero, ec, qc)
+                cr = codes[r]
+                for j in range(cols // 2):
+                    cr[j] = _pair_bytes(words[j])
+                if cols % 2:
+                    cr[cols // 2] = one[cols - 1]
+
+    return kernel
