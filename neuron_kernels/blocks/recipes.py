@@ -170,7 +170,7 @@ def recipe_quantize(
     for m in range(matrices):
         xm = x[m * mrows : (m + 1) * mrows]
         amax = np.empty((mrows, nb), np.uint32)
-        run_tasks(recipe_amax, mrows, xm.size, (xm, amax, block, source.kind, source.codec))
+        run_tasks(recipe_amax(spec), mrows, xm.size, (xm, amax, block))
         tiles = np.maximum.reduceat(amax, np.arange(0, mrows, tile_rows), axis=0)
         stored = np.empty(tiles.size, np.uint32)
         vals = np.empty(tiles.size, np.float32)

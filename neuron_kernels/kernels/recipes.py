@@ -19,7 +19,6 @@ import numpy as np
 from .._jit import f32_bits, f32_from_bits, jit, u32_and
 from ..recipes import ELEMENT_RULES, SCALE_RULES, ZERO_SIGNS
 from . import codec as C
-from . import sources as S
 from .blocks.elements import _load, _nearest_even
 from .blocks.runs import _pair_bytes
 from .blocks.scales import _row_amax
@@ -160,6 +159,9 @@ def _block_scale(a, rule, g, max_el, emax, bump, top, lowest, eps, sc, wc):  # p
     return f32_bits(s), s
 
 
+#: The element loop's run over long blocks (a constant trip count, which unrolls and vectorises).
+_RUN = 64
+
 #: The positive E2M1 codes' doubled values (ggml's ``kvalues_mxfp4[1:8]``).
 _KPOS = np.array([1, 2, 3, 4, 6, 8, 12], np.float32)
 
@@ -191,19 +193,6 @@ def _code(x, v, elements, zero, el, qc):  # pragma: no cover - compiled
     return code
 
 
-@jit
-def recipe_amax(x, amax, block, kind, xc, r0, r1):  # pragma: no cover - compiled
-    """The largest |x| pattern of each block of ``block`` along the rows ``[r0, r1)`` of the 2-D
-    ``x`` into ``amax`` (rows, blocks) uint32 (an infinity's or a NaN's where it holds one)."""
-    cols = x.shape[1]
-    for r in range(r0, r1):
-        for b in range(amax.shape[1]):
-            m = np.uint32(0)
-            for i in range(b * block, min(b * block + block, cols)):
-                m = max(m, u32_and(S.load(x[r, i], kind, xc), 0x7FFFFFFF))
-            amax[r, b] = m
-
-
 class RecipeSpec(NamedTuple):
     """What a recipe kernel is specialised on (compile-time constants): the source (``kind``,
     ``xc``), the element, scale and intermediate codecs, the rule ids and the format's numbers."""
@@ -223,6 +212,26 @@ class RecipeSpec(NamedTuple):
     top: np.float32
     lowest: np.float32
     eps: np.float32
+
+
+@cache
+def recipe_amax(spec: RecipeSpec) -> Any:
+    """Kernel ``(x, amax, block, r0, r1)``: the largest |x| pattern of each block of ``block``
+    along the rows ``[r0, r1)`` of the 2-D ``x`` into ``amax`` (rows, blocks) uint32 (an
+    infinity's or a NaN's where it holds one): the first pass of tiles and whole matrices."""
+    p = spec
+
+    @jit
+    def kernel(x, amax, block, r0, r1):  # pragma: no cover - compiled
+        cols = x.shape[1]
+        for r in range(r0, r1):
+            xr = x[r]
+            for b in range(amax.shape[1]):
+                l0 = np.uint64(b * block)
+                l1 = np.uint64(min(b * block + block, cols))
+                amax[r, b] = _row_amax(xr, l0, l1, p.kind, p.xc, 0, 0, 0)
+
+    return kernel
 
 
 @cache
@@ -263,19 +272,32 @@ def recipe_rows(spec: RecipeSpec, vlen: int, pack: bool) -> Any:
         cols = x.shape[1]
         nb = -(-cols // block)
         row_vals = np.empty(nb, np.float32)
+        amaxes = np.empty(nb, np.uint32)
         words = np.empty(cols // 2 + 1, np.uint16)
         one = words.view(np.uint8)
         for r in range(r0, r1):
             xr = x[r]
-            if vals.shape[0] == 0:
+            if vals.shape[0] == 0:  # the amaxes, then the scales in a loop of their own (it vectorises)
                 for b in range(nb):
                     l0 = np.uint64(b * block)
                     l1 = np.uint64(min(b * block + block, cols))
-                    m = _row_amax(xr, l0, l1, p.kind, p.xc, v16, v32, v64)
+                    amaxes[b] = _row_amax(xr, l0, l1, p.kind, p.xc, v16, v32, v64)
+                sr = scales[r]
+                for b in range(nb):
                     stored, v = _block_scale(
-                        f32_from_bits(m), p.rule, g, p.max_el, p.emax, p.bump, p.top, p.lowest, p.eps, p.sc, p.wc
+                        f32_from_bits(amaxes[b]),
+                        p.rule,
+                        g,
+                        p.max_el,
+                        p.emax,
+                        p.bump,
+                        p.top,
+                        p.lowest,
+                        p.eps,
+                        p.sc,
+                        p.wc,
                     )
-                    scales[r, b] = stored
+                    sr[b] = stored
                     row_vals[b] = v
             else:
                 row_vals[:] = vals[r // tile_rows]
@@ -287,8 +309,15 @@ def recipe_rows(spec: RecipeSpec, vlen: int, pack: bool) -> Any:
                     for k in range(vlen):  # a constant trip count
                         i = l0 + np.uint64(k)
                         dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
-                else:
-                    for i in range(b * block, min(b * block + block, cols)):
+                else:  # long or partial blocks: runs of a constant trip count, then the rest
+                    l1 = np.uint64(min(b * block + block, cols))
+                    i0 = l0
+                    while i0 + np.uint64(_RUN) <= l1:
+                        for k in range(_RUN):
+                            i = i0 + np.uint64(k)
+                            dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
+                        i0 += np.uint64(_RUN)
+                    for i in range(i0, l1):
                         dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
             if pack:
                 cr = codes[r]
