@@ -301,3 +301,35 @@ def test_cli_recipe_on_a_file_and_its_refusal(tmp_path, rng):
     )
     assert r.returncode == 2 and "fixes rht" in r.stderr and r.stderr.count("\n") == 1
     assert not (tmp_path / "r.npz").exists()
+
+
+@pytest.mark.parametrize("fmt", list(RECIPES["ggml"].rules))
+def test_gguf_recipe_ggml_is_llama_quantisers_bytes(tmp_path, fmt):
+    """A GGUF file quantised with --recipe ggml holds, in every quantised tensor, the blocks of ggml's
+    own quantiser run on the same float32 values, and no .scale tensor (ggml's FP4 is one level)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        runtime_missing(f"llama-cpp-python is not installed ({exc})")
+    from gguf import GGUFReader
+
+    from .ggml_lib import MXFP4, NVFP4, ggml_quantize
+
+    ggml_type = {"mxfp4_e2m1": MXFP4, "nvfp4": NVFP4}[fmt]
+    source = FIXTURES / "gguf" / "llama-bf16.gguf"
+    out = tmp_path / "out.gguf"
+    run("quantize", source, out, "--format", fmt, "--recipe", "ggml", "--quiet", cwd=tmp_path)
+    before = {t.name: t for t in GGUFReader(source).tensors}
+    after = GGUFReader(out).tensors
+    assert not [t.name for t in after if t.name.endswith(".scale")]
+    checked = 0
+    for t in after:
+        if int(t.tensor_type) != ggml_type:
+            continue
+        s = before[t.name]
+        raw = np.asarray(s.data)
+        values = raw.view(ml_dtypes.bfloat16).astype(np.float32) if s.tensor_type.name == "BF16" else raw
+        want = ggml_quantize(values.reshape(-1, int(s.shape[0])), ggml_type)
+        assert np.array_equal(np.asarray(t.data).reshape(want.shape), want), t.name
+        checked += 1
+    assert checked >= 7
