@@ -10,8 +10,8 @@ llm-compressor pins its own torch and transformers, so it lives in an environmen
     /tmp/peer/bin/python scripts/make_llmcompressor_fixtures.py \\
         tests/fixtures/modelopt/bf16 tests/fixtures/llmcompressor
 
-It writes one folder per scheme: ``nvfp4`` (NVFP4A16), ``mxfp4`` (MXFP4A16) and ``mxfp8``
-(MXFP8A16), the embeddings and the output head kept, as llm-compressor's examples keep them.
+It writes one folder per scheme: ``nvfp4`` (NVFP4A16), ``mxfp4`` (MXFP4A16), ``mxfp8``
+(MXFP8A16) and ``fp8_dynamic`` (FP8_DYNAMIC: FP8 per channel), the embeddings and the output head kept, as llm-compressor's examples keep them.
 Run again, it writes the same bytes (no calibration: weights only).
 """
 
@@ -25,7 +25,7 @@ from llmcompressor import model_free_ptq
 
 #: FP8_BLOCK is left out: llm-compressor 0.14.0.1 fails on this Llama's 64-wide weights (128 x 128
 #: blocks larger than the matrix; safetensors refuses the non-contiguous tensor it saves).
-SCHEMES = {"nvfp4": "NVFP4A16", "mxfp4": "MXFP4A16", "mxfp8": "MXFP8A16"}
+SCHEMES = {"nvfp4": "NVFP4A16", "mxfp4": "MXFP4A16", "mxfp8": "MXFP8A16", "fp8_dynamic": "FP8_DYNAMIC"}
 
 
 def main(source: str, out: str) -> None:

@@ -347,7 +347,7 @@ def test_diff_names_the_per_tensor_scale_rule(corpus, tmp_path):
 LLMCOMPRESSOR = Path(__file__).parent / "fixtures" / "llmcompressor"
 
 
-@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "mxfp8", "fp8_dynamic"])
 def test_llm_compressors_own_checkpoints_report_nothing(scheme):
     """llm-compressor 0.14's model_free_ptq outputs (tests/fixtures/llmcompressor, made by
     scripts/make_llmcompressor_fixtures.py from the bfloat16 Llama of tests/fixtures/modelopt/bf16):
