@@ -11,7 +11,8 @@ llm-compressor pins its own torch and transformers, so it lives in an environmen
         tests/fixtures/modelopt/bf16 tests/fixtures/llmcompressor
 
 It writes one folder per scheme: ``nvfp4`` (NVFP4A16), ``mxfp4`` (MXFP4A16), ``mxfp8``
-(MXFP8A16) and ``fp8_dynamic`` (FP8_DYNAMIC: FP8 per channel), the embeddings and the output head kept, as llm-compressor's examples keep them.
+(MXFP8A16) and ``fp8_dynamic`` (FP8_DYNAMIC: FP8 per channel), the embeddings and the output
+head kept, as llm-compressor's examples keep them.
 Run again, it writes the same bytes (no calibration: weights only).
 """
 
