@@ -334,3 +334,28 @@ def test_gguf_recipe_ggml_is_llama_quantisers_bytes(tmp_path, fmt):
         assert np.array_equal(np.asarray(t.data).reshape(want.shape), want), t.name
         checked += 1
     assert checked >= 7
+
+
+def test_float32_logarithms_of_the_e8m0_rules():
+    """The e8m0 rules' ``floor(log2f(a))`` (ggml) and ``ceil(log2(r))`` (ModelOpt) take the exponent
+    where the float32 logarithm cannot reach the next integer, the logarithm itself elsewhere:
+    equal to the logarithm rounded to float32 on every exponent's significands nearest 1 and 2,
+    subnormals included."""
+    from numba import njit
+
+    from neuron_kernels.kernels import recipes as R
+
+    edges = np.concatenate([np.arange(0, 200), np.arange(0x7FF000 - 100, 0x800000)]).astype(np.uint32)
+    patterns = (np.arange(0, 255, dtype=np.uint32)[:, None] << np.uint32(23) | edges[None, :]).ravel()[1:]
+    values = patterns.view(np.float32)
+
+    @njit
+    def fast(values, floors, ceils):
+        for i in range(values.size):
+            floors[i], ceils[i] = R._floor_log2f(values[i]), R._ceil_log2f(values[i])
+
+    floors, ceils = np.empty(values.size, np.int64), np.empty(values.size, np.int64)
+    fast(values, floors, ceils)
+    logs = np.log2(values.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(floors, np.floor(logs).astype(np.int64))
+    assert np.array_equal(ceils, np.ceil(logs).astype(np.int64))

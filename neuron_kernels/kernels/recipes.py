@@ -108,6 +108,32 @@ def _ue4m3_half(b):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
+def _floor_log2f(a):  # pragma: no cover - compiled
+    """``floor(log2f(a))`` of a positive float32, log2f correctly rounded to float32: the exponent
+    of a normal ``a``, except where log2f rounds up to the next integer (a significand within
+    2^-11 of 2, or a subnormal ``a``), which takes the logarithm itself."""
+    b = f32_bits(a)
+    if (b >> np.uint32(23)) != 0 and (b & np.uint32(0x7FFFFF)) < np.uint32(0x7FF000):
+        return np.int64(b >> np.uint32(23)) - 127
+    return np.int64(math.floor(np.float32(math.log2(np.float64(a)))))
+
+
+@jit(inline="always")
+def _ceil_log2f(r):  # pragma: no cover - compiled
+    """``ceil(log2(r))`` of a positive float32, the logarithm rounded to float32 first (torch's): the
+    exponent of a normal power of two, the exponent plus one where the significand is far enough
+    above 1 for the rounded logarithm to stay above the integer, else the logarithm itself."""
+    b = f32_bits(r)
+    ex = np.int64(b >> np.uint32(23))
+    man = b & np.uint32(0x7FFFFF)
+    if ex != 0 and man == 0:
+        return ex - 127
+    if ex != 0 and man > np.uint32(64):
+        return ex - 126
+    return np.int64(math.ceil(np.float32(math.log2(np.float64(r)))))
+
+
+@jit(inline="always")
 def _block_scale(a, rule, g, max_el, emax, bump, top, lowest, eps, sc, wc):  # pragma: no cover - compiled
     """(stored, v): a block's scale as stored (a byte, or a float scale's float32 pattern) and the
     float32 its elements are divided or multiplied by (ggml: the half scale; ``ct_e8m0``: the
@@ -134,13 +160,13 @@ def _block_scale(a, rule, g, max_el, emax, bump, top, lowest, eps, sc, wc):  # p
     if rule == GGML_E8M0:
         e = 0
         if a > 0:
-            e = (np.int64(math.floor(np.float32(math.log2(np.float64(a))))) - emax + 127) & 0xFF
+            e = (_floor_log2f(a) - emax + 127) & 0xFF
         half = f32_from_bits(np.uint32(0x00200000) << np.uint32(e)) if e < 2 else _pow2(e - 128)
         return np.uint32(e), half
     if rule == MODELOPT_E8M0:
         e = -127
         if a > 0:
-            e = max(-127, min(127, np.int64(math.ceil(np.float32(math.log2(np.float64(a / max_el)))))))
+            e = max(-127, min(127, _ceil_log2f(a / max_el)))
         return np.uint32(e + 127), _pow2(-e)
     if rule == CT_E8M0:
         p = u32_and(f32_bits(a) + (np.uint32(1) << np.uint32(22 - bump)), 0x7F800000)
