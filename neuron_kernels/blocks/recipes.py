@@ -1,7 +1,7 @@
 """Quantisation by a producer's recipe (``recipe=``; the table is :data:`neuron_kernels.recipes.RECIPES`):
 the options a recipe fixes, checked (:func:`recipe_options`); its global scale from an amax
-(:func:`ct_global_scale`); and the codes and scales of an array by the generic recipe
-kernel (:func:`recipe_quantize`)."""
+(:func:`ct_global_scale`); and the codes and scales of an array by the recipe kernels
+(:func:`recipe_quantize`)."""
 
 from __future__ import annotations
 
