@@ -89,7 +89,7 @@ class Recipe(NamedTuple):
     fuses: bool = True
 
 
-_CT = "compressed-tensors 0.20.1, llm-compressor 0.14"
+_CT = "llm-compressor 0.14 (compressed-tensors 0.19.0; 0.20.1 the same)"
 _CT_NVFP4 = RecipeRule(
     "ct_e4m3", "divide", "weight", "negative", "ct",
     source="compressed_tensors/quantization/utils/helpers.py generate_gparam, calculate_qparams; "
