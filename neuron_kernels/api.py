@@ -361,7 +361,7 @@ def quantize_mx(
     *,
     block_size: int = 32,
     axis: int = -1,
-    scale_mode: str | None = None,
+    scale_mode: str = "floor",
     rounding: str = "nearest_even",
     seed: int | None = None,
     pack: bool = True,
@@ -386,7 +386,8 @@ def quantize_mx(
         block_size=DEFAULT if block_shape is not None else block_size,
         block_shape=block_shape,
         axis=axis,
-        scale_mode=DEFAULT if scale_mode is None else scale_mode,
+        # with a recipe, the family's default scale mode is the recipe's (a recipe fixes it)
+        scale_mode=DEFAULT if recipe is not None and scale_mode == "floor" else scale_mode,
         rounding=rounding,
         seed=seed,
         pack=pack,
