@@ -5,8 +5,9 @@ and constants are compiled in (made when first used, and cached on disk).
 :func:`recipe_rows` makes the kernel that quantises rows blocked along their last axis: each
 block's scale from its amax by the recipe's rule, or, for 2-D tiles and whole matrices, from the
 tiles' amaxes found first by :func:`recipe_amax`'s kernel and turned into scales by
-:func:`recipe_scales`'s; then each element by the recipe's element rule. The arithmetic is the producers' own, operation by operation, in
-float32 with the intermediate roundings they make (docs/recipes.md)."""
+:func:`recipe_scales`'s; then each element by the recipe's element rule. The arithmetic is the
+producers' own, operation by operation, in float32 with the intermediate roundings they make
+(docs/recipes.md)."""
 
 from __future__ import annotations
 
