@@ -17,15 +17,26 @@ modules), not from tensor names, so the package does too. :func:`architecture_of
   transformers' loader maps it (its renamings and expert merges), and the owning module's type.
 
 Kinds: ``linear`` (a ``torch.nn.Linear``), ``head`` (the Linear that gives the logits),
-``expert`` (one expert's projection, which transformers merges into stacked expert parameters
-and vLLM reads as a Linear of its fused MoE), ``experts`` (stacked expert parameters stored as
-they are, gpt-oss's), ``embedding``, ``conv1d`` (GPT-2's transposed Linear), ``conv``,
-``router``, ``norm`` and ``other``.
+``tower`` (a Linear of a vision or audio tower or its projector: a part of a multimodal model
+beside its language model), ``expert`` (one expert's projection, which transformers merges into
+stacked expert parameters and vLLM reads as a Linear of its fused MoE), ``experts`` (stacked
+expert parameters stored as they are: gpt-oss's, Llama 4's, DBRX's, GraniteMoE's),
+``embedding``, ``conv1d`` (GPT-2's transposed Linear), ``conv``, ``router`` (a MoE router,
+whatever its class: a Linear subclass such as Llama 4's, or a Linear inside a router module such
+as DBRX's), ``norm`` and ``other``.
+
+Stacked experts that transformers replaces by per-expert Linear modules for a compressed-tensors
+checkpoint (Llama 4's) are recorded as ``splits`` (module -> class name,
+:data:`~.runtime_modules.EXPERT_SPLITS`); their per-expert Linear modules are of kind ``expert``.
+What each runtime does with the modules (which it keeps plain, which it fuses) is
+:mod:`.runtime_modules`' per ``model_type``: :meth:`Architecture.plain_why` and
+:meth:`Architecture.fused_groups` give both together.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import importlib.util
 import json
 import os
@@ -34,7 +45,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Architecture", "architecture_of", "from_model", "normalise", "TABLE_PATH", "MODULES_SOURCES", "table"]
+from .runtime_modules import EXPERT_SPLITS, ExpertSplit, RuntimeModules, runtime_modules
+
+__all__ = [
+    "Architecture", "architecture_of", "from_model", "normalise", "TABLE_PATH", "MODULES_SOURCES", "table",
+    "fused_groups",
+]  # fmt: skip
 
 #: The table of architectures, by ``model_type``.
 TABLE_PATH = os.path.join(os.path.dirname(__file__), "architectures.json")
@@ -63,11 +79,52 @@ class Architecture:
     kinds: dict[str, str]
     model_names: dict[str, str] = field(default_factory=dict)
     linears: tuple[str, ...] = ()
+    splits: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def runtime(self) -> RuntimeModules:
+        """What the runtimes do with this model type's modules (:mod:`.runtime_modules`)."""
+        return runtime_modules(self.model_type)
 
     def kind(self, module: str) -> str | None:
-        """The kind of the checkpoint module ``module``, or None if the model has no such module."""
+        """The kind of the checkpoint module ``module``, or None if the model has no such module
+        (a per-expert Linear of split stacked experts, ``MODULE.E.gate_proj``: ``expert``)."""
         hit = self.kinds.get(module)
-        return hit if hit is not None else self.kinds.get(normalise(module))
+        if hit is None:
+            hit = self.kinds.get(normalise(module))
+        if hit is None:
+            stacked, _, linear = module.rpartition(".")
+            parent, _, number = stacked.rpartition(".")
+            split = self.split(parent) if number.isdigit() else None
+            if split is not None and linear in split.linears():
+                return "expert"
+        return hit
+
+    def merged_expert(self, module: str) -> bool:
+        """Whether ``module`` is one expert's Linear that transformers merges into stacked parameters
+        on load (not one it splits stacked parameters into: :meth:`split`)."""
+        if self.kind(module) != "expert":
+            return False
+        parent = module.rpartition(".")[0].rpartition(".")[0]
+        return self.split(parent) is None
+
+    def split(self, module: str) -> ExpertSplit | None:
+        """How a compressed-tensors checkpoint holds the stacked experts ``module`` as per-expert
+        Linear weights, where transformers replaces them (None: stored as they are)."""
+        cls = self.splits.get(module) or self.splits.get(normalise(module))
+        return EXPERT_SPLITS.get(cls) if cls else None
+
+    def plain_why(self, module: str, shape: tuple[int, ...] | None = None) -> str | None:
+        """Why a runtime keeps ``module`` plain whatever the config says (a router; the runtime's
+        own exceptions, :mod:`.runtime_modules`), or None."""
+        why = self.runtime.plain_why(module, shape)
+        if why is None and self.kind(module) == "router":
+            why = f"a MoE router ({self.source}), which the runtimes build unquantised"
+        return why
+
+    def fused_groups(self, names: Any) -> dict[str, tuple[str, ...]]:
+        """:func:`fused_groups` of ``names`` by this model type's runtime fusion table."""
+        return fused_groups(names, self.runtime)
 
     def model_name(self, module: str) -> str:
         """The model's name of the checkpoint module ``module`` (the same name where not renamed)."""
@@ -86,33 +143,70 @@ class Architecture:
         for name, kind in self.kinds.items():
             kinds.setdefault(normalise(name), kind)
         names = {normalise(k): normalise(v) for k, v in self.model_names.items()}
-        return {"kinds": dict(sorted(kinds.items())), "model_names": dict(sorted(names.items())),
-                "linears": sorted({normalise(n) for n in self.linears})}  # fmt: skip
+        splits = {normalise(k): v for k, v in self.splits.items()}
+        return {
+            "kinds": dict(sorted(kinds.items())),
+            "model_names": dict(sorted(names.items())),
+            "linears": sorted({normalise(n) for n in self.linears}),
+            "splits": dict(sorted(splits.items())),
+        }
 
 
-def _kind_of(module: Any, param: str, merged: bool, head: Any) -> str:
+def _kind_of(module: Any, parent: Any, param: str, merged: bool, head: Any, tower: bool) -> str:
     import torch
 
     if module is head:
         return "head"
-    if isinstance(module, torch.nn.Linear):
-        return "linear"
     cls = type(module).__name__
+    if _is_router(cls) or isinstance(module, torch.nn.Linear) and _is_router(type(parent).__name__):
+        return "router"  # a Linear subclass (Llama 4's), or the Linear inside a router (DBRX's)
+    if isinstance(module, torch.nn.Linear):
+        return "tower" if tower else "linear"
     if merged and param.endswith("weight"):  # one expert's Linear, merged by the loader
         return "expert"
-    if cls.endswith("Experts"):
-        return "experts"
+    if "Expert" in cls and not isinstance(module, torch.nn.ModuleList):
+        return "experts"  # stacked parameters: Experts, ExpertGLU (DBRX), ParallelExperts (GraniteMoE)
     if isinstance(module, torch.nn.Embedding):
         return "embedding"
     if cls == "Conv1D":
         return "conv1d"
     if isinstance(module, torch.nn.modules.conv._ConvNd):
         return "conv"
-    if "Router" in cls or "Gate" in cls and not cls.endswith("Linear"):
-        return "router"
     if "Norm" in cls:
         return "norm"
     return "other"
+
+
+def _is_router(cls: str) -> bool:
+    return "Router" in cls or "Gate" in cls and not cls.endswith("Linear")
+
+
+def _towers(modules: dict[str, Any]) -> tuple[str, ...]:
+    """The model's names of its towers: beside a ``language_model``, the other parts of the module
+    that holds it (a vision or audio encoder, a projector), the output head aside."""
+    towers: list[str] = []
+    for name, module in modules.items():
+        children = dict(module.named_children())
+        if "language_model" not in children:
+            continue
+        prefix = f"{name}." if name else ""
+        towers += [prefix + c for c in children if c not in ("language_model", "lm_head")]
+    return tuple(towers)
+
+
+def _splits(modules: dict[str, Any]) -> dict[str, str]:
+    """The model's stacked expert modules that transformers replaces by per-expert Linear modules for
+    a compressed-tensors checkpoint (``MODULES_TO_PATCH_FOR_QUANTIZATION``) -> their class name."""
+    try:
+        from transformers.quantizers.base import MODULES_TO_PATCH_FOR_QUANTIZATION as patched
+    except ImportError:
+        return {}
+    out = {}
+    for name, module in modules.items():
+        entry = patched.get(type(module).__name__)
+        if entry and any(getattr(m, "value", m) == "compressed-tensors" for m in entry.get("quantization_methods", ())):
+            out[name] = type(module).__name__
+    return out
 
 
 def from_model(model: Any, names: Any, source: str = "") -> Architecture:
@@ -121,9 +215,12 @@ def from_model(model: Any, names: Any, source: str = "") -> Architecture:
     model's parameter as transformers' loader maps it, where the model is one of transformers'."""
     modules = dict(model.named_modules())
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    towers = _towers(modules)
+    splits = _splits(modules)
     rename = _renamer(model)
     kinds: dict[str, str] = {}
     model_names: dict[str, str] = {}
+    ckpt_splits: dict[str, str] = {}
     for name in names:
         target, merged = rename(name)
         module, _, param = target.rpartition(".")
@@ -131,14 +228,18 @@ def from_model(model: Any, names: Any, source: str = "") -> Architecture:
         if owner is None:
             continue
         ckpt_module, _, ckpt_param = name.rpartition(".")
-        kinds.setdefault(ckpt_module, _kind_of(owner, ckpt_param, merged, head))
+        parent = modules.get(module.rpartition(".")[0])
+        tower = any(module == t or module.startswith(t + ".") for t in towers)
+        kinds.setdefault(ckpt_module, _kind_of(owner, parent, ckpt_param, merged, head, tower))
         if module != ckpt_module and not merged:
             model_names[ckpt_module] = module
+        if module in splits:
+            ckpt_splits[ckpt_module] = splits[module]
     import torch
 
     linears = tuple(n for n, m in modules.items() if isinstance(m, torch.nn.Linear))
     model_type = str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
-    return Architecture(model_type, source or type(model).__name__, kinds, model_names, linears)
+    return Architecture(model_type, source or type(model).__name__, kinds, model_names, linears, ckpt_splits)
 
 
 def _renamer(model: Any) -> Any:
@@ -225,8 +326,9 @@ def _from_table(config: dict[str, Any]) -> Architecture | None:
         return None
     source = f"the package's table (from transformers {t['transformers']})"
     return Architecture(
-        str(config["model_type"]), source, dict(entry["kinds"]), dict(entry["model_names"]), tuple(entry["linears"])
-    )
+        str(config["model_type"]), source, dict(entry["kinds"]), dict(entry["model_names"]), tuple(entry["linears"]),
+        dict(entry.get("splits", {})),
+    )  # fmt: skip
 
 
 def architecture_of(config: dict[str, Any] | None, names: Any, modules: str = "auto") -> Architecture | None:
@@ -251,3 +353,20 @@ def architecture_of(config: dict[str, Any] | None, names: Any, modules: str = "a
 
 def _unplaced(arch: Architecture, names: list[str]) -> bool:
     return any(n.endswith(".weight") and arch.kind(n.rpartition(".")[0]) is None for n in names)
+
+
+def fused_groups(names: Any, runtime: RuntimeModules | None = None) -> dict[str, tuple[str, ...]]:
+    """Each of ``names`` (tensor names, ``MODULE.weight`` or ``MODULE``) that is a shard of a
+    fused layer (``runtime``'s fusion table, :data:`~.runtime_modules.GENERIC`'s by default) with
+    at least one other shard among ``names`` -> the names of its group, in the order of the
+    table's row. Names in no such group are not keys."""
+    rows = (runtime or runtime_modules(None)).fused_layers
+    groups: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for name in names:
+        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        parent, _, last = module.rpartition(".")
+        for row, fused in enumerate(rows):
+            if last in fused.shards and fnmatch.fnmatchcase(parent.rpartition(".")[2], fused.parent):
+                groups.setdefault((parent, row), []).append((fused.shards.index(last), name))
+    together = [tuple(n for _, n in sorted(g)) for g in groups.values() if len(g) > 1]
+    return {n: g for g in together for n in g}

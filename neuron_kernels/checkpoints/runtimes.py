@@ -7,7 +7,8 @@ Each entry is a runtime's own bug met with the layout as written, pinned by a st
   merges into stacked parameters on load, without their ``weight_global_scale``: their values come
   out about ``448 * 6 / amax`` times too large, silently;
 - transformers (5.25) refuses compressed-tensors MXFP8 MoE experts (their [out, in / 32] scales do
-  not fit its merged parameters).
+  not fit its merged parameters), and FP8 ones in 128 x 128 tiles (``integrations/compressed_tensors.py``
+  multiplies the codes by their tile scales without expanding them).
 
 MXFP4 MoE experts load exactly there, and vLLM, whose fused MoE reads each expert's Linear
 tensors, loads all three.
@@ -35,6 +36,7 @@ __all__ = [
 TRANSFORMERS_EXPERT_BUGS: dict[str, str] = {
     "nvfp4": "dequantises NVFP4 MoE experts without their weight_global_scale (values far too large, silently)",
     "mxfp8_e4m3": "refuses MXFP8 MoE experts (their scales do not fit its merged expert parameters)",
+    "fp8_block": "refuses FP8 MoE experts in 128 x 128 tiles (their scales do not fit its merged expert parameters)",
 }
 #: The last release the entries were checked with.
 CHECKED_WITH = "5.25"
@@ -54,7 +56,7 @@ def runtime_notes(layout: str, fmt: str, arch: Any, quantised: dict[str, tuple[i
         return _partial_blocks_note(fmt, quantised)
     if layout != "compressed-tensors" or arch is None or fmt not in TRANSFORMERS_EXPERT_BUGS:
         return []
-    experts = [n for n in quantised if arch.kind(n.rpartition(".")[0]) == "expert"]
+    experts = [n for n in quantised if arch.merged_expert(n.rpartition(".")[0])]
     if not experts:
         return []
     return [

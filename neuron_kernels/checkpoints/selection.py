@@ -2,12 +2,14 @@
 
 Each layout has its rule: for compressed-tensors and npz (:func:`module_decision`), the weights
 of the model's Linear modules (:mod:`.architecture` says which modules those are), except the
-output head, the modules runtimes keep plain (:data:`RUNTIME_PLAIN`) and the caller's ``ignore``
-patterns, or only those matching ``only`` patterns; for a checkpoint of an architecture the
-package does not know, with ``only``, the tensors matching it (:func:`tensor_decision`); for
-mxfp4 (:func:`expert_decision`), gpt-oss's expert parameters only. Everything else is copied bit
-for bit. The shards of a layer runtimes fuse (:data:`FUSED_SHARDS`) share one
-per-tensor scale (:func:`fused_groups`).
+output head, the towers of a multimodal model (unless asked), the modules the runtimes keep plain
+(routers, and each architecture's exceptions in :mod:`.runtime_modules`) and the caller's
+``ignore`` patterns, or only those matching ``only`` patterns; for a checkpoint of an
+architecture the package does not know, with ``only``, the tensors matching it
+(:func:`tensor_decision`); for mxfp4 (:func:`expert_decision`), gpt-oss's expert parameters only.
+Everything else is copied bit for bit. The shards of a layer a runtime fuses (its fusion table
+per architecture; :data:`FUSED_SHARDS` where it has none) share one per-tensor scale
+(:func:`fused_groups`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import numpy as np
 
 from ..formats import INPUT_DTYPES
 from ..io.files import ArrayEntry
-from .architecture import normalise
+from .architecture import Architecture, normalise
+from .architecture import fused_groups as _fused_groups
+from .runtime_modules import GENERIC
 
 __all__ = [
     "DEFAULT_EXCLUDES",
@@ -32,8 +36,8 @@ __all__ = [
     "ignored_modules",
     "kept_modules",
     "module_decision",
-    "RUNTIME_PLAIN",
     "tensor_decision",
+    "TOWER_KEPT",
 ]
 
 #: Names that are never quantised (embeddings, norms, the output head, MoE routers): shell patterns.
@@ -58,9 +62,10 @@ def tensor_decision(
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
     arch: Any = None,
+    towers: bool = False,
 ) -> str | None:
     """None if the tensor is quantised, else why it is kept: the rule by name alone, for a
-    checkpoint of an architecture the package does not know (``arch`` is not read).
+    checkpoint of an architecture the package does not know (``arch`` and ``towers`` are not read).
 
     Quantised: a float32, float16, bfloat16 or float64 tensor named ``*.weight`` with two or more
     dimensions whose last is a multiple of ``block_size``, whose name (or module name) matches
@@ -131,8 +136,10 @@ def expert_decision(
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
     arch: Any = None,
+    towers: bool = False,
 ) -> str | None:
-    """The ``mxfp4`` layout's rule (gpt-oss's): None if the tensor is quantised, else why it is kept.
+    """The ``mxfp4`` layout's rule (gpt-oss's): None if the tensor is quantised, else why it is kept
+    (``arch`` and ``towers`` are not read).
 
     Quantised: a float tensor matching :data:`GPTOSS_EXPERTS`, 3-D ([E, in, out]) with ``in`` a
     multiple of ``block_size``, and not kept by ``ignore`` / ``only``. Everything else (attention,
@@ -167,32 +174,21 @@ def kept_modules(kept: list[tuple[str, ArrayEntry]]) -> list[str]:
 
 # ---- from the model's modules -----------------------------------------------------------------------
 
-#: Modules that runtimes build as plain (unquantised) Linear layers whatever the checkpoint's
-#: config says, so a quantised weight there would not load: shell patterns of checkpoint module
-#: names -> why. From vLLM's model definitions (``vllm/model_executor/models/``): the MoE routers
-#: are built with ``quant_config=None`` (``mixtral.py``, ``qwen2_moe.py``, ``qwen3_moe.py``,
-#: ``deepseek_v2.py``, ``gpt_oss.py``) and Qwen2-MoE's ``shared_expert_gate`` as an unquantised
-#: Linear (``qwen2_moe.py``).
-RUNTIME_PLAIN: dict[str, str] = {
-    "*.mlp.gate": "the MoE router, which vLLM builds unquantised (quant_config=None)",
-    "*.block_sparse_moe.gate": "the MoE router, which vLLM builds unquantised (quant_config=None)",
-    "*.mlp.router": "the MoE router, which vLLM builds unquantised (quant_config=None)",
-    "*.shared_expert_gate": "Qwen2-MoE's shared-expert gate, which vLLM builds as an unquantised Linear",
-}
-
-#: The kinds of module whose ``weight`` is quantised (see :mod:`.architecture`).
+#: The kinds of module whose ``weight`` is quantised (see :mod:`.architecture`); a tower's Linear
+#: too where asked.
 QUANTISABLE = ("linear", "expert", "head")
 _KIND_TEXT = {
     "embedding": "an embedding", "conv1d": "a Conv1D (GPT-2's Linear stored [in, out], which runtimes do not quantise)",
-    "conv": "a convolution", "router": "a MoE router", "norm": "a norm", "experts": "stacked expert parameters",
+    "conv": "a convolution", "router": "a MoE router", "norm": "a norm",
+    "experts": "stacked expert parameters (no Linear module for the runtime to quantise; listed in ignore)",
+    "tower": "a Linear of a vision or audio tower or its projector (kept in higher precision, as producers' recipes "
+             "keep them; --quantize-towers quantises them)",
     "other": "not a Linear",
 }  # fmt: skip
 
 
-def runtime_plain(module: str) -> str | None:
-    """Why runtimes keep ``module`` (a checkpoint module name) plain, or None."""
-    hit = _matches(module, tuple(RUNTIME_PLAIN))
-    return None if hit is None else RUNTIME_PLAIN[hit]
+#: Why a tower's Linear is kept (the command's summary counts them).
+TOWER_KEPT = _KIND_TEXT["tower"]
 
 
 def module_decision(
@@ -202,25 +198,27 @@ def module_decision(
     block_size: int,
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
-    arch: Any = None,
+    arch: Architecture | None = None,
+    towers: bool = False,
 ) -> str | None:
     """None if the tensor is quantised, else why it is kept: the compressed-tensors and npz rule.
 
     With ``arch`` (an :class:`~.architecture.Architecture`): quantised, the ``weight`` of a
-    Linear module of the model (an expert's projection included), float, two or more dimensions,
-    the last a multiple of ``block_size``, unless a runtime keeps the module plain
-    (:data:`RUNTIME_PLAIN`) or ``ignore`` names it; the output head only where ``only`` names it;
-    with ``only``, the Linear weights it names. Never an embedding, a Conv1D, a router or a norm,
-    whatever its name. Without ``arch``, the caller's ``only`` decides by name
-    (:func:`tensor_decision`)."""
+    Linear module of the model (an expert's projection included; a tower's with ``towers``),
+    float, two or more dimensions, the last a multiple of ``block_size``, unless a runtime keeps
+    the module plain (:meth:`~.architecture.Architecture.plain_why`) or ``ignore`` names it; the
+    output head only where ``only`` names it; with ``only``, the Linear weights it names. Never an
+    embedding, a Conv1D, a router, stacked expert parameters or a norm, whatever its name.
+    Without ``arch``, the caller's ``only`` decides by name (:func:`tensor_decision`)."""
     if arch is None:
         return tensor_decision(name, dtype, shape, block_size, ignore, only)
     module, _, param = name.rpartition(".")
     kind = arch.kind(module)
     if kind is None:
         return f"no module {module or name} in {arch.source}"
-    if kind not in QUANTISABLE:
-        return _KIND_TEXT.get(kind, kind)
+    if kind not in QUANTISABLE and not (kind == "tower" and towers):
+        plain = arch.plain_why(module, shape) if kind in ("router", "tower") else None
+        return plain or _KIND_TEXT.get(kind, kind)
     if param != "weight":
         return f"the {param} of a Linear"
     why = _not_a_float(dtype)
@@ -228,7 +226,7 @@ def module_decision(
         return why
     if len(shape) < 2:
         return f"{len(shape)}-D"
-    plain = runtime_plain(module)
+    plain = arch.plain_why(module, shape)
     if plain is not None:
         return plain
     if kind == "head" and not only:
@@ -241,25 +239,30 @@ def module_decision(
     return None
 
 
-def ignored_modules(kept: list[tuple[str, ArrayEntry]], arch: Any, names: Any = ()) -> list[str]:
+def ignored_modules(kept: list[tuple[str, ArrayEntry]], arch: Architecture | None, names: Any = ()) -> list[str]:
     """compressed-tensors' ``ignore``: every Linear module left in higher precision, so that no
     runtime quantises on load what the file holds plain. With ``arch``: each kept tensor's module
-    that the model has as a Linear (or a runtime builds as one: :data:`RUNTIME_PLAIN`), or that
-    the model does not have (a weight of two or more dimensions no module claims), under
-    its checkpoint name and, where transformers renames it, the model's name too; and the
-    model's Linear modules with no tensor in the file (a tied ``lm_head``). Without ``arch``:
-    :func:`kept_modules`. ``names``: every tensor of the checkpoint."""
+    that the model has as a Linear (a tower's and a router's included) or a runtime builds as one,
+    or that the model does not have (a weight of two or more dimensions no module claims), under
+    its checkpoint name and, where transformers renames it, the model's name too; stacked expert
+    parameters kept, under their module's names and the names vLLM looks their fused MoE up by
+    (:meth:`~.runtime_modules.RuntimeModules.moe_probes`); and the model's Linear modules with no
+    tensor in the file (a tied ``lm_head``). Without ``arch``: :func:`kept_modules`. ``names``:
+    every tensor of the checkpoint."""
     if arch is None:
         return kept_modules(kept)
     out: dict[str, None] = {}
     present: set[str] = set()
     for name, entry in kept:
         module, _, param = name.rpartition(".")
+        kind = arch.kind(module)
+        if kind == "experts" and len(entry.shape) >= 2:
+            out.update(dict.fromkeys((module, arch.model_name(module), *arch.runtime.moe_probes(module))))
+            continue
         if param != "weight":
             continue
-        kind = arch.kind(module)
         unplaced = kind is None and len(entry.shape) >= 2  # no module the model has: ignored, to be safe
-        if unplaced or kind in QUANTISABLE or kind == "router" or (kind is not None and runtime_plain(module)):
+        if unplaced or kind in QUANTISABLE or kind in ("router", "tower"):
             out[module] = None
             out[arch.model_name(module)] = None
     for name in names:
@@ -275,30 +278,18 @@ def ignored_modules(kept: list[tuple[str, ArrayEntry]], arch: Any, names: Any = 
 
 # ---- fused layers ----------------------------------------------------------------------------------
 
-#: Layers that runtimes fuse into one GEMM with one per-tensor scale, as rows of sibling module
-#: names: the shards of a row that share a parent module are one fused layer. vLLM fuses
-#: q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj`` (each MoE expert's too: ``w13``),
-#: Mixtral's experts' ``w1``/``w3``, and MLA's ``q_a_proj``/``kv_a_proj_with_mqa`` into
-#: ``fused_qkv_a_proj``; it keeps the largest of the shards' per-tensor scales for the whole layer
-#: (``weight_global_scale.max()``), so every shard must be quantised with that one scale.
-FUSED_SHARDS: tuple[tuple[str, ...], ...] = (
-    ("q_proj", "k_proj", "v_proj"),
-    ("gate_proj", "up_proj"),
-    ("w1", "w3"),
-    ("q_a_proj", "kv_a_proj_with_mqa"),
-)
+#: The fused layers where a model type has no fusion table of its own (:data:`~.runtime_modules.GENERIC`):
+#: rows of sibling module names; the shards of a row that share a parent module are one fused
+#: layer. vLLM fuses q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj`` (each MoE expert's
+#: too: ``w13``), Mixtral's experts' ``w1``/``w3``, and MLA's ``q_a_proj``/``kv_a_proj_with_mqa``
+#: into ``fused_qkv_a_proj``, and keeps one per-tensor scale for the fused layer, so every shard
+#: must be quantised with that one scale.
+FUSED_SHARDS: tuple[tuple[str, ...], ...] = tuple(dict.fromkeys(f.shards for f in GENERIC.fused_layers))
 
 
-def fused_groups(names: Any) -> dict[str, tuple[str, ...]]:
-    """Each of ``names`` (tensor names, ``MODULE.weight`` or ``MODULE``) that is a shard of a
-    fused layer (:data:`FUSED_SHARDS`) with at least one other shard among ``names`` -> the names of
-    its group, in the order of the table's row. Names in no such group are not keys."""
-    groups: dict[tuple[str, int], list[tuple[int, str]]] = {}
-    for name in names:
-        module = name[: -len(".weight")] if name.endswith(".weight") else name
-        parent, _, last = module.rpartition(".")
-        for row, shards in enumerate(FUSED_SHARDS):
-            if last in shards:
-                groups.setdefault((parent, row), []).append((shards.index(last), name))
-    fused = [tuple(n for _, n in sorted(g)) for g in groups.values() if len(g) > 1]
-    return {n: g for g in fused for n in g}
+def fused_groups(names: Any, arch: Architecture | None = None) -> dict[str, tuple[str, ...]]:
+    """Each of ``names`` (tensor names, ``MODULE.weight`` or ``MODULE``) that is a shard of a fused
+    layer with at least one other shard among ``names`` -> the names of its group, in the order of
+    the fusion table's row: ``arch``'s runtime fusion table, or :data:`FUSED_SHARDS` without one.
+    Names in no such group are not keys."""
+    return arch.fused_groups(names) if arch is not None else _fused_groups(names)

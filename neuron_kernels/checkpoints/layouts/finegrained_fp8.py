@@ -107,6 +107,6 @@ LAYOUT = CheckpointLayout(
     _detect,
     _weights,
     decide=module_decision,
-    fits=lambda ckpt, quantised, fmt, **context: check_fused_blocks(ckpt, quantised, fmt),
+    fits=lambda ckpt, quantised, fmt, **context: check_fused_blocks(ckpt, quantised, fmt, context.get("arch")),
     parts=("weight_scale_inv", "input_scale"),
 )

@@ -295,8 +295,8 @@ def _fits(
                     f"whose rows and columns are multiples of {bf.block_rows} x {bf.block_size} only; --ignore it, or "
                     f"choose --format fp8_channel or --layout fp8"
                 )
-    check_fused_whole(ckpt, quantised)
-    check_fused_blocks(ckpt, quantised, fmt)
+    check_fused_whole(ckpt, quantised, arch)
+    check_fused_blocks(ckpt, quantised, fmt, arch)
     for plain in ignored:
         for name in quantised:
             module = name.rpartition(".")[0]

@@ -315,7 +315,13 @@ class CheckpointLayout:
     the float scales of a weight of ``dtype`` in, unless the user chooses one (None: the format's
     own, float32); ``files(config)``: files written beside config.json, by name, as JSON, given
     the ``quantization_config`` (ModelOpt's ``hf_quant_config.json``); ``refused``: formats it
-    cannot write so that its runtime loads them, each with why and what to choose."""
+    cannot write so that its runtime loads them, each with why and what to choose;
+    ``splits_experts``: its runtime loads the stacked experts of the models whose experts
+    transformers splits (:meth:`~..architecture.Architecture.split`) as per-expert Linear weights
+    (:mod:`..experts`); the other layouts hold them stacked; ``quantises(ckpt, names)``: whether
+    the checkpoint's config has its runtime quantise the Linear module of those names (its
+    checkpoint and model names) on load (None: the config does not say, or the layout has no such
+    config), which the doctor holds against what is stored."""
 
     name: str
     help: str
@@ -334,6 +340,8 @@ class CheckpointLayout:
     scale_dtype: Callable[[np.dtype], str | None] = lambda dtype: None
     files: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    splits_experts: bool = False
+    quantises: Callable[[Checkpoint, tuple[str, ...]], bool | None] = lambda ckpt, names: None
 
     @property
     def single_file(self) -> bool:
@@ -395,7 +403,7 @@ def scales_and_codes(
         yield module, scale, codes
 
 
-def check_fused_blocks(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str) -> None:
+def check_fused_blocks(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, arch: Any = None) -> None:
     """FP8 in 2-D tiles, as vLLM loads it: each shard of a fused layer (q/k/v, gate/up), but the
     last, must have a number of output rows that is a multiple of the tile's (vLLM's
     ``validate_fp8_block_shape`` for a merged GEMM, vllm/model_executor/layers/quantization/utils/
@@ -403,7 +411,7 @@ def check_fused_blocks(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], 
     bf = BLOCK_FORMATS[fmt]
     if bf.block_rows in (1, WHOLE):
         return
-    for group in dict.fromkeys(fused_groups(quantised).values()):
+    for group in dict.fromkeys(fused_groups(quantised, arch).values()):
         for name in group[:-1]:
             rows = quantised[name][-2] if len(quantised[name]) >= 2 else 1
             if rows % bf.block_rows:
@@ -414,12 +422,13 @@ def check_fused_blocks(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], 
                 )
 
 
-def check_fused_whole(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]]) -> None:
-    """The shards of a fused layer (q/k/v, gate/up) quantised all or none: the runtimes refuse a
-    fused layer quantised in part (vLLM's ``should_ignore_layer`` for compressed-tensors and
-    ``is_layer_skipped`` for ModelOpt raise on shards that disagree)."""
+def check_fused_whole(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], arch: Any = None) -> None:
+    """The shards of a fused layer (q/k/v, gate/up; ``arch``'s runtime fusion table) quantised all
+    or none: the runtimes refuse a fused layer quantised in part (vLLM's ``should_ignore_layer``
+    for compressed-tensors and ``is_layer_skipped`` for ModelOpt raise on shards that disagree)."""
     done = set(quantised)
-    for group in dict.fromkeys(fused_groups(n for n in ckpt.tensors if n.endswith(".weight")).values()):
+    names = set(quantised) | {n for n in ckpt.tensors if n.endswith(".weight")}
+    for group in dict.fromkeys(fused_groups(names, arch).values()):
         if 0 < len(done.intersection(group)) < len(group):
             kept = ", ".join(n for n in group if n not in done)
             raise FileFormatError(
