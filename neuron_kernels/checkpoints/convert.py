@@ -22,6 +22,7 @@ import numpy as np
 from ..blocks.array import BlockArray
 from ..blocks.exact import nvfp4_scales, per_tensor_exponent, relayable
 from ..blocks.job import DEFAULT, BlockJob, block_job
+from ..casting import cast
 from ..dtypes import get_format
 from ..formats import BLOCK_FORMATS, INPUT_DTYPES, WHOLE
 from ..io.blockfile import BlockFileWriter
@@ -30,6 +31,7 @@ from ..io.stream import Progress, entry_amax, quantized_pieces, transposed_piece
 from ..recipes import RECIPES
 from .architecture import Architecture, architecture_of, transformers_available
 from .cluster import write_on_cluster
+from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, open_any, stored_weights
 from .layouts.records import FOREIGN_PARTS
@@ -153,6 +155,7 @@ def quantize_checkpoint(
     only: tuple[str, ...] = (),
     fuse: bool = True,
     modules: str = "auto",
+    towers: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     chunk_bytes: int = 256 << 20,
     progress: Progress = lambda _: None,
@@ -174,9 +177,13 @@ def quantize_checkpoint(
     Which tensors are quantised follows the model's modules (:func:`~.selection.module_decision`),
     taken from the package's table or transformers (``modules``: ``auto``, ``transformers`` or
     ``table``; :mod:`.architecture`); a checkpoint of an architecture neither knows is refused
-    unless ``only`` says which tensors to quantise.
-    With ``fuse`` (the default), the shards of each fused layer (:func:`fused_groups`) quantised
-    with a per-tensor scale from the amax share one scale, from the amax over all of them.
+    unless ``only`` says which tensors to quantise. The towers of a multimodal model (its vision
+    or audio encoder and projector) are kept unless ``towers``. Stacked experts are written as the
+    layout's runtime loads them (:mod:`.experts`: per expert in compressed-tensors where
+    transformers splits them, stacked elsewhere).
+    With ``fuse`` (the default), the shards of each fused layer (the runtime's fusion table of the
+    architecture, :func:`~.selection.fused_groups`) quantised with a per-tensor scale from the amax
+    share one scale, from the amax over all of them.
     A conversion keeps every value where it can (docs/checkpoints.md "Exact conversions"): a
     weight already ``fmt`` is copied; MXFP4 goes into NVFP4 as its codes with re-laid scales
     (:mod:`neuron_kernels.blocks.exact`) when its block exponents fit; MX into FP8 with float
@@ -198,7 +205,7 @@ def quantize_checkpoint(
             f"the {layout.name} layout is one file; a cluster writes checkpoint folders, a shard per task"
         )
     ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
-    plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options, modules)
+    plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options, modules, towers=towers)
     plan.require_exact, plan.stats = require_exact, stats
     result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
@@ -275,6 +282,7 @@ def _plan(
     options: dict[str, Any],
     modules: str = "auto",
     arch: Architecture | None = None,
+    towers: bool = False,
 ) -> _Plan:
     """The :class:`_Plan` of quantising ``ckpt`` (in the layout ``source``, or plain) into ``layout``
     (see :func:`quantize_checkpoint`); every refusal is raised here, before anything is written."""
@@ -300,11 +308,13 @@ def _plan(
         arch = architecture_of(ckpt.config, inputs, modules)
         if arch is None and not only:
             raise FileFormatError(_unknown_architecture(ckpt, modules))
+    if layout.decide is module_decision:  # stacked experts as the layout's runtime holds them
+        inputs = split_experts(inputs, arch) if layout.splits_experts else stack_experts(inputs, arch)
     copies: dict[str, StoredWeight] = {}
     relays: dict[str, StoredWeight] = {}
     whole = 1 if probe.fmt.float_scales else probe.block_size  # float scales: edge blocks may be partial
     for name, entry in inputs.items():
-        why = layout.decide(name, entry.dtype, entry.shape, whole, ignore, only, arch=arch)
+        why = layout.decide(name, entry.dtype, entry.shape, whole, ignore, only, arch=arch, towers=towers)
         w = by_name.get(name)
         job = None if why else block_job(fmt, len(entry.shape), **_layout_options(layout, fmt, entry, options, w))
         chosen.append((name, entry, job))
@@ -335,7 +345,8 @@ def _plan(
         )
     recipe = options.get("recipe")
     fuse = fuse and (recipe is None or RECIPES[recipe].fuses)  # torchao and ggml: one scale per tensor
-    groups = fused_groups(n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies) if fuse else {}
+    needs = (n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies)
+    groups = fused_groups(needs, arch) if fuse else {}
     for report in reports:
         report.fused_with = groups.get(report.name, ())
     resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes, relays)
@@ -699,6 +710,7 @@ def dequantize_checkpoint(
         raise FileFormatError(f"dequantisation writes float32, float16, bfloat16 or float64, not {dtype}")
     out_dtype = np.dtype(out_fmt.result_dtype)
     weights = stored_weights(ckpt, layout)
+    stacks = _stacked_experts(ckpt, weights, out_dtype)
     by_part = {p: w for w in weights for p in w.parts}
     reports: list[TensorReport] = []
     items: list[Item] = []
@@ -712,6 +724,15 @@ def dequantize_checkpoint(
             seen.add(w.name)
             order.append((w.name, w))
     for name, w in order:
+        if name in stacks.members:
+            stacked = stacks.members[name]
+            for key in stacks.first.pop(stacked, ()):  # the stacked parameters, at their first expert's place
+                entry = stacks.entries[key]
+                items.append(_cast_item(key, entry, out_dtype, progress, chunk_bytes))
+                reports.append(
+                    TensorReport(key, entry.shape, out_dtype.name, "dequantised", stacks.why, outputs=(key,))
+                )
+            continue
         if w is None:
             entry = ckpt.tensors[name]
             items.append(_copy_item(name, entry, progress, chunk_bytes))
@@ -726,6 +747,62 @@ def dequantize_checkpoint(
     write_shards(dst, items, max_shard_bytes)
     _finish_folder(ckpt, dst, None, True)
     return reports
+
+
+@dataclass
+class _Stacks:
+    """Per-expert weights stacked back into the model's parameters for a plain checkpoint: the
+    stacked entries by name, each per-expert tensor's module, and each module's stacked names."""
+
+    entries: dict[str, ArrayEntry] = field(default_factory=dict)
+    members: dict[str, str] = field(default_factory=dict)
+    first: dict[str, list[str]] = field(default_factory=dict)
+    why: str = ""
+
+
+def _stacked_experts(ckpt: Checkpoint, weights: list[Weight], dtype: np.dtype) -> _Stacks:
+    """The stacked expert parameters of a checkpoint that holds them per expert (compressed-tensors'
+    Llama 4, :mod:`.experts`): a plain checkpoint holds them stacked, as the model does."""
+    parts = {p for w in weights for p in w.parts}
+    inputs: dict[str, ArrayEntry] = {}
+    of: dict[str, list[str]] = {}
+    for w in weights:
+        if isinstance(w, StoredWeight) and not w.transpose:
+            inputs[w.name] = w.decoded_entry()
+            of[w.name] = list(w.parts)
+    for name, entry in ckpt.tensors.items():
+        if name not in parts:
+            inputs[name] = entry
+            of[name] = [name]
+    arch = architecture_of(ckpt.config, inputs, "table" if not transformers_available() else "auto")
+    if arch is None or not arch.splits:
+        return _Stacks()
+    stacked = stack_experts(inputs, arch, dtype)
+    out = _Stacks(why=f"stacked from its experts' Linear weights, as the model holds them ({arch.source})")
+    for name in inputs:
+        if name in stacked:
+            continue
+        module = name.rpartition(".")[0].rpartition(".")[0].rpartition(".")[0]
+        keys = [k for k in stacked if k.startswith(module + ".") and k not in inputs]
+        for member in (name, *of[name]):
+            out.members[member] = module
+        out.first.setdefault(module, keys)
+        out.entries.update({k: stacked[k] for k in keys})
+    return out
+
+
+def _cast_item(name: str, entry: ArrayEntry, dtype: np.dtype, progress: Progress, chunk_bytes: int) -> Item:
+    """A tensor written in ``dtype`` (rounded to nearest even), piece by piece."""
+    spec = TensorSpec(name, dtype, entry.shape)
+
+    def fill(sinks: dict[str, Any]) -> None:
+        step = max(1, chunk_bytes // max(entry.dtype.itemsize, 1))
+        for start in range(0, entry.size, step):
+            piece = np.asarray(entry.read_flat(start, min(start + step, entry.size)))
+            sinks[name].write(piece if piece.dtype == dtype else cast(piece, dtype.name))
+            progress(piece.nbytes)
+
+    return Item([spec], fill)
 
 
 def _decode_fill(w: Weight, dtype: str, chunk_bytes: int, progress: Progress) -> Callable[[dict[str, Any]], None]:

@@ -29,7 +29,7 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import PTS_KEY, Checkpoint
-from ..selection import module_decision, tensor_decision
+from ..selection import module_decision
 from .records import (
     CheckpointLayout,
     Output,
@@ -134,8 +134,8 @@ def _ct_document(fmt: str, group: dict[str, Any], ignore: list[str]) -> dict[str
 def _ct_fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, **context: Any) -> None:
     """vLLM refuses a fused layer whose shards are quantised in part (``should_ignore_layer``), and
     FP8 blocks that do not fit a fused layer (:func:`~.records.check_fused_blocks`)."""
-    check_fused_whole(ckpt, quantised)
-    check_fused_blocks(ckpt, quantised, fmt)
+    check_fused_whole(ckpt, quantised, context.get("arch"))
+    check_fused_blocks(ckpt, quantised, fmt, context.get("arch"))
 
 
 def _ct_detect(ckpt: Checkpoint) -> bool:
@@ -279,33 +279,31 @@ def _ct_matches(module: str, patterns: Any) -> bool | None:
 
 
 def _ct_check_rest(ckpt: Checkpoint, claimed: set[str], block_size: int) -> None:
-    """Refuse a compressed-tensors checkpoint that is not what its config promises: quantisation
-    tensors that no quantised weight claims, or a Linear weight the config quantises (targeted,
-    not ignored) stored plain. A runtime would load either wrong (an unexpected key, or a weight
-    initialised at random)."""
-    qc = ckpt.quantization_config or {}
-    targets = [
-        t for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) for t in g.get("targets") or ()
-    ]
-    for name, entry in ckpt.tensors.items():
+    """Refuse quantisation tensors that no quantised weight claims: a runtime would not load them
+    (an unexpected key). Whether the config quantises what is stored plain, and the reverse, is
+    judged from the model's modules by :func:`_ct_quantises` (the doctor)."""
+    for name in ckpt.tensors:
         if name in claimed:
             continue
-        module, _, last = name.rpartition(".")
-        if last in _CT_PARTS:
+        if name.rpartition(".")[2] in _CT_PARTS:
             raise FileFormatError(
                 f"{ckpt.path}: {name} belongs to no quantised weight of the layout (its module has no complete "
                 f"set of tensors); a runtime would not load it"
             )
-        if (
-            last == "weight"
-            and tensor_decision(name, entry.dtype, entry.shape, block_size) is None
-            and _ct_matches(module, targets) is True
-            and _ct_matches(module, qc.get("ignore")) is False
-        ):
-            raise FileFormatError(
-                f"{ckpt.path}: quantization_config quantises {module} (a Linear not in ignore), but "
-                f"{name} is a plain {entry.dtype} tensor; a runtime would expect its quantised tensors"
-            )
+
+
+def _ct_quantises(ckpt: Checkpoint, names: tuple[str, ...]) -> bool | None:
+    """Whether the config quantises the module called ``names`` (its checkpoint name and the model's):
+    targeted by a group (a name, ``re:``, or ``Linear``: the caller asks of Linear modules only) and
+    ignored under none of its names; None where a target names another module class."""
+    qc = ckpt.quantization_config or {}
+    targets = [
+        t for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) for t in g.get("targets") or ()
+    ]
+    if any(_ct_matches(n, qc.get("ignore")) for n in names):
+        return False
+    hits = [_ct_matches(n, targets) for n in names]
+    return True if any(hits) else None if None in hits else False
 
 
 def _ct_scale_dtype(dtype: np.dtype) -> str:
@@ -326,4 +324,6 @@ LAYOUT = CheckpointLayout(
     parts=("weight_packed", "weight_scale", "weight_global_scale", "input_scale", "input_global_scale",
            "weight_zero_point"),
     scale_dtype=_ct_scale_dtype,
+    splits_experts=True,
+    quantises=_ct_quantises,
 )  # fmt: skip
