@@ -230,10 +230,13 @@ def test_structure_findings_each_named_and_repaired_where_they_can_be(corpus):
         (f"{QKV[0]}.weight_packed",), (f"{QKV[0]}.weight_global_scale",)}  # fmt: skip
     assert [f.tensors for f in found["orphan"]] == [("model.layers.0.mlp.extra_proj.weight_scale",)]
     assert [f.tensors for f in found["stored_plain"]] == [("model.layers.1.self_attn.o_proj.weight",)]
-    assert all(f.kind == "structure" and f.severity == "error" for fs in found.values() for f in fs)
-    for name, fixable in (("orphan", True), ("stored_plain", True), ("dropped_scale", False)):
+    assert all(f.severity == "error" for fs in found.values() for f in fs)
+    assert [f.kind for n in ("dropped_scale", "orphan", "stored_plain") for f in found[n]] == [
+        "structure", "structure", "structure", "module-plain"]  # fmt: skip
+    for name, fixable, kind in (("orphan", True, "structure"), ("stored_plain", True, "module-plain"),
+                                ("dropped_scale", False, "structure")):  # fmt: skip
         r = run("check", name, "--repair", f"{name}-fixed", cwd=d, check=False)
-        assert r.returncode == 1 and ("repair done: structure" in r.stdout) == fixable, r.stdout
+        assert r.returncode == 1 and (f"repair done: {kind}" in r.stdout) == fixable, r.stdout
         assert kinds(d / f"{name}-fixed") == ([] if fixable else ["structure"]), name
     assert "a part is missing" in run("check", "dropped_scale", "--repair", "x", cwd=d, check=False).stdout
     good, fixed = read_dir(d / "good")[0], read_dir(d / "orphan-fixed")[0]

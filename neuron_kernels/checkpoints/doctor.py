@@ -5,9 +5,13 @@ correction keeps the values or brings them closer (docs/checkpoints.md "The chec
 What is checked, per weight and over the checkpoint:
 
 - structure: the layout's reader (:mod:`.layouts`) accepts every tensor (all parts of each weight,
-  dtypes and shapes that fit, no tensor a weight does not claim, the config's targets and ignore
-  list matching what is stored), and the shards agree with their index (else the checkpoint is
-  unreadable: :class:`~neuron_kernels.io.files.FileFormatError`);
+  dtypes and shapes that fit, no tensor a weight does not claim), and the shards agree with their
+  index (else the checkpoint is unreadable: :class:`~neuron_kernels.io.files.FileFormatError`);
+- modules: what is stored against the decisions the command makes for each module (the model's
+  modules and the runtimes' own rules, :mod:`.architecture`) and against what the config has the
+  runtime quantise on load: a Linear the config quantises stored plain, a module the config
+  ignores stored quantised, a module the runtime builds unquantised (a router, a tower vLLM keeps)
+  or that is no Linear stored quantised, stacked expert parameters neither quantised nor ignored;
 - values: NaN, infinite, negative block scales; block scales of zero under non-zero codes (the
   block's values lost); e8m0's NaN byte 0xff; NaN values; weights that are all zero; a per-tensor
   scale that reads as the reciprocal of its layout's convention (the weight's largest value over
@@ -40,12 +44,12 @@ from ..blocks.stats import quantization_error
 from ..casting import cast
 from ..formats import FORMATS
 from ..io.files import ArrayEntry, FileFormatError
-from .architecture import architecture_of
+from .architecture import Architecture, architecture_of, normalise
 from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
 from .layouts.records import check_fused_whole
 from .runtimes import fused_scale_ratio, runtime_notes
-from .selection import fused_groups
+from .selection import _KIND_TEXT, QUANTISABLE, fused_groups, tensor_decision
 
 __all__ = [
     "Finding", "Checkup", "Repair", "check_checkpoint", "repair_checkpoint", "RECIPROCAL_LIMITS", "NEGLIGIBLE_DB",
@@ -131,17 +135,82 @@ def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) 
     if structure:
         return Checkup(ckpt.path, layout.name, producer, 0, structure)
     weights = stored_weights(ckpt, layout)
+    arch = _architecture(ckpt, weights)
     findings: list[Finding] = []
     try:  # vLLM refuses a fused layer quantised in part
-        check_fused_whole(ckpt, {w.name: w.shape for w in weights})
+        check_fused_whole(ckpt, {w.name: w.shape for w in weights}, arch)
     except FileFormatError as exc:
         findings.append(Finding("error", "structure", str(exc).removeprefix(f"{ckpt.path}: ")))
+    findings += _module_findings(ckpt, layout, weights, arch)
     for w in weights:
         findings += _value_findings(w, chunk_bytes)
-    findings += _fused_findings(layout, weights)
-    findings += _runtime_findings(ckpt, layout, weights)
+    findings += _fused_findings(layout, weights, arch)
+    findings += _runtime_findings(layout, weights, arch)
     findings.sort(key=lambda f: _SEVERITIES.index(f.severity))
     return Checkup(ckpt.path, layout.name, producer, len(weights), findings)
+
+
+def _architecture(ckpt: Checkpoint, weights: list[StoredWeight]) -> Architecture | None:
+    """The model's modules, as the command takes them (the table, else transformers where installed)."""
+    parts = {p for w in weights for p in w.parts}
+    names = [w.name for w in weights] + [n for n in ckpt.tensors if n not in parts]
+    return architecture_of(ckpt.config, names)
+
+
+def _module_findings(
+    ckpt: Checkpoint, layout: CheckpointLayout, weights: list[StoredWeight], arch: Architecture | None
+) -> list[Finding]:
+    """Each module's stored form against the command's decision and the config (see the module
+    docstring): ``module-ignored``, ``module-kept`` (the runtime builds it unquantised, or it is no
+    Linear), ``module-plain`` and ``module-experts``."""
+    found: list[Finding] = []
+    linears = {normalise(n) for n in arch.linears} if arch is not None else set()
+
+    def names(module: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((module, arch.model_name(module)))) if arch is not None else (module,)
+
+    parts: set[str] = set()
+    for w in weights:
+        parts.update(w.parts)
+        module = w.name.rpartition(".")[0] if w.name.endswith(".weight") else w.name
+        if layout.quantises(ckpt, names(module)) is False:
+            stored = ", ".join(p.rpartition(".")[2] for p in w.parts)
+            found.append(Finding("error", "module-ignored", (
+                f"{module} is stored quantised, but the config ignores it: a runtime builds it plain, finds {stored} "
+                "unexpected and its weight missing, and initialises it at random (--repair takes it out of ignore)"),
+                (w.name,)))  # fmt: skip
+        kind = arch.kind(module) if arch is not None else None
+        why = arch.plain_why(module, w.shape) if arch is not None else None
+        if why is None and kind is not None and kind not in (*QUANTISABLE, "tower"):
+            why = f"it is {_KIND_TEXT.get(kind, kind).partition(' (')[0]}, which no runtime quantises"
+        if why is not None:
+            found.append(Finding("error", "module-kept", (
+                f"{module} is stored quantised, but {why}: its quantised tensors have nowhere to go in the runtime"
+                f" (modules from {arch.source if arch is not None else '?'})"), (w.name,)))  # fmt: skip
+    for name, entry in ckpt.tensors.items():
+        if name in parts:
+            continue
+        module, _, param = name.rpartition(".")
+        kind = arch.kind(module) if arch is not None else None
+        if kind == "experts" and len(entry.shape) >= 2:
+            if layout.quantises(ckpt, names(module)) is True:
+                found.append(Finding("error", "module-experts", (
+                    f"{name}: stacked expert parameters stored plain and not in the config's ignore: a runtime whose "
+                    f"MoE method expects every expert quantised has nothing to tell it otherwise (--repair adds "
+                    f"{module} to ignore)"), (name,)))  # fmt: skip
+            continue
+        if param != "weight" or len(entry.shape) < 2 or entry.dtype.kind != "f" and entry.dtype.name != "bfloat16":
+            continue
+        if arch is not None:
+            linear = kind in ("linear", "head", "expert", "tower") or normalise(arch.model_name(module)) in linears
+        else:
+            linear = tensor_decision(name, entry.dtype, entry.shape, 1) is None
+        if linear and layout.quantises(ckpt, names(module)) is True:
+            found.append(Finding("error", "module-plain", (
+                f"quantization_config quantises {module} (a Linear not in ignore), but {name} is a plain "
+                f"{entry.dtype} tensor; a runtime would expect its quantised tensors (--repair adds it to ignore)"),
+                (name,)))  # fmt: skip
+    return found
 
 
 def _structure_findings(ckpt: Checkpoint, layout: CheckpointLayout, most: int = 100) -> list[Finding]:
@@ -296,12 +365,12 @@ def _zero_scaled_codes(w: StoredWeight, zero: np.ndarray, chunk_bytes: int) -> i
     return lost
 
 
-def _fused_findings(layout: CheckpointLayout, weights: list[StoredWeight]) -> list[Finding]:
-    """The fused layers whose shards' per-tensor scales differ, with each shard's SQNR under the
-    runtime's rule against its own scale."""
+def _fused_findings(layout: CheckpointLayout, weights: list[StoredWeight], arch: Architecture | None) -> list[Finding]:
+    """The fused layers (``arch``'s runtime fusion table) whose shards' per-tensor scales differ,
+    with each shard's SQNR under the runtime's rule against its own scale."""
     by_name = {w.name: w for w in weights if w.per_tensor_scale is not None}
     found = []
-    for group in dict.fromkeys(fused_groups(by_name).values()):
+    for group in dict.fromkeys(fused_groups(by_name, arch).values()):
         scales = [float(by_name[n].per_tensor_scale or 0.0) for n in group]
         if len(set(scales)) == 1:
             continue
@@ -336,13 +405,12 @@ def _fused_findings(layout: CheckpointLayout, weights: list[StoredWeight]) -> li
     return found
 
 
-def _runtime_findings(ckpt: Checkpoint, layout: CheckpointLayout, weights: list[StoredWeight]) -> list[Finding]:
+def _runtime_findings(
+    layout: CheckpointLayout, weights: list[StoredWeight], arch: Architecture | None
+) -> list[Finding]:
     """What a runtime is known to load wrong or refuse in a valid checkpoint (the command's notes,
     :func:`~.runtimes.runtime_notes`: transformers' MoE experts, fine-grained FP8 in partial tiles),
-    as warnings; the modules from the package's table of architectures."""
-    parts = {p for w in weights for p in w.parts}
-    names = [w.name for w in weights] + [n for n in ckpt.tensors if n not in parts]
-    arch = architecture_of(ckpt.config, names, "table")
+    as warnings."""
     found = []
     for fmt in dict.fromkeys(w.layout.fmt for w in weights):
         shapes = {w.name: w.shape for w in weights if w.layout.fmt == fmt}
@@ -425,6 +493,8 @@ def repair_checkpoint(src: str | os.PathLike[str], dst: str, chunk_bytes: int = 
             repairs.append(_repair_fused(layout, [weights[n] for n in finding.tensors], finding.sqnr_db, ckpt, dst))
         elif finding.kind == "reciprocal":
             repairs.append(_repair_reciprocal(layout, weights[finding.tensors[0]], ckpt, dst))
+        elif finding.kind in ("module-plain", "module-experts", "module-ignored"):
+            repairs.append(_repair_ignore(finding, _architecture(ckpt, list(weights.values())), dst))
         else:
             repairs.append(
                 Repair(finding.kind, finding.tensors, False, "not repairable from the file: " + finding.message)
@@ -527,7 +597,6 @@ def _repair_reciprocal(layout: CheckpointLayout, w: StoredWeight, ckpt: Any, dst
 #: What the readers say of a tensor no quantised weight takes (its module's other tensors decide
 #: whether it is a stray, dropped, or a weight missing a part).
 _ORPHAN = ("belongs to no quantised weight", " beside it")
-_PLAIN = "quantization_config quantises "
 
 
 def _repair_structure(ckpt: Checkpoint, layout: CheckpointLayout, findings: list[Finding], dst: str) -> list[Repair]:
@@ -547,9 +616,6 @@ def _repair_structure(ckpt: Checkpoint, layout: CheckpointLayout, findings: list
                 others = ", ".join(n for n in held if n not in orphans)
                 repairs.append(Repair("structure", (name,), False, f"{module} also holds {others}: a part is "
                                       "missing, which cannot be made from the file"))  # fmt: skip
-        elif _PLAIN in f.message and layout.name == "compressed-tensors" and name.endswith(".weight"):
-            _ignore_in_config(dst, module)
-            repairs.append(Repair("structure", (name,), True, f"{module} added to the config's ignore (stored plain)"))
         else:
             repairs.append(Repair("structure", f.tensors, False, "not repairable from the file: " + f.message))
     if dropped:
@@ -557,12 +623,31 @@ def _repair_structure(ckpt: Checkpoint, layout: CheckpointLayout, findings: list
     return repairs
 
 
-def _ignore_in_config(dst: str, module: str) -> None:
+def _repair_ignore(finding: Finding, arch: Architecture | None, dst: str) -> Repair:
+    """A module's entry in compressed-tensors' ``ignore`` made to say what is stored: added for a
+    Linear stored plain (and for stacked experts kept, with the names vLLM looks their fused MoE up
+    by), taken out for a module stored quantised (where an entry names it exactly)."""
+    name = finding.tensors[0]
+    module = name.rpartition(".")[0]
+    names = [module] if arch is None else list(dict.fromkeys((module, arch.model_name(module))))
     path = os.path.join(dst, CONFIG_NAME)
     config = json_file(path)
     qc = config["quantization_config"]
-    qc["ignore"] = [*(qc.get("ignore") or []), module]
+    ignore = list(qc.get("ignore") or [])
+    if finding.kind == "module-ignored":
+        kept = [e for e in ignore if e not in names]
+        if len(kept) == len(ignore):
+            return Repair(finding.kind, finding.tensors, False, f"{module} is ignored by a pattern, not by its name")
+        qc["ignore"] = kept
+        write_json(path, config)
+        return Repair(
+            finding.kind, finding.tensors, True, f"{module} taken out of the config's ignore (stored quantised)"
+        )
+    if finding.kind == "module-experts" and arch is not None:
+        names += arch.runtime.moe_probes(module)
+    qc["ignore"] = ignore + [n for n in names if n not in ignore]
     write_json(path, config)
+    return Repair(finding.kind, finding.tensors, True, f"{module} added to the config's ignore (stored plain)")
 
 
 def _drop_tensors(ckpt: Checkpoint, dropped: set[str], dst: str) -> None:
