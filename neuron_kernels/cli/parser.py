@@ -164,6 +164,13 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         "model types it holds, else transformers where installed (docs/checkpoints.md)",
     )
     q.add_argument(
+        "--quantize-towers",
+        action="store_true",
+        help="also quantise the vision and audio towers of a multimodal model and their projectors, which are kept "
+        "in higher precision by default, as producers' recipes keep them (where the runtime builds them "
+        "unquantised, as vLLM does Llama 4's, they are kept still)",
+    )
+    q.add_argument(
         "--no-fuse",
         action="store_true",
         help="a per-tensor scale of its own for each shard of a layer runtimes fuse (q/k/v, gate/up, ...); "

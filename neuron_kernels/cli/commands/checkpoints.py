@@ -16,6 +16,7 @@ __all__ = ["cmd_dequantize", "cmd_quantize"]
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ...checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
+    from ...checkpoints.selection import TOWER_KEPT
     from ...io.files import atomic_output, check_output_path
     from ...lazy.stores import scheduler
 
@@ -50,6 +51,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             only=tuple(args.only or ()),
             fuse=not args.no_fuse,
             modules=args.modules,
+            towers=args.quantize_towers,
             max_shard_bytes=args.max_shard_size,
             chunk_bytes=args.chunk_mb << 20,
             progress=progress,
@@ -94,6 +96,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         print(name_columns("kept", "shape", width, "dtype") + "  why")
         for r in kept:
             print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")
+    towers = _towers([r.name for r in kept if r.reason == TOWER_KEPT])
+    if towers:
+        print(f"towers kept in higher precision (as producers' recipes keep them): {', '.join(towers)}; "
+              "--quantize-towers quantises them")  # fmt: skip
     fused = list(dict.fromkeys(r.fused_with for r in reports if r.fused_with))
     for group in fused:
         print(f"one per-tensor scale (fused in the runtime): {', '.join(group)}")
@@ -104,6 +110,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     for note in reports.notes:
         print(f"note: {note}")
     return 0
+
+
+def _towers(names: list[str]) -> list[str]:
+    """The towers of a multimodal model as the summary names them: each kept Linear's first name
+    component (the first two under ``model.``), as a pattern."""
+    heads = [".".join(n.split(".")[: 2 if n.startswith("model.") else 1]) for n in names]
+    return [f"{h}.*" for h in dict.fromkeys(heads)]
 
 
 def _where(args: argparse.Namespace) -> str:

@@ -34,6 +34,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{flag} is for converting checkpoint folders, not array files (their summary is the statistics)"
         )
+    if args.quantize_towers:
+        raise UsageError("--quantize-towers is for checkpoint folders of multimodal models, not array files")
     options = block_options_of(args)
     entries = _entries(args)
     with (

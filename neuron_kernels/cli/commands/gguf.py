@@ -44,6 +44,7 @@ def _check_paths(args: argparse.Namespace, what: str) -> None:
             ("--scheduler", getattr(args, "scheduler", None) is not None),
             ("--require-exact", bool(getattr(args, "require_exact", False))),
             ("--no-fuse", bool(getattr(args, "no_fuse", False))),
+            ("--quantize-towers", bool(getattr(args, "quantize_towers", False))),
         )
         if given
     ]
