@@ -22,6 +22,8 @@ import fnmatch
 import importlib.util
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,15 +32,19 @@ from safetensors.numpy import save_file
 
 import neuron_kernels as nk
 from neuron_kernels.checkpoints.architecture import TABLE_PATH, architecture_of
+from neuron_kernels.checkpoints.doctor import check_checkpoint, repair_checkpoint
 
-from .checkpoint_helpers import BF16, decode_ct, read_dir
+from . import vllm_ct_rules
+from .checkpoint_helpers import BF16, decode_ct, read_dir, write_safetensors
 from .cli_runner import run
 from .modelopt_rules import vllm_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "make_architecture_table.py")
-FORMATS = ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3", "fp8_channel", "fp8_tensor"]
-MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v2_q_lora", "deepseek_v3"}
+FORMATS = ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3", "fp8_channel", "fp8_block", "fp8_tensor"]
+#: The models whose experts transformers merges into stacked parameters on load (its MoE bugs apply).
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v2_q_lora", "deepseek_v3", "olmoe", "glm4_moe",
+       "jamba"}  # fmt: skip
 
 
 def _script():
@@ -51,13 +57,34 @@ def _script():
 ARCHS = list(_script().TINY)
 
 LOAD = """
-import sys, json, numpy as np, torch, transformers
+import sys, json, re, numpy as np, torch, transformers
 from transformers import CompressedTensorsConfig
 transformers.logging.set_verbosity_error()
 args = sys.argv[1:]
 ids = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
+def stacked(state):
+    # Llama 4's experts as the plain model holds them: transformers' per-expert Linear modules
+    # (SequentialLlama4TextExperts) of a compressed-tensors checkpoint stacked back, gate_up_proj
+    # [E, H, 2I] = [gate.T | up.T] and down_proj [E, I, H] = down.T, as Llama4TextExperts.forward reads them
+    out, experts = {}, {}
+    for k, v in state.items():
+        m = re.match(r"(.*[.]experts)[.](\\d+)[.](gate_proj|up_proj|down_proj)[.]weight$", k)
+        if m:
+            experts.setdefault(m[1], {})[int(m[2]), m[3]] = v
+        else:
+            out[k] = v
+    for module, parts in experts.items():
+        n = 1 + max(e for e, _ in parts)
+        out[module + ".gate_up_proj"] = torch.stack([torch.cat([parts[e, "gate_proj"].T, parts[e, "up_proj"].T], 1)
+                                                    for e in range(n)])
+        out[module + ".down_proj"] = torch.stack([parts[e, "down_proj"].T for e in range(n)])
+    return out
 def logits(model):
     with torch.no_grad():
+        if hasattr(model.config, "num_mel_bins"):  # an audio encoder's input: mel features
+            n = model.config.num_mel_bins, 2 * model.config.max_source_positions
+            features = torch.randn(1, *n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+            return model(input_features=features, decoder_input_ids=ids).logits.float().numpy()
         if model.config.is_encoder_decoder:
             return model(input_ids=ids, decoder_input_ids=ids).logits.float().numpy()
         return model(input_ids=ids).logits.float().numpy()
@@ -70,7 +97,7 @@ for quantised, fake, out in zip(args[0::3], args[1::3], args[2::3]):
                                       quantization_config=CompressedTensorsConfig(run_compressed=False))
         result = {k: sorted(map(str, v)) for k, v in info.items()}
         f = cls.from_pretrained(fake, dtype=torch.bfloat16)
-        qs, fs = q.state_dict(), f.state_dict()
+        qs, fs = stacked(q.state_dict()), f.state_dict()
         result["names"] = sorted(qs) == sorted(fs)
         result["differ"] = sorted(k for k in fs if k in qs and not torch.equal(qs[k].float(), fs[k].float()))
         result["logits"] = float(np.abs(logits(q) - logits(f)).max())
@@ -88,6 +115,35 @@ def _expected(fmt, name, value, written):
     if nk.BLOCK_FORMATS[fmt].float_scales:  # float-quantized keeps the scales in the weight's dtype, as llm-compressor
         return nk.fake_quantize(value, fmt, scale_dtype="bfloat16").astype(BF16)
     return nk.fake_quantize(value, fmt).astype(BF16)
+
+
+def _fake(fmt, plain, written):
+    """The plain checkpoint's tensors, each quantised weight replaced by its expected dequantisation;
+    Llama 4's stacked experts, which compressed-tensors holds per expert as transformers splits them
+    (``Llama4TextExperts``: expert e's gate and up Linear weights are ``gate_up_proj[e]``'s halves
+    transposed, its down weight ``down_proj[e]`` transposed), stacked back from theirs."""
+    fake = {}
+    for n, v in plain.items():
+        split = re.match(r"(.*[.]experts)[.](gate_up_proj|down_proj)$", n)
+        if split and f"{split[1]}.0.down_proj.weight_scale" in written:
+
+            def linear(e, name, value, module=split[1]):
+                return _expected(fmt, f"{module}.{e}.{name}.weight", np.ascontiguousarray(value.T), written).T
+
+            half = v.shape[2] // 2
+            if split[2] == "gate_up_proj":
+                parts = [
+                    [linear(e, "gate_proj", v[e][:, :half]), linear(e, "up_proj", v[e][:, half:])]
+                    for e in range(len(v))
+                ]
+                fake[n] = np.ascontiguousarray(np.stack([np.concatenate(p, axis=1) for p in parts]))
+            else:
+                fake[n] = np.ascontiguousarray(np.stack([linear(e, "down_proj", v[e]) for e in range(len(v))]))
+        elif n not in written or written[n].dtype != v.dtype:
+            fake[n] = _expected(fmt, n, v, written)
+        else:
+            fake[n] = v
+    return fake
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +171,7 @@ def matrix(runtime, models):  # noqa: F811
             results.setdefault(arch, {})[fmt] = [r, None]
             if r.returncode:
                 continue
-            written, _ = read_dir(out)
-            quantised = [n for n in plain if n not in written or written[n].dtype != plain[n].dtype]
-            fake = {n: (_expected(fmt, n, v, written) if n in quantised else v) for n, v in plain.items()}
+            fake = _fake(fmt, plain, read_dir(out)[0])
             (d / f"{arch}-{fmt}-fake").mkdir()
             save_file(fake, d / f"{arch}-{fmt}-fake" / "model.safetensors", metadata={"format": "pt"})
             (d / f"{arch}-{fmt}-fake" / "config.json").write_text(json.dumps(config))
@@ -137,9 +191,12 @@ def _check_loaded(loaded):
 
 
 CASES = [(a, f) for a in ARCHS for f in FORMATS]
+#: Models with nothing a runtime would load quantised -> what the refusal names.
+REFUSED = {"gpt2": "Conv1D", "mamba": "MambaMixer has no quant_config"}
 KNOWN_BUGS = {
     "nvfp4": "transformers dequantises NVFP4 MoE experts without their weight_global_scale",
     "mxfp8_e4m3": "transformers refuses MXFP8 MoE experts (scales do not fit its merged parameters)",
+    "fp8_block": "transformers refuses FP8 MoE experts in tiles (tile scales do not fit its merged parameters)",
 }
 
 
@@ -150,13 +207,38 @@ KNOWN_BUGS = {
         if a in MOE and f in KNOWN_BUGS
         else (a, f)
         for a, f in CASES
-        if a != "gpt2"
+        if a not in REFUSED
     ],
 )
 def test_transformers_loads_what_the_command_writes(matrix, arch, fmt):
     r, loaded = matrix[arch][fmt]
     assert r.returncode == 0, r.stderr
     _check_loaded(loaded)
+
+
+@pytest.mark.parametrize("arch, fmt", [(a, f) for a, f in CASES if a not in REFUSED])
+def test_vllm_loads_what_the_command_writes(matrix, arch, fmt):
+    """vLLM's loading rules, from its source (tests/vllm_ct_rules.py): no module it builds
+    unquantised holds quantised tensors, no quantised module is ignored, the shards of each layer
+    it fuses agree and share one NVFP4 global scale (each expert's gate and up too), and stacked
+    experts kept plain are ignored under the names its fused MoE looks them up by."""
+    r, _ = matrix[arch][fmt]
+    out = Path(r.args[2])
+    model_type = json.loads((out / "config.json").read_text())["model_type"]
+    assert vllm_ct_rules.check(out, model_type) == []
+
+
+@pytest.mark.parametrize("arch, fmt", [(a, f) for a, f in CASES if a not in REFUSED])
+def test_check_agrees_with_the_command(matrix, arch, fmt):
+    """The doctor judges each module as the command decided it: nothing the command writes is an
+    error (DBRX's ``wte``, GraniteMoE's stacked experts, Jamba's ``conv1d``, Whisper's convolutions
+    among them); its only warnings are transformers' own MoE bugs."""
+    r, _ = matrix[arch][fmt]
+    checkup = check_checkpoint(r.args[2])
+    assert [f.message for f in checkup.findings if f.severity == "error"] == []
+    warnings = [f for f in checkup.findings if f.severity == "warning"]
+    assert all(f.kind == "runtime" for f in warnings), warnings
+    assert bool(warnings) == (arch in MOE and fmt in KNOWN_BUGS), warnings
 
 
 @pytest.mark.parametrize("arch", sorted(MOE))
@@ -168,13 +250,15 @@ def test_the_summary_names_transformers_moe_bugs(matrix, arch, fmt):
     assert "note:" not in matrix[arch]["mxfp4_e2m1"][0].stdout
 
 
-def test_gpt2_has_nothing_to_quantise(matrix):
-    """GPT-2's projections are Conv1D (weights stored [in, out]), which no runtime quantises; its one
-    Linear is the tied head: refused, saying why, nothing written."""
+@pytest.mark.parametrize("arch", sorted(REFUSED))
+def test_models_with_nothing_to_quantise_are_refused(matrix, arch):
+    """GPT-2's projections are Conv1D (weights stored [in, out]), which no runtime quantises, and
+    its one Linear is the tied head; Mamba's projections are its mixer's, which vLLM builds
+    unquantised (MambaMixer takes no quant config): refused, saying why, nothing written."""
     for fmt in FORMATS:
-        r, _ = matrix["gpt2"][fmt]
+        r, _ = matrix[arch][fmt]
         assert r.returncode == 2 and r.stdout == "", r
-        assert "no tensor to quantise" in r.stderr and "Conv1D" in r.stderr, r.stderr
+        assert "no tensor to quantise" in r.stderr and REFUSED[arch] in r.stderr, r.stderr
 
 
 def test_what_is_kept_and_ignored(matrix, tmp_path):
@@ -295,7 +379,7 @@ def test_modelopt_fp8_of_every_architecture_follows_vllms_rules(models, arch, tm
     src = models / "models" / arch
     r = run("quantize", src, tmp_path / "out", "--layout", "modelopt", "--format", "fp8_channel", cwd=tmp_path,
             check=False)  # fmt: skip
-    if arch in MOE or arch == "gpt2":
+    if arch in MOE or arch in REFUSED:
         assert r.returncode == 2 and ("MoE expert" in r.stderr or "no tensor to quantise" in r.stderr), r.stderr
         return
     assert r.returncode == 0, r.stderr
@@ -326,3 +410,142 @@ def test_modelopt_fp8_of_every_architecture_follows_vllms_rules(models, arch, tm
         assert name in plain and value.tobytes() == plain[name].tobytes(), name  # copied as it was
         if name.endswith(".weight") and arch_info.kind(module) in ("linear", "head"):
             assert excluded(module), module
+
+
+def _copy(src, dst, ignore=None, tensors=None):
+    """The checkpoint folder ``src`` copied to ``dst``, with another ``ignore`` and other tensors."""
+    shutil.copytree(src, dst)
+    if ignore is not None:
+        config = json.loads((dst / "config.json").read_text())
+        config["quantization_config"]["ignore"] = ignore
+        (dst / "config.json").write_text(json.dumps(config))
+    if tensors is not None:
+        write_safetensors(dst / "model.safetensors", tensors)
+    return dst
+
+
+def test_check_finds_what_the_command_would_not_write(matrix, tmp_path):
+    """One fault planted in each of the command's outputs: BERT's query / key / value with a global
+    scale each (vLLM fuses them and keeps one); DBRX's router quantised (vLLM builds it unquantised:
+    its tensors have nowhere to go); DBRX's stacked experts missing from ``ignore``; a Llama module
+    in ``ignore`` stored quantised (a runtime builds it plain and initialises it at random). Each is
+    found, as the fault it is; the last two are repaired into checkpoints the doctor calls clean."""
+    base = Path(matrix["llama"]["nvfp4"][0].args[2]).parent
+    r = run("quantize", base / "models" / "bert", tmp_path / "bert", "--format", "nvfp4", "--no-fuse", cwd=tmp_path)
+    split = check_checkpoint(tmp_path / "bert").findings
+    assert {f.kind for f in split if f.severity == "error"} == {"fused-scales"}, split
+    assert any("attention.self.query" in f.message and "attention.self.value" in f.message for f in split)
+    assert r.returncode == 0 and vllm_ct_rules.check(tmp_path / "bert", "bert") != []
+
+    dbrx = base / "dbrx-nvfp4"
+    tensors, _ = read_dir(dbrx)
+    ignore = json.loads((dbrx / "config.json").read_text())["quantization_config"]["ignore"]
+    router = "transformer.blocks.0.ffn.router.layer"
+    q = nk.quantize(np.asarray(tensors.pop(f"{router}.weight"), np.float32), "nvfp4")
+    tensors |= {f"{router}.weight_packed": q.codes, f"{router}.weight_scale": q.scales,
+                f"{router}.weight_global_scale": np.array([1 / q.per_tensor_scale], np.float32)}  # fmt: skip
+    planted = _copy(dbrx, tmp_path / "router", [e for e in ignore if e != router], tensors)
+    found = check_checkpoint(planted).findings
+    assert [(f.kind, f.tensors) for f in found if f.severity == "error"] == [("module-kept", (f"{router}.weight",))]
+    assert "MoE router" in found[0].message and vllm_ct_rules.check(planted, "dbrx") != []
+
+    experts = "transformer.blocks.1.ffn.experts.mlp"
+    planted = _copy(
+        dbrx, tmp_path / "experts", [e for e in ignore if not e.startswith("transformer.blocks.1.ffn.experts")]
+    )
+    found = [f for f in check_checkpoint(planted).findings if f.severity == "error"]
+    assert [(f.kind, f.tensors) for f in found] == [("module-experts", (f"{experts}.{w}",)) for w in ("v1", "w1", "w2")]
+    assert vllm_ct_rules.check(planted, "dbrx") != []
+    fixed = tmp_path / "experts-fixed"
+    fixed.mkdir()
+    assert all(r.done for r in repair_checkpoint(planted, str(fixed)))
+    assert check_checkpoint(fixed).clean and vllm_ct_rules.check(fixed, "dbrx") == []
+
+    llama = base / "llama-nvfp4"
+    config = json.loads((llama / "config.json").read_text())["quantization_config"]
+    planted = _copy(llama, tmp_path / "ignored", [*config["ignore"], "model.layers.1.self_attn.o_proj"])
+    found = [f for f in check_checkpoint(planted).findings if f.severity == "error"]
+    assert [(f.kind, f.tensors) for f in found] == [("module-ignored", ("model.layers.1.self_attn.o_proj.weight",))]
+    fixed = tmp_path / "ignored-fixed"
+    fixed.mkdir()
+    assert all(r.done for r in repair_checkpoint(planted, str(fixed)))
+    assert check_checkpoint(fixed).clean
+
+
+def test_towers_are_kept_unless_asked(matrix, runtime, tmp_path):  # noqa: F811
+    """Qwen2.5-VL's vision tower and merger and LLaVA's CLIP tower and projector are kept and in
+    ``ignore`` by default, and the summary names them; ``--quantize-towers`` quantises them, and
+    transformers loads the result exactly; Llama 4's vision model stays plain even then (vLLM
+    builds it unquantised); Whisper's encoder is the model's own, not a tower: quantised."""
+    base = Path(matrix["llama"]["nvfp4"][0].args[2]).parent
+    for arch, tower in (("qwen2_5_vl", "visual.blocks.0.attn.qkv"), ("llava", "multi_modal_projector.linear_1")):
+        r, _ = matrix[arch]["nvfp4"]
+        assert f"towers kept in higher precision (as producers' recipes keep them): {tower.split('.')[0]}.*" in r.stdout
+        written = read_dir(r.args[2])[0]
+        assert written[f"{tower}.weight"].dtype == BF16
+        assert tower in json.loads(Path(r.args[2], "config.json").read_text())["quantization_config"]["ignore"]
+    args = []
+    for arch in ("qwen2_5_vl", "llama4"):
+        out = tmp_path / arch
+        r = run("quantize", base / "models" / arch, out, "--format", "mxfp8_e4m3", "--quantize-towers", cwd=tmp_path)
+        written = read_dir(out)[0]
+        assert "towers kept" not in r.stdout
+        if arch == "llama4":
+            assert written["vision_model.model.layers.0.mlp.fc1.weight"].dtype == BF16
+            assert "vision model, which vLLM builds unquantised" in r.stdout
+            continue
+        assert "visual.blocks.0.attn.qkv.weight_scale" in written and "visual.merger.mlp.0.weight_scale" in written
+        assert vllm_ct_rules.check(out, "qwen2_5_vl") == [] and check_checkpoint(out).clean
+        plain = nk.load_checkpoint(base / "models" / arch)
+        (tmp_path / "fake").mkdir()
+        save_file(
+            _fake("mxfp8_e4m3", plain, written), tmp_path / "fake" / "model.safetensors", metadata={"format": "pt"}
+        )
+        shutil.copy(base / "models" / arch / "config.json", tmp_path / "fake" / "config.json")
+        args += [out, tmp_path / "fake", "qwen2_5_vl/towers"]
+    _check_loaded(json.loads(runtime(LOAD, *args).splitlines()[-1]))
+    assert "model.encoder.layers.0.fc1.weight_scale" in read_dir(matrix["whisper"]["mxfp8_e4m3"][0].args[2])[0]
+
+
+def test_llama4_experts_dequantise_to_the_models_parameters(matrix, runtime, tmp_path):  # noqa: F811
+    """Llama 4's experts, written per expert for compressed-tensors, come back from ``dequantize``
+    as the model's stacked parameters: transformers loads the plain checkpoint with no missing or
+    unexpected key, each expert's slice the dequantisation of its Linear weight."""
+    src = Path(matrix["llama4"]["nvfp4"][0].args[2])
+    r = run("dequantize", src, tmp_path / "plain", cwd=tmp_path)
+    assert "stacked from its experts' Linear weights" in r.stdout
+    plain, _ = read_dir(tmp_path / "plain")
+    stored = nk.load_checkpoint(src)
+    module = "language_model.model.layers.1.feed_forward.experts"
+    gate_up, down = plain[f"{module}.gate_up_proj"], plain[f"{module}.down_proj"]
+    half = gate_up.shape[2] // 2
+    for e in range(gate_up.shape[0]):
+        for got, name in (
+            (gate_up[e][:, :half], "gate_proj"),
+            (gate_up[e][:, half:], "up_proj"),
+            (down[e], "down_proj"),
+        ):
+            want = stored[f"{module}.{e}.{name}.weight"].dequantize("bfloat16")
+            assert np.array_equal(got.T.view(np.uint16), want.view(np.uint16)), (e, name)
+    assert not any(".experts.0." in n for n in plain)
+    script = (
+        "import sys, json, torch, transformers\n"
+        "m, info = transformers.Llama4ForConditionalGeneration.from_pretrained(sys.argv[1], dtype=torch.bfloat16, "
+        "output_loading_info=True)\n"
+        "print(json.dumps({k: sorted(map(str, v)) for k, v in info.items()}))"
+    )
+    info = json.loads(runtime(script, tmp_path / "plain").splitlines()[-1])
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+
+
+def test_transformers_splits_only_what_the_package_knows(runtime):  # noqa: F811
+    """Every stacked-experts class transformers replaces by per-expert Linear modules for a
+    compressed-tensors checkpoint has the package's split (so a release adding one is noticed)."""
+    from neuron_kernels.checkpoints.runtime_modules import EXPERT_SPLITS
+
+    script = (
+        "import json\nfrom transformers.quantizers.base import MODULES_TO_PATCH_FOR_QUANTIZATION as m\n"
+        "print(json.dumps(sorted(k for k, v in m.items() if any(getattr(q, 'value', q) == 'compressed-tensors' "
+        "for q in v['quantization_methods']))))"
+    )
+    assert set(json.loads(runtime(script).splitlines()[-1])) == set(EXPERT_SPLITS)
