@@ -32,6 +32,7 @@ from safetensors.numpy import save_file
 
 import neuron_kernels as nk
 from neuron_kernels.checkpoints.architecture import TABLE_PATH, architecture_of
+from neuron_kernels.checkpoints.diff import diff_checkpoints
 from neuron_kernels.checkpoints.doctor import check_checkpoint, repair_checkpoint
 
 from . import vllm_ct_rules
@@ -510,7 +511,8 @@ def test_towers_are_kept_unless_asked(matrix, runtime, tmp_path):  # noqa: F811
 def test_llama4_experts_dequantise_to_the_models_parameters(matrix, runtime, tmp_path):  # noqa: F811
     """Llama 4's experts, written per expert for compressed-tensors, come back from ``dequantize``
     as the model's stacked parameters: transformers loads the plain checkpoint with no missing or
-    unexpected key, each expert's slice the dequantisation of its Linear weight."""
+    unexpected key, each expert's slice the dequantisation of its Linear weight; ``diff`` against
+    the plain model compares them expert by expert."""
     src = Path(matrix["llama4"]["nvfp4"][0].args[2])
     r = run("dequantize", src, tmp_path / "plain", cwd=tmp_path)
     assert "stacked from its experts' Linear weights" in r.stdout
@@ -536,6 +538,8 @@ def test_llama4_experts_dequantise_to_the_models_parameters(matrix, runtime, tmp
     )
     info = json.loads(runtime(script, tmp_path / "plain").splitlines()[-1])
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    d = diff_checkpoints(src.parent / "models" / "llama4", src)  # compared expert by expert
+    assert d.only_a == [] and d.only_b == [] and f"{module}.3.up_proj.weight" in {t.name for t in d.tensors}
 
 
 def test_transformers_splits_only_what_the_package_knows(runtime):  # noqa: F811

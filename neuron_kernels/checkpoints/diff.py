@@ -17,6 +17,8 @@ import numpy as np
 from ..blocks.job import per_tensor_scale_of
 from ..formats import BLOCK_FORMATS
 from ..io.files import ArrayEntry
+from .architecture import architecture_of
+from .experts import split_experts
 from .layouts import StoredWeight, open_any, stored_weights
 from .selection import fused_groups
 
@@ -57,15 +59,27 @@ class CheckpointDiff:
         return not self.only_a and not self.only_b and all(t.values_equal for t in self.tensors)
 
 
-def _contents(path: str) -> dict[str, StoredWeight | ArrayEntry]:
-    """Every tensor of a checkpoint by its plain name: a quantised weight as its stored weight,
-    every other tensor as its entry."""
+def _contents(path: str) -> tuple[dict[str, StoredWeight | ArrayEntry], dict[str, Any] | None]:
+    """Every tensor of a checkpoint by its plain name (a quantised weight as its stored weight,
+    every other tensor as its entry), and its config."""
     ckpt, layout = open_any(path)
     weights = stored_weights(ckpt, layout)
     taken = {p for w in weights for p in w.parts}
     out: dict[str, StoredWeight | ArrayEntry] = {w.out_name: w for w in weights}
     out |= {n: e for n, e in ckpt.tensors.items() if n not in taken}
-    return out
+    return out, ckpt.config
+
+
+def _experts_as_in(
+    side: dict[str, StoredWeight | ArrayEntry], other: dict[str, StoredWeight | ArrayEntry], arch: Any
+) -> dict[str, StoredWeight | ArrayEntry]:
+    """``side`` with its plain stacked experts split per expert where ``other`` holds them so
+    (compressed-tensors' Llama 4, :mod:`.experts`), so that the two compare expert by expert."""
+    plain = {n: e for n, e in side.items() if isinstance(e, ArrayEntry)}
+    split = split_experts(plain, arch)
+    if not any(n in other and n not in side for n in split):
+        return side
+    return {**{n: e for n, e in side.items() if n in split or not isinstance(e, ArrayEntry)}, **split}
 
 
 def _shape(t: StoredWeight | ArrayEntry) -> tuple[int, ...]:
@@ -197,14 +211,16 @@ def diff_checkpoints(
     or plain) tensor by tensor, reading pieces of ``chunk_bytes``: see :class:`TensorDiff`. Where
     ``a`` is plain and ``b`` holds NVFP4 weights, each one's per-tensor scale is matched against
     the producers' rules (:func:`scale_rule`), from ``a``'s amax of the weight or of its fused layer."""
-    x, y = _contents(os.fspath(a)), _contents(os.fspath(b))
+    (x, cx), (y, cy) = _contents(os.fspath(a)), _contents(os.fspath(b))
+    arch = architecture_of(cy or cx, list(y) or list(x))
+    x, y = _experts_as_in(x, y, arch), _experts_as_in(y, x, arch)
     common = [n for n in x if n in y]
     tensors = [_compare(n, x[n], y[n], chunk_bytes) for n in common]
     amaxes: dict[str, float] = {}
     for k, t in enumerate(tensors):
         xa, yb = x[t.name], y[t.name]
         if isinstance(xa, ArrayEntry) and isinstance(yb, StoredWeight) and yb.per_tensor_scale is not None:
-            group = fused_groups([n for n in common if isinstance(y[n], StoredWeight)]).get(t.name, (t.name,))
+            group = fused_groups([n for n in common if isinstance(y[n], StoredWeight)], arch).get(t.name, (t.name,))
             for n in group:
                 if n not in amaxes:
                     amaxes[n] = _amax(x[n], chunk_bytes) if isinstance(x[n], ArrayEntry) else math.nan
