@@ -87,12 +87,13 @@ def quantize_state_dict(
     model: Any = None,
     config: Mapping[str, Any] | None = None,
     modules: str = "auto",
+    towers: bool = False,
     **options: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the quantised state dict, its ``quantization_config``): each weight the checkpoint rule
     selects as ``layout``'s tensors, every other tensor as it was, in the input's order; the
     values torch tensors if any input was one (sharing the input's memory for the tensors kept),
-    else NumPy arrays. ``layout``, ``ignore``, ``only``, ``fuse`` and ``options`` are those of
+    else NumPy arrays. ``layout``, ``ignore``, ``only``, ``fuse``, ``towers`` and ``options`` are those of
     ``neuron-kernels quantize`` (:func:`~.convert.quantize_checkpoint`); the package's ``npz``
     layout is a file, not a state dict. NVFP4's exact per-tensor scales, which the command keeps in
     the shard's metadata, are not part of the result (``1 / weight_global_scale`` reads back).
@@ -111,7 +112,7 @@ def quantize_state_dict(
         raise InvalidTypeError(f"config must be a dict (config.json's contents), got {type(config).__name__}")
     arch = from_model(model, arrays, f"the model given ({type(model).__name__})") if model is not None else None
     ckpt = _checkpoint(arrays, None if config is None else dict(config))
-    plan = _plan(ckpt, None, target, fmt, ignore, only, fuse, 256 << 20, options, modules, arch)
+    plan = _plan(ckpt, None, target, fmt, ignore, only, fuse, 256 << 20, options, modules, arch, towers)
     out: dict[str, Any] = {}
     for item in plan.items(lambda _: None):
         if item.kept is not None:  # as it was: the caller's own tensor
