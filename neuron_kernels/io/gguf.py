@@ -241,6 +241,15 @@ class GgufFile:
         field = self.fields.get(key)
         return default if field is None else field.contents()
 
+    def count(self, key: str, default: int = 0, most: int | None = None) -> int:
+        """The value of ``key``, a count: a non-negative integer (at most ``most``), or ``default``
+        where the key is absent; another value raises :class:`FileFormatError`."""
+        value = self.value(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (most is not None and value > most):
+            bound = f" of at most {most}" if most is not None else ""
+            raise FileFormatError(f"{self.path}: {key} is {value!r:.80}; a non-negative integer{bound} is read")
+        return value
+
     @property
     def architecture(self) -> str | None:
         arch = self.value("general.architecture")

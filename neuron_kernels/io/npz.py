@@ -48,7 +48,7 @@ def _npz_entries(path: str) -> list[ArrayEntry]:
         message = str(exc)
         raise FileFormatError(message if message.startswith(path) else f"{path}: {message}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, struct.error, zlib.error, NotImplementedError) as exc:
-        raise FileFormatError(f"{path}: not a valid .npz file ({exc})") from None
+        raise FileFormatError(f"{path}: cannot read it as .npz ({exc})") from None
 
 
 def _members(path: str) -> list[ArrayEntry]:
