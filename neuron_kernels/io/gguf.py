@@ -120,6 +120,8 @@ class GgufTensor:
         """Its values as float32 through gguf-py's own decoding (any type gguf-py decodes)."""
         if self.plain:
             return np.asarray(self.entry().read(), np.float32)
+        if not self.size:  # gguf-py's decoding takes no empty tensor
+            return np.zeros(self.shape, np.float32)
         quants = _gguf().quants
         try:
             with np.errstate(all="ignore"):  # NaN or infinite scales decode as NaN: the file's values

@@ -33,7 +33,7 @@ def read_npy_header(fh: BinaryIO, where: str, available: int) -> tuple[tuple[int
     """(shape, Fortran order, dtype) of the ``.npy`` header at ``fh``'s position, of which
     ``available`` bytes (header and data) belong to the array, read as numpy's reader reads it
     but stricter: every dimension an int >= 0 (not a bool), a shape numpy can make, no Python objects,
-    no dtype of 0 bytes, and data of the size the header gives, held in ``available``; the
+    no dtype of 0 bytes or with a subarray shape, and data of the size the header gives, held in ``available``; the
     Python-2 long suffix that numpy still filters out is refused. Any other header raises
     :class:`FileFormatError` naming ``where``."""
 
@@ -78,6 +78,8 @@ def read_npy_header(fh: BinaryIO, where: str, available: int) -> tuple[tuple[int
     count = element_count(shape, where, "shape", itemsize=dtype.itemsize)
     if dtype.hasobject:
         raise FileFormatError(f"{where}: holds Python objects, which are never loaded")
+    if dtype.subdtype is not None:  # numpy folds its shape into the array's; arrays of it are not read here
+        raise refuse(f"its dtype {dtype} is a subarray dtype; a scalar or structured dtype is read")
     if dtype.itemsize == 0 and count:
         raise refuse(f"its dtype {dtype} has no bytes per element")
     if 8 + width + length + count * dtype.itemsize > available:

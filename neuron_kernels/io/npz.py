@@ -51,9 +51,17 @@ def _npz_entries(path: str) -> list[ArrayEntry]:
         raise FileFormatError(f"{path}: cannot read it as .npz ({exc})") from None
 
 
+#: How an ``.npz`` starts (``numpy/lib/_npyio_impl.py``, ``load``: anything else is read as a pickle,
+#: which it refuses): a zip's first local header, or the end record of a zip of no member.
+_ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")
+
+
 def _members(path: str) -> list[ArrayEntry]:
     entries = []
     size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        if fh.read(4) not in _ZIP_STARTS:
+            raise FileFormatError(f"{path}: cannot read it as .npz (it does not start as a zip file does)")
     with zipfile.ZipFile(path) as zf, open(path, "rb") as fh:
         twice = [n for n, k in Counter(info.filename for info in zf.infolist()).items() if k > 1]
         if twice:
@@ -86,25 +94,38 @@ def _members(path: str) -> list[ArrayEntry]:
     return entries
 
 
+#: Stored members up to this size have their CRC-32 checked when the file is opened (larger ones on
+#: their first read, so that opening a large file to list its arrays reads none of their data).
+_CHECKED_AT_OPEN = 1 << 20
+
+
 def _verified(entry: ArrayEntry, info: zipfile.ZipInfo, start: int) -> ArrayEntry:
-    """A stored member's array whose first read checks the member's CRC-32 first, as zipfile (and
-    so numpy's ``np.load``) checks every member it reads: one pass over the member, in pieces. Its
-    bytes are not offered for a raw copy (``offset``), which would bypass the check."""
+    """A stored member's array whose CRC-32 is checked before its data is used, as zipfile (and so
+    numpy's ``np.load``) checks every member it reads: one pass over the member, in pieces, when
+    the file is opened (a small member, or one of no element, whose data no read would reach) or
+    on its first read. Its bytes are not offered for a raw copy (``offset``), which would bypass
+    the check."""
     checked: list[bool] = []
     lock = threading.Lock()
     read_flat = entry._reader
+
+    def check() -> None:
+        crc, step = 0, 64 << 20
+        for at in range(0, info.file_size, step):
+            piece = mapped(entry.path, np.dtype(np.uint8), start + at, min(step, info.file_size - at))
+            crc = zlib.crc32(piece, crc)
+        if crc != info.CRC:
+            raise FileFormatError(f"{entry.where}: its bytes do not match the member's CRC-32 (corrupt)")
+        checked.append(True)
+
+    if info.file_size <= _CHECKED_AT_OPEN or not entry.size:
+        check()
 
     def read(lo: int, hi: int) -> np.ndarray:
         if not checked:
             with lock:
                 if not checked:
-                    crc, step = 0, 64 << 20
-                    for at in range(0, info.file_size, step):
-                        piece = mapped(entry.path, np.dtype(np.uint8), start + at, min(step, info.file_size - at))
-                        crc = zlib.crc32(piece, crc)
-                    if crc != info.CRC:
-                        raise FileFormatError(f"{entry.where}: its bytes do not match the member's CRC-32 (corrupt)")
-                    checked.append(True)
+                    check()
         return read_flat(lo, hi)
 
     return dataclasses.replace(entry, _reader=read, offset=None)
