@@ -6,9 +6,10 @@ Each target runs in a process of its own (:mod:`tests.fuzz.run`), on a corpus ke
 reached) and started from the package's own outputs (:mod:`tests.fuzz.seeds`). An input that
 makes a target fail (:mod:`tests.fuzz.targets`: a traceback, a second line on stderr, an output
 left behind, a write or an allocation the input did not pay for, a file the format's own reader
-refuses and the package accepts, a hang of 60 s) is copied into ``tests/fuzz/regressions/TARGET/``,
-which ``tests/test_fuzz_regressions.py`` replays in every test run; ``--keep-going`` then starts the
-target again for the time left. The exit status is 1 if anything was found.
+refuses and the package accepts; or a hang of 120 s, where an input takes about a second, with
+room for a kernel compiled on its first use) is copied into ``tests/fuzz/regressions/TARGET/``,
+which ``tests/test_fuzz_regressions.py`` replays in every test run; ``--keep-going`` then starts
+the target again for the time left. The exit status is 1 if anything was found.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _fuzz(target: str, seconds: float, work: str, regressions: str, keep_going: 
         before = set(os.listdir(found_dir))
         started = time.monotonic()
         cmd = [
-            sys.executable, "-m", "tests.fuzz.run", target, f"-max_total_time={left}", "-timeout=60",
+            sys.executable, "-m", "tests.fuzz.run", target, f"-max_total_time={left}", "-timeout=120",
             "-max_len=300000", "-rss_limit_mb=2048", "-print_final_stats=1", f"-artifact_prefix={prefix}", corpus,
         ]  # fmt: skip
         with open(log_path, "a") as log:
