@@ -406,8 +406,9 @@ def _gap(h, d):
         (lambda h, d: d + b"\0" * 8, "byte(s) after the last tensor's data"),
         (lambda h, d: h.update(__metadata__=0), "__metadata__ must map names to strings"),
         (_gap, "leaves bytes [0, 8) unused"),
+        (lambda h, d: h["__metadata__"].update(a="\udcff"), "is not UTF-8"),  # written as the escape \udcff
     ],
-    ids=["trailing-bytes", "metadata-0", "gap"],
+    ids=["trailing-bytes", "metadata-0", "gap", "lone-surrogate"],
 )
 def test_safetensors_what_its_own_reader_refuses(made, tmp_path, change, message):
     st_mutated(made, tmp_path, change)

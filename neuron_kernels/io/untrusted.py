@@ -43,6 +43,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _unsigned_zero(text: str) -> int:
+    if text == "-0":  # Python reads it as 0; serde_json reads no negative number as an unsigned one
+        raise ValueError("-0 is not an unsigned integer")
+    return int(text)
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
@@ -56,18 +62,23 @@ def parse_json(data: bytes | str, *, strict: bool = False) -> Any:
     """The JSON document ``data``, nested at most :data:`MAX_JSON_DEPTH` deep; ``ValueError``
     saying why not (the caller names the file).
 
-    ``strict``: as serde_json reads it (safetensors' headers): no NaN or Infinity, no key twice in
-    an object. Otherwise as Python's ``json`` (and so transformers) reads a configuration file."""
+    ``strict``: as serde_json reads it (safetensors' headers): no NaN or Infinity, no ``-0``, no
+    ``\\u`` escape of half a surrogate pair (Python's ``json`` reads one into a string that is not
+    Unicode), no key twice in an object. Otherwise as Python's ``json`` (and so transformers) reads
+    a configuration file."""
     deep = f"is JSON nested deeper than {MAX_JSON_DEPTH} levels, the most accepted"
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         if strict:
-            value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+            value = json.loads(
+                text, parse_constant=_no_constant, parse_int=_unsigned_zero, object_pairs_hook=_unique_keys
+            )
+            json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate does not encode
         else:
             value = json.loads(text)
     except RecursionError:
         raise ValueError(deep) from None
-    except UnicodeDecodeError as exc:
+    except (UnicodeDecodeError, UnicodeEncodeError) as exc:
         raise ValueError(f"is not UTF-8 ({exc})") from None
     except ValueError as exc:
         raise ValueError(f"is not JSON ({exc})") from None
