@@ -474,6 +474,8 @@ class GgufOutput:
         """The next bytes of the current tensor (any array: its bytes in C order)."""
         assert self._out is not None
         n = data.nbytes
+        if n == 0:  # a tensor of no element (whose place is passed already)
+            return
         if n > self._left:
             name = self._planned[self._current][0] if self._current < len(self._planned) else "(none)"
             raise RuntimeError(f"{n} bytes written to {name}, {self._left} were left")
