@@ -75,13 +75,13 @@ def read_npy_header(fh: BinaryIO, where: str, available: int) -> tuple[tuple[int
         dtype = npformat.descr_to_dtype(header["descr"])
     except Exception:  # noqa: BLE001 - numpy's parse of a value from the file fails in many ways (SyntaxError too)
         raise refuse(f"descr {header['descr']!r:.80} is not a dtype numpy reads") from None
-    count = element_count(shape, where, "shape", itemsize=dtype.itemsize)
     if dtype.hasobject:
         raise FileFormatError(f"{where}: holds Python objects, which are never loaded")
     if dtype.subdtype is not None:  # numpy folds its shape into the array's; arrays of it are not read here
         raise refuse(f"its dtype {dtype} is a subarray dtype; a scalar or structured dtype is read")
-    if dtype.itemsize == 0 and count:
+    if dtype.itemsize == 0:  # numpy makes arrays of such a dtype ('<U0', 'V0') with items of another size
         raise refuse(f"its dtype {dtype} has no bytes per element")
+    count = element_count(shape, where, "shape", itemsize=dtype.itemsize)
     if 8 + width + length + count * dtype.itemsize > available:
         raise FileFormatError(
             f"{where}: truncated ({available - 8 - width - length} bytes of data, {count * dtype.itemsize} "
