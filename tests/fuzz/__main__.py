@@ -39,7 +39,7 @@ def _seed_corpus(target: str, corpus: str, seeds: str) -> None:
                 fh.write(data)
 
 
-def _fuzz(target: str, seconds: float, work: str, regressions: str, keep_going: bool) -> dict:
+def _fuzz(target: str, seconds: float, work: str, regressions: str, keep_going: bool, seed: int | None) -> dict:
     """Run one target for ``seconds``; returns its tally (runs, coverage, findings)."""
     corpus = os.path.join(work, "corpus", target)
     found_dir = os.path.join(work, "findings")
@@ -60,7 +60,7 @@ def _fuzz(target: str, seconds: float, work: str, regressions: str, keep_going: 
         cmd = [
             sys.executable, "-m", "tests.fuzz.run", target, f"-max_total_time={left}", "-timeout=120",
             "-max_len=300000", "-rss_limit_mb=2048", "-print_final_stats=1", f"-artifact_prefix={prefix}", corpus,
-        ]  # fmt: skip
+        ] + ([f"-seed={seed}"] if seed is not None else [])  # fmt: skip
         with open(log_path, "a") as log:
             subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=left + 600)
         tally["seconds"] += time.monotonic() - started
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=os.path.join(ROOT, ".fuzz"), help="corpora, findings and logs (default .fuzz/)")
     p.add_argument("--regressions", default=os.path.join(HERE, "regressions"), help="where findings are kept")
     p.add_argument("--keep-going", action="store_true", help="after a finding, fuzz the target on for the time left")
+    p.add_argument("--seed", type=int, help="libFuzzer's random seed (default: a new one each run); CI gives one")
     args = p.parse_args(argv)
     try:
         import atheris  # noqa: F401
@@ -110,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         _seed_corpus(name, os.path.join(args.work, "corpus", name), seeds)
     started = time.monotonic()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        tallies = list(pool.map(lambda n: _fuzz(n, args.seconds, args.work, args.regressions, args.keep_going), names))
+        tallies = list(
+            pool.map(lambda n: _fuzz(n, args.seconds, args.work, args.regressions, args.keep_going, args.seed), names)
+        )
     print(f"{'target':<12} {'seconds':>8} {'runs':>10} {'coverage':>9}  findings")
     for t in tallies:
         print(f"{t['target']:<12} {t['seconds']:>8.0f} {t['runs']:>10} {t['cov']:>9}  {len(t['findings'])}")
