@@ -199,8 +199,12 @@ def test_config_or_index_nested_1000_deep(made, tmp_path, name):
     "change, message",
     [
         ({"format": ["nvfp4-pack-quantized"]}, "quantization_config.format is an array; a string is read"),
-        ({"config_groups": 7}, "quantization_config.config_groups is an integer; an object is read"),
-        ({"ignore": 5}, "quantization_config.ignore is an integer; an array of strings is read"),
+        ({"config_groups": 7}, "quantization_config.config_groups is 7; an object is read"),
+        ({"ignore": 5}, "quantization_config.ignore is 5; an array of strings is read"),
+        (
+            {"config_groups": {"g": {"weights": {"strategy": "block", "block_structure": [0, 0]}}}},
+            "quantization_config.config_groups.g.weights.block_structure[0] is 0; a positive integer is read",
+        ),
     ],
 )
 def test_quantization_config_fields_of_another_type(made, tmp_path, change, message):

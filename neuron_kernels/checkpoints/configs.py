@@ -3,20 +3,21 @@
 layout then reads a field of the type it expects, or the field is absent (or null).
 
 A field is declared by what the code reading it takes: a type (``str``, ``int``: not a bool,
-``dict``: any object), :class:`ListOf` an item's type, :class:`MapOf` the type of each value of
-an object of any keys, or a nested dict of fields. Fields not declared are not read and not
-checked. A value of another type is refused in one line naming the file, the field and the type
-that is read.
+``dict``: any object, :class:`Positive`: an integer of at least 1), :class:`ListOf` an item's
+type, :class:`MapOf` the type of each value of an object of any keys, or a nested dict of fields.
+Fields not declared are not read and not checked. A value of another type is refused in one line
+naming the file, the field and the type that is read.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from ..io.arrays import FileFormatError
 
-__all__ = ["CONFIG_FIELDS", "FILE_FIELDS", "HF_QUANT_CONFIG_FIELDS", "ListOf", "MapOf", "check_fields"]
+__all__ = ["CONFIG_FIELDS", "FILE_FIELDS", "HF_QUANT_CONFIG_FIELDS", "ListOf", "MapOf", "Positive", "check_fields"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class ListOf:
     """A JSON array whose every item is of ``item``."""
 
     item: Any
+
+
+class Positive:
+    """An integer of at least 1 (a block's or a group's size)."""
 
 
 @dataclass(frozen=True)
@@ -50,14 +55,14 @@ _QUANTIZATION_CONFIG = {
                 "num_bits": int,
                 "type": str,
                 "strategy": str,
-                "block_structure": ListOf(int),
-                "group_size": int,
+                "block_structure": ListOf(Positive),
+                "group_size": Positive,
             },
         }
     ),
     "ignore": _NAMES,
     "modules_to_not_convert": _NAMES,
-    "weight_block_size": ListOf(int),
+    "weight_block_size": ListOf(Positive),
     "quant_algo": str,
 }
 
@@ -81,10 +86,13 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "an 
 
 
 def _kind(value: Any) -> str:
-    return "a boolean" if isinstance(value, bool) else _TYPE_NAMES.get(type(value), "null")
+    """An array or an object by its type, any other value as it is."""
+    return _TYPE_NAMES[type(value)] if isinstance(value, (dict, list)) else f"{json.dumps(value)[:40]}"
 
 
 def _wanted(spec: Any) -> str:
+    if spec is Positive:
+        return "a positive integer"
     if isinstance(spec, ListOf):
         return f"an array of {_wanted(spec.item).removeprefix('a ').removeprefix('an ')}s"
     if isinstance(spec, (MapOf, dict)):
@@ -93,8 +101,8 @@ def _wanted(spec: Any) -> str:
 
 
 def _fits(value: Any, spec: Any) -> bool:
-    if spec is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+    if spec is int or spec is Positive:
+        return isinstance(value, int) and not isinstance(value, bool) and (spec is int or value >= 1)
     if isinstance(spec, type):
         return isinstance(value, spec)
     if isinstance(spec, ListOf):
@@ -112,9 +120,9 @@ def check_fields(value: Any, spec: dict[str, Any], where: str) -> None:
             continue
         if not _fits(item, kind):
             raise FileFormatError(f"{where}: {name or 'the document'} is {_kind(item)}; {_wanted(kind)} is read")
-        if isinstance(kind, ListOf):
-            stack += [(v, kind.item, f"{name}[{i}]", False) for i, v in enumerate(item)]
+        if isinstance(kind, ListOf):  # pushed last first: the first field at fault is reported
+            stack += reversed([(v, kind.item, f"{name}[{i}]", False) for i, v in enumerate(item)])
         elif isinstance(kind, MapOf):
-            stack += [(v, kind.value, f"{name}.{k}", True) for k, v in item.items()]
+            stack += reversed([(v, kind.value, f"{name}.{k}", True) for k, v in item.items()])
         elif isinstance(kind, dict):
-            stack += [(item.get(k), s, f"{name}.{k}" if name else k, True) for k, s in kind.items()]
+            stack += reversed([(item.get(k), s, f"{name}.{k}" if name else k, True) for k, s in kind.items()])
