@@ -16,9 +16,10 @@ import shutil
 import ml_dtypes
 import numpy as np
 
-__all__ = ["build_seeds", "seeds_folder"]
+__all__ = ["VERSION", "build_seeds", "seeds_folder"]
 
-_VERSION = 1  # bump when the seeds change: a folder of another version is made anew
+#: Bumped when the seeds change: a folder of another version is made anew.
+VERSION = 2
 HIDDEN, INTER, VOCAB = 64, 128, 32
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -27,7 +28,7 @@ def seeds_folder() -> str:
     """Where the seeds are kept: ``$NEURON_KERNELS_FUZZ_SEEDS``, else a folder in the temporary folder."""
     import tempfile
 
-    default = os.path.join(tempfile.gettempdir(), f"neuron-kernels-fuzz-seeds-{_VERSION}")
+    default = os.path.join(tempfile.gettempdir(), f"neuron-kernels-fuzz-seeds-{VERSION}")
     return os.environ.get("NEURON_KERNELS_FUZZ_SEEDS", default)
 
 
@@ -187,6 +188,7 @@ def build_seeds(root: str | None = None) -> str:
     only = ("--only", "*gate_proj*", "--only", "*up_proj*")  # fused with 128 rows: whole 128 x 128 tiles
     _cli("quantize", "plain", "fp8-block", "--format", "fp8_block", "--layout", "fp8", *only, cwd=tmp)
     _cli("quantize", "plain", "layout.npz", "--format", "mxfp8_e4m3", "--layout", "npz", cwd=tmp)
+    _cli("quantize", "plain", "ct-fp8-block", "--format", "fp8_block", *only, cwd=tmp)  # config_groups' blocks
     # array files: .npy (the package's, numpy's big-endian Fortran one), .npz stored and deflated, .safetensors
     x = rng.standard_normal((16, 64)).astype(np.float32)
     np.save(os.path.join(tmp, "numpy.npy"), x)
