@@ -411,6 +411,13 @@ class BlockArray(BlockFields):
         )
 
 
+def _positive_in_float32(x: float) -> bool:
+    """Whether ``x`` stays positive and finite in float32, where the values are decoded with it."""
+    with np.errstate(over="ignore"):
+        f = np.float32(x)
+    return bool(np.isfinite(f) and f > 0)
+
+
 def _extra_problem(fmt: BlockFormat, per_tensor_scale: Any, rotation: Any) -> str | None:
     """What is wrong with a per-tensor scale or a rotation of an array of ``fmt``, or None."""
     if per_tensor_scale is not None:
@@ -420,8 +427,9 @@ def _extra_problem(fmt: BlockFormat, per_tensor_scale: Any, rotation: Any) -> st
             isinstance(per_tensor_scale, bool)
             or not isinstance(per_tensor_scale, numbers.Real)
             or not (math.isfinite(float(per_tensor_scale)) and float(per_tensor_scale) > 0)
+            or not _positive_in_float32(float(per_tensor_scale))
         ):
-            return f"per_tensor_scale must be a positive finite float, got {per_tensor_scale!r}"
+            return f"per_tensor_scale must be a positive finite float (finite in float32), got {per_tensor_scale!r}"
     if rotation is not None:
         try:
             rotation_signs(tuple(rotation))

@@ -131,7 +131,8 @@ class ErrorStats:
         if x.size == 0:
             return
         xv = self._buffer("x", x.size, np.float64)
-        np.copyto(xv, x.reshape(-1), casting="unsafe")  # exact: every input dtype widens exactly
+        with np.errstate(invalid="ignore"):  # a signalling NaN widens to a NaN, flagging "invalid"
+            np.copyto(xv, x.reshape(-1), casting="unsafe")  # exact: every input dtype widens exactly
         rotated = q.rotation is not None
         dq = q.dequantize(np.float32, unrotate=rotated, out=self._buffer("dq", x.size, np.float32).reshape(x.shape))
         dq = dq.reshape(-1)

@@ -4,7 +4,8 @@ A checkpoint is a directory of ``.safetensors`` shards (with or without an index
 ``config.json`` and other files, or a single ``.safetensors`` file; a checkpoint of any size is
 processed in bounded memory. One module per job:
 
-- :mod:`.folder`: the checkpoint folder (:func:`open_checkpoint`, :class:`Checkpoint`);
+- :mod:`.folder`: the checkpoint folder (:func:`open_checkpoint`, :class:`Checkpoint`) and the symbolic
+  links it follows (:func:`follow_links`);
 - :mod:`.selection`: which tensors are quantised (:func:`tensor_decision`,
   :func:`expert_decision`, :data:`DEFAULT_EXCLUDES`) and which share a per-tensor scale
   (:data:`FUSED_SHARDS`, :func:`fused_groups`);
@@ -33,7 +34,7 @@ from .convert import (
 )
 from .folder import CONFIG_NAME as CONFIG_NAME
 from .folder import INDEX_NAME as INDEX_NAME
-from .folder import Checkpoint, open_checkpoint
+from .folder import Checkpoint, LinkRefusedError, follow_links, open_checkpoint
 from .gguf import dequantize_gguf, load_gguf, quantize_gguf
 from .gguf_carry import carry_into_gguf
 from .layouts import LAYOUTS, CheckpointLayout, StoredWeight
@@ -57,6 +58,8 @@ __all__ = [
     "StoredWeight",
     "TensorReport",
     "open_checkpoint",
+    "follow_links",
+    "LinkRefusedError",
     "load_checkpoint",
     "quantize_gguf",
     "dequantize_gguf",

@@ -45,6 +45,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..io.arrays import FileFormatError
 from .runtime_modules import EXPERT_SPLITS, ExpertSplit, RuntimeModules, runtime_modules
 
 __all__ = [
@@ -269,11 +270,37 @@ def transformers_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 
+#: The fields of a config that count the modules a model is built with (its layers, its experts).
+_COUNTS = re.compile(r"(num_|n_)?(hidden_|encoder_|decoder_|local_|routed_)?(layers?|experts)")
+#: The most layers or experts a model is built with whatever the checkpoint holds (more: as many
+#: as the checkpoint has tensors, which a real model's count never exceeds by much).
+_MOST_MODULES = 1024
+
+
+def _check_counts(config: Any, names: list[str], where: str = "config.json") -> None:
+    """Refuse a config whose count of layers or experts is more than the checkpoint could hold:
+    transformers builds one module per layer (and per expert, for some models) from the count
+    alone, so that a number from the file would otherwise cost time and memory it did not pay for."""
+    bound = max(len(names), _MOST_MODULES)
+    stack = [(config, "")]
+    while stack:
+        item, prefix = stack.pop()
+        for key, value in item.items():
+            if isinstance(value, dict):
+                stack.append((value, f"{prefix}{key}."))
+            elif isinstance(value, int) and not isinstance(value, bool) and _COUNTS.fullmatch(key) and value > bound:
+                raise FileFormatError(
+                    f"{where}: {prefix}{key} is {value}, more than the checkpoint's {len(names)} tensors could hold "
+                    f"(at most {bound} is built)"
+                )
+
+
 def _from_transformers(config: dict[str, Any], names: Any) -> Architecture | None:
     """The model of ``config`` built by transformers on the meta device, or None where
     transformers does not know it."""
     import logging
 
+    _check_counts(config, list(names))
     import torch
     import transformers
 

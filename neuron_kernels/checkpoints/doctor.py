@@ -335,9 +335,10 @@ def _packed_extremes(w: StoredWeight, chunk_bytes: int) -> tuple[float, int, int
         width = codes.shape[1] // per_block * per_block
         top = block_magnitudes(codes if width == codes.shape[1] else codes[:, :width].copy(), per_block)
         s = np.abs(scales[:, : top.shape[1]].view(bf.scale_format.result_dtype).astype(np.float32))
-        values = table[top] * (s * pts)
+        with np.errstate(over="ignore", invalid="ignore"):  # values beyond float32: counted below
+            values = table[top] * (s * pts)
         bad = ~np.isfinite(s)
-        nans += int(bad.sum()) * lay.block_size
+        nans += int(bad.sum()) * lay.block_size + int((~np.isfinite(values) & ~bad).sum())  # a block's top value
         nonzero += int(((top > 0) & (s > 0) & ~bad).sum()) * lay.block_size
         finite = values[np.isfinite(values)]
         if finite.size:

@@ -9,14 +9,29 @@ memory maps, so that a checkpoint of any size is processed in bounded memory.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..io.files import ArrayEntry, FileFormatError, read_safetensors_header
+from ..io.untrusted import parse_json
+from .configs import FILE_FIELDS, check_fields
 
-__all__ = ["Checkpoint", "open_checkpoint", "json_file", "write_json", "INDEX_NAME", "CONFIG_NAME", "PTS_KEY"]
+__all__ = [
+    "Checkpoint",
+    "LinkRefusedError",
+    "follow_links",
+    "open_checkpoint",
+    "json_file",
+    "write_json",
+    "INDEX_NAME",
+    "CONFIG_NAME",
+    "PTS_KEY",
+]
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -53,6 +68,18 @@ class Checkpoint:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.tensors.values())
 
+    @property
+    def exact_scales(self) -> dict[str, Any]:
+        """The exact NVFP4 per-tensor scales the shards' metadata keeps (:data:`PTS_KEY`): name ->
+        float; an entry that is not JSON, or not an object, is refused."""
+        try:
+            exact = parse_json(self.metadata.get(PTS_KEY, "{}"))
+        except ValueError as exc:
+            raise FileFormatError(f"{self.path}: the shards' {PTS_KEY} metadata {exc}") from None
+        if not isinstance(exact, dict):
+            raise FileFormatError(f"{self.path}: the shards' {PTS_KEY} metadata is not a JSON object")
+        return exact
+
 
 def _inside(folder: str, name: str, what: str) -> str:
     """``folder/name`` for a ``name`` that stays inside ``folder``: relative, no ``..``, and no
@@ -68,16 +95,79 @@ def _inside(folder: str, name: str, what: str) -> str:
     parent = os.path.realpath(os.path.dirname(path))
     if parent != root and not parent.startswith(root + os.sep):
         raise FileFormatError(f"{folder}: {what} {name!r} leads outside the checkpoint folder (a symlink); refused")
+    _check_link(folder, path)
     return path
 
 
-def json_file(path: str) -> Any:
-    """The JSON document at ``path``; any problem reading it raises :class:`FileFormatError`."""
+class LinkRefusedError(FileFormatError):
+    """A file of a checkpoint folder that is a symbolic link leading outside the folder (and
+    outside the Hugging Face cache repository it belongs to), not followed unless allowed."""
+
+
+_FOLLOW_LINKS: contextvars.ContextVar[bool] = contextvars.ContextVar("follow_links", default=False)
+
+
+@contextlib.contextmanager
+def follow_links(allowed: bool = True) -> Iterator[None]:
+    """Within the block, the files of a checkpoint folder that are symbolic links are followed
+    wherever they lead (``allowed=False``: only inside the folder or its Hugging Face cache
+    repository, the default); ``neuron-kernels ... --follow-links`` runs its command in one."""
+    token = _FOLLOW_LINKS.set(allowed)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        yield
+    finally:
+        _FOLLOW_LINKS.reset(token)
+
+
+#: The folders of the Hugging Face cache that hold a repository (``models--ORG--NAME``, ...),
+#: whose ``snapshots/REVISION/`` files are links into the repository's ``blobs/``.
+_HUB_REPOS = ("models--", "datasets--", "spaces--")
+
+
+def _hub_blobs(root: str) -> str | None:
+    """The ``blobs/`` folder of the Hugging Face cache repository whose snapshot holds the folder
+    ``root`` (a real path: ``.../models--ORG--NAME/snapshots/REVISION[/...]``), if it is a real
+    folder (not a link: a folder from anyone could name any folder of the machine ``blobs``)."""
+    parts = root.split(os.sep)
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots" and parts[i - 1].startswith(_HUB_REPOS):
+            blobs = os.sep.join([*parts[:i], "blobs"])
+            return blobs if os.path.isdir(blobs) and not os.path.islink(blobs) else None
+    return None
+
+
+def _check_link(folder: str, path: str) -> None:
+    """Refuse ``path``, a file of the checkpoint ``folder`` read or copied, if it is a symbolic link
+    that leads outside the folder and outside the ``blobs/`` of the Hugging Face cache repository
+    the folder is a snapshot of (unless :func:`follow_links` allows it): a folder from anyone
+    could otherwise copy any file of the machine into the checkpoint written from it."""
+    if not os.path.islink(path) or _FOLLOW_LINKS.get():
+        return
+    target, root = os.path.realpath(path), os.path.realpath(folder)
+    blobs = _hub_blobs(root)
+    if target.startswith(root + os.sep) or (blobs is not None and target.startswith(blobs + os.sep)):
+        return
+    where = "the checkpoint folder" + (" and its Hugging Face cache repository's blobs/" if blobs else "")
+    raise LinkRefusedError(
+        f"{path}: a symbolic link to {target}, outside {where}; not followed (a folder from elsewhere could "
+        f"copy any file of this machine into the output): pass --follow-links (follow_links() in Python) to follow it"
+    )
+
+
+def json_file(path: str) -> dict[str, Any]:
+    """The JSON object at ``path`` (nested at most 128 deep); any problem reading it, or a
+    document that is not an object, raises :class:`FileFormatError`."""
+    try:
+        with open(path, "rb") as fh:
+            value = parse_json(fh.read())
+    except OSError as exc:
         raise FileFormatError(f"{path}: cannot read it as JSON ({exc})") from None
+    except ValueError as exc:
+        raise FileFormatError(f"{path}: cannot read it as JSON (the document {exc})") from None
+    if not isinstance(value, dict):
+        kind = {str: "string", list: "array", bool: "boolean", type(None): "null"}.get(type(value), "number")
+        raise FileFormatError(f"{path}: not a JSON object (a JSON {kind}); a JSON object is read")
+    return value
 
 
 def write_json(path: str, content: Any) -> None:
@@ -103,7 +193,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
     Every problem (a missing shard, an index naming a tensor its shard does not hold, a truncated
     or corrupt shard, a name leading outside the folder, a tensor in two shards) raises
-    :class:`FileFormatError` naming it."""
+    :class:`FileFormatError` naming it; a file that is a symbolic link leading outside the folder
+    and outside the Hugging Face cache repository it is a snapshot of raises
+    :class:`LinkRefusedError`, unless within :func:`follow_links`."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileFormatError(f"{path}: no such file or folder")
@@ -114,15 +206,20 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         if not tensors:
             raise FileFormatError(f"{path}: holds no tensors")
         return Checkpoint(path, None, tensors, None, metadata)
+    for name in os.listdir(path):  # every top-level file is read or copied: none may lead out
+        if os.path.isfile(os.path.join(path, name)):
+            _check_link(path, os.path.join(path, name))
     config = json_file(os.path.join(path, CONFIG_NAME)) if os.path.isfile(os.path.join(path, CONFIG_NAME)) else None
-    if config is not None and not isinstance(config, dict):
-        raise FileFormatError(f"{os.path.join(path, CONFIG_NAME)}: not a JSON object")
+    for name, fields in FILE_FIELDS.items():  # the fields the layouts read, of the types they read
+        if os.path.isfile(os.path.join(path, name)):
+            full = os.path.join(path, name)
+            check_fields(config if name == CONFIG_NAME else json_file(full), fields, full)
     index_path = os.path.join(path, INDEX_NAME)
     shards: list[str]
     wanted: dict[str, str] = {}
     if os.path.isfile(index_path):
         index = json_file(index_path)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise FileFormatError(f"{index_path}: no weight_map of tensor names to shard files")
         wanted = dict(weight_map)

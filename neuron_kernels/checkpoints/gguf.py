@@ -17,6 +17,7 @@ The contract: ``docs/gguf.md``.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from ..blocks.job import DEFAULT, BlockJob, block_job
 from ..blocks.layout import BlockLayout
 from ..errors import InvalidValueError, NotApplicableError
 from ..formats import BLOCK_FORMATS, BlockFormat
+from ..io.arrays import FileFormatError
 from ..io.gguf import (
     UINT32,
     GgufFile,
@@ -140,6 +142,8 @@ def gguf_decision(tensor: GgufTensor, tied: bool, two_level: bool) -> str:
     name = tensor.name
     if len(tensor.shape) < 2:
         return "one dimension (llama-quantize quantises 2-D and 3-D tensors)"
+    if not tensor.size:
+        return "no elements"
     if not name.endswith("weight"):
         return "not a weight (llama-quantize quantises NAME.weight only)"
     never = next((p for p in _NEVER if p in name), None) or (name if name in _NEVER_NAMES else None)
@@ -276,11 +280,24 @@ def _write_quantized(
 
 
 def _scale_tensor(source: GgufFile, name: str) -> np.ndarray | None:
-    """The per-tensor scales (one per matrix) of the weight ``name`` from its ``NAME.scale``."""
+    """The per-tensor scales (one per matrix) of the weight ``name`` from its ``NAME.scale``: one
+    finite value, or one per matrix of merged experts (llama.cpp reads shape [1] or [n_expert])."""
     if not name.endswith(".weight"):
         return None
     scale = source.tensors.get(f"{name[: -len('weight')]}scale")
-    return None if scale is None else np.asarray(scale.decoded(), np.float32).reshape(-1)
+    if scale is None:
+        return None
+    weight = source.tensors[name]
+    matrices = math.prod(weight.shape[:-2])
+    if scale.size not in (1, matrices):
+        raise FileFormatError(
+            f"{source.path}[{scale.name}]: {scale.size} per-tensor scales for {name}, which holds {matrices} "
+            f"matri{'x' if matrices == 1 else 'ces'} (one scale, or one per matrix)"
+        )
+    values = np.asarray(scale.decoded(), np.float32).reshape(-1)
+    if not np.isfinite(values).all():
+        raise FileFormatError(f"{source.path}[{scale.name}]: a per-tensor scale of {name} is not finite")
+    return values
 
 
 def _block_arrays(t: GgufTensor, spec: GgufFormat, scales: np.ndarray | None) -> list[BlockArray]:
@@ -293,7 +310,7 @@ def _block_arrays(t: GgufTensor, spec: GgufFormat, scales: np.ndarray | None) ->
         scale_bytes = scale_bytes & 0x7F
         scale_bytes[scale_bytes == 0x7F] = 0
     stored = scale_bytes.view(spec.format.scale_format.result_dtype)
-    per_matrix = scales if scales is not None else None
+    per_matrix = scales if scales is not None and len(scales) else None
     if per_matrix is None or len(per_matrix) == 1 or np.all(per_matrix == per_matrix[0]):
         pts = None if per_matrix is None else float(per_matrix[0])
         layout = BlockLayout(fmt, t.shape, len(t.shape) - 1, size, 1, False)

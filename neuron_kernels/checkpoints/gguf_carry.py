@@ -62,7 +62,7 @@ def _name_map(template: GgufFile) -> Callable[[str], str | None]:
     by_name = {name: arch_id for arch_id, name in gguf.MODEL_ARCH_NAMES.items()}
     if arch not in by_name:
         raise NotApplicableError(f"{template.path}: gguf-py has no table of tensor names for architecture {arch!r}")
-    blocks = int(template.value(f"{arch}.block_count", 0))
+    blocks = template.count(f"{arch}.block_count", 0, len(template.tensors))  # a block holds a tensor or more
     table = gguf.get_tensor_name_map(by_name[arch], blocks)
 
     def gguf_name(hf_name: str) -> str | None:
@@ -90,8 +90,8 @@ def carry_into_gguf(
     tpl = open_gguf(template)
     gguf_name = _name_map(tpl)
     arch = tpl.architecture
-    heads = int(tpl.value(f"{arch}.attention.head_count", 0) or 0)
-    kv_heads = int(tpl.value(f"{arch}.attention.head_count_kv", heads) or heads)
+    heads = tpl.count(f"{arch}.attention.head_count", 0)
+    kv_heads = tpl.count(f"{arch}.attention.head_count_kv", heads) or heads
     ckpt, layout = open_any(checkpoint)
     if layout is None:
         raise NotApplicableError(f"{checkpoint}: holds no quantised weight to carry (quantize the GGUF file instead)")

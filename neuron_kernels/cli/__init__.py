@@ -53,6 +53,12 @@ def _ignore(unraisable: Any) -> None:
     pass
 
 
+def _one_line(message: str) -> str:
+    """``message`` on one line: a name read from a file (a tensor's, a key's) may hold line breaks or
+    other control characters, shown escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     args = parser.parse_args(argv)
@@ -72,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = (
             str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror or exc}"
         )
-        print(f"neuron-kernels {args.command}: error: {message}", file=sys.stderr)
+        print(f"neuron-kernels {args.command}: error: {_one_line(message)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         sys.unraisablehook = _ignore  # as _stop does (a KeyboardInterrupt raised another way)

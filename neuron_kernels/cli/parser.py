@@ -78,6 +78,16 @@ def _shard_option(p: argparse.ArgumentParser, default: int) -> None:
     )
 
 
+def _links_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="follow the files of a checkpoint folder that are symbolic links leading outside it; by default "
+        "only links inside the folder or into its Hugging Face cache repository's blobs/ are followed, and "
+        "another is refused (docs/checkpoints.md)",
+    )
+
+
 def _block_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--block-size", type=_positive_int, default=None, help="elements per block (default: the format's, 32 or 16)"
@@ -231,6 +241,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         "workers must see the input and output paths; needs neuron_kernels[dask])",
     )
     _shard_option(q, DEFAULT_MAX_SHARD_BYTES)
+    _links_option(q)
 
     d = _file_command(
         sub,
@@ -246,6 +257,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         help="default: float32 for files and GGUF files, bfloat16 for checkpoints",
     )
     _shard_option(d, DEFAULT_MAX_SHARD_BYTES)
+    _links_option(d)
 
     c = _file_command(
         sub,
@@ -299,11 +311,13 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     c.add_argument("--repair", metavar="OUT", help="write a corrected copy to the folder OUT (docs/checkpoints.md)")
     c.add_argument("--force", action="store_true", help="overwrite an existing OUT")
     c.add_argument("--chunk-mb", type=_positive_int, default=64, metavar="MB", help="memory for one piece (default 64)")
+    _links_option(c)
     df = sub.add_parser("diff", help="two checkpoints of one model compared tensor by tensor, in any layouts")
     df.add_argument("a", help="a checkpoint folder or .safetensors file")
     df.add_argument("b", help="another of the same model")
     df.add_argument("--json", action="store_true", help="the comparison as JSON")
     df.add_argument("--chunk-mb", type=_positive_int, default=64, metavar="MB", help="memory for a piece (default 64)")
+    _links_option(df)
 
     pr = sub.add_parser("promote", help="promote_type of two dtypes, or the whole grid")
     pr.add_argument("a", nargs="?")

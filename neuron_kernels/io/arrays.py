@@ -6,6 +6,7 @@ Every problem with a file raises :class:`FileFormatError`, naming the file and w
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -65,7 +66,7 @@ class ArrayEntry:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -82,7 +83,7 @@ class ArrayEntry:
         if not self.shape:
             return self._reader(0, 1).reshape(())
         hi = self.shape[0] if hi is None else hi
-        row = int(np.prod(self.shape[1:], dtype=np.int64))
+        row = math.prod(self.shape[1:])
         return self.read_flat(lo * row, hi * row).reshape((hi - lo,) + self.shape[1:])
 
 

@@ -37,6 +37,7 @@ from ..blocks.layout import BlockLayout
 from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, FORMATS
 from .files import ArrayEntry, FileFormatError, NpzWriter, atomic_output, open_arrays
+from .untrusted import parse_json
 
 __all__ = ["FILE_VERSION", "StoredBlocks", "read_block_file", "BlockFileWriter", "save_blocks", "load_blocks"]
 
@@ -101,7 +102,7 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
     where = path if name is None else f"{path}[{name}]"
     try:
         raw = parts["meta"].read()
-        meta = json.loads(np.ascontiguousarray(raw).tobytes().decode())
+        meta = parse_json(np.ascontiguousarray(raw).tobytes())
         layout = BlockLayout(
             meta["fmt"],
             tuple(meta["shape"]),
@@ -119,7 +120,7 @@ def _stored(path: str, name: str | None, parts: dict[str, ArrayEntry]) -> Stored
             f"{where}: block file version {version!r} is not supported (this package reads {FILE_VERSION})"
         )
     codes, scales = parts["codes"], parts["scales"]
-    bf = layout.format if layout.fmt in BLOCK_FORMATS else None
+    bf = layout.format if isinstance(layout.fmt, str) and layout.fmt in BLOCK_FORMATS else None
     scale_type: Any = scales.dtype
     if bf is not None and bf.float_scales:
         if scale_dtype not in bf.scale_dtypes or scales.dtype != FORMATS[scale_dtype].storage_dtype:

@@ -21,6 +21,7 @@ GGUF shapes are numpy's here (the slowest axis first), the reverse of ggml's ``n
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -34,6 +35,7 @@ import ml_dtypes
 import numpy as np
 
 from .arrays import ArrayEntry, FileFormatError, mapped, raw_entry
+from .untrusted import element_count
 
 __all__ = [
     "UINT32",
@@ -83,7 +85,7 @@ class GgufTensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def plain(self) -> bool:
@@ -110,15 +112,20 @@ class GgufTensor:
     def rows(self) -> np.ndarray:
         """Its stored bytes as (rows, bytes of a row): one row per ggml row (the last axis)."""
         row = self.shape[-1] // self.block[0] * self.block[1] if self.shape else self.nbytes
+        if self.nbytes == 0:
+            return np.empty((0, row), np.uint8)
         return self.raw().reshape(-1, row)
 
     def decoded(self) -> np.ndarray:
         """Its values as float32 through gguf-py's own decoding (any type gguf-py decodes)."""
         if self.plain:
             return np.asarray(self.entry().read(), np.float32)
+        if not self.size:  # gguf-py's decoding takes no empty tensor
+            return np.zeros(self.shape, np.float32)
         quants = _gguf().quants
         try:
-            values = quants.dequantize(self.rows(), ggml_type(self.type))
+            with np.errstate(all="ignore"):  # NaN or infinite scales decode as NaN: the file's values
+                values = quants.dequantize(self.rows(), ggml_type(self.type))
         except NotImplementedError:
             raise FileFormatError(
                 f"{self.path}[{self.name}]: gguf-py cannot decode type {self.type}; it is copied as stored"
@@ -131,10 +138,18 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 #: The GGUF value type of ``general.file_type``.
 UINT32 = 4
+#: Arrays of arrays: gguf-py reads them, ggml's reader refuses them; the package reads a few levels.
+_MAX_ARRAY_NESTING = 4
+#: ggml's bounds on a tensor (``ggml.h``): at most 4 dimensions, a name of fewer than 64 bytes.
+_MAX_DIMS = 4
+_MAX_NAME = 64
+_INT64 = 1 << 63
 
 
 class _Cursor:
-    """Little-endian reads from a buffer (a memory map of the file), advancing a position."""
+    """Little-endian reads from a buffer (a memory map of the file), advancing a position; a read
+    past the end raises ``IndexError``, a string that is not UTF-8 (gguf-py decodes every key,
+    name and string strictly) ``UnicodeDecodeError``, an unknown value type ``ValueError``."""
 
     def __init__(self, buf: Any, pos: int = 0) -> None:
         self.buf, self.pos = buf, pos
@@ -146,25 +161,29 @@ class _Cursor:
 
     def string(self) -> str:
         n = self.scalar("<Q")
-        if self.pos + n > len(self.buf):
+        if n > len(self.buf) - self.pos:
             raise IndexError("a string runs past the end of the file")
-        text = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", "replace")
+        text = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8")
         self.pos += n
         return text
 
-    def skip(self, kind: int) -> None:
-        """Past one value of GGUF type ``kind``."""
+    def skip(self, kind: int, depth: int = 0) -> None:
+        """Past one value of GGUF type ``kind``, every string in it checked as UTF-8."""
         if kind in _SCALARS:
             self.pos += struct.calcsize(_SCALARS[kind])
         elif kind == _STRING:
-            self.pos += 8 + self.scalar("<Q")
+            self.string()
         elif kind == _ARRAY:
+            if depth >= _MAX_ARRAY_NESTING:
+                raise ValueError(f"arrays nested more than {_MAX_ARRAY_NESTING} deep")
             item, count = self.scalar("<I"), self.scalar("<Q")
             if item in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[item])
+            elif item in (_STRING, _ARRAY):
+                for _ in range(count):  # each item takes at least 8 bytes: the file ends the loop
+                    self.skip(item, depth + 1)
             else:
-                for _ in range(count):
-                    self.skip(item)
+                raise ValueError(f"unknown GGUF value type {item}")
         else:
             raise ValueError(f"unknown GGUF value type {kind}")
         if self.pos > len(self.buf):
@@ -224,6 +243,15 @@ class GgufFile:
         field = self.fields.get(key)
         return default if field is None else field.contents()
 
+    def count(self, key: str, default: int = 0, most: int | None = None) -> int:
+        """The value of ``key``, a count: a non-negative integer (at most ``most``), or ``default``
+        where the key is absent; another value raises :class:`FileFormatError`."""
+        value = self.value(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (most is not None and value > most):
+            bound = f" of at most {most}" if most is not None else ""
+            raise FileFormatError(f"{self.path}: {key} is {value!r:.80}; a non-negative integer{bound} is read")
+        return value
+
     @property
     def architecture(self) -> str | None:
         arch = self.value("general.architecture")
@@ -259,6 +287,13 @@ def open_gguf(path: str | os.PathLike[str]) -> GgufFile:
 
 
 def _header(path: str, buf: Any, size: int) -> GgufFile:
+    """The header, as strict as gguf-py's reader (``gguf/gguf_reader.py``: every key, tensor name
+    and string UTF-8, no key or tensor name twice, ``general.alignment`` a UINT32 power of two)
+    and as ggml's (``ggml/src/gguf.cpp``, ``gguf_init_from_reader``: no empty key, at most 4
+    dimensions, names shorter than 64 bytes, dimensions and element counts below 2^63, rows of whole
+    blocks, each tensor's data at the offset where the previous one's ends, padded to the
+    alignment), and stricter where a number would otherwise reach an allocation: the alignment no
+    larger than the file, every tensor's data inside it."""
     if buf[:4] != _MAGIC:
         raise FileFormatError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
     version = int.from_bytes(buf[4:8], "little")
@@ -273,44 +308,83 @@ def _header(path: str, buf: Any, size: int) -> GgufFile:
     infos = []
     try:
         n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
-        for _ in range(n_kv):
+        for _ in range(n_kv):  # each entry takes at least 13 bytes: the file ends the loop
             start = cur.pos
             key = cur.string()
+            if not key or key in fields:
+                raise ValueError(f"the key {key!r} is empty or appears twice" if key else "an empty key")
             kind = cur.scalar("<I")
             value_at = cur.pos - start
             cur.skip(kind)
             fields[key] = GgufField(key, kind, bytes(buf[start : cur.pos]), value_at)
         for _ in range(n_tensors):
             name = cur.string()
-            dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+            n_dims = cur.scalar("<I")
+            if n_dims > _MAX_DIMS:
+                raise ValueError(f"tensor {name!r} has {n_dims} dimensions; ggml's tensors have at most {_MAX_DIMS}")
+            dims = [cur.scalar("<Q") for _ in range(n_dims)]
             infos.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
-    except (struct.error, IndexError, ValueError, OverflowError, MemoryError) as exc:
+    except (struct.error, IndexError, ValueError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
         raise FileFormatError(f"{path}: truncated or corrupt GGUF header ({size} bytes): {exc}") from None
-    alignment = fields["general.alignment"].contents() if "general.alignment" in fields else 32
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise FileFormatError(f"{path}: general.alignment {alignment!r} is not a power of two")
+    alignment = _alignment(path, fields, size)
     data = cur.pos + (-cur.pos % alignment)
     tensors: dict[str, GgufTensor] = {}
     known = {int(t): t.name for t in gguf.GGMLQuantizationType}
+    expected = 0  # where the next tensor's data starts, past the previous one's, padded
     for name, dims, kind, offset in infos:
+        where = f"{path}[{name}]"
         if kind not in known:
             raise FileFormatError(
-                f"{path}[{name}]: unknown ggml tensor type {kind} (gguf-py {gguf_version()} knows "
-                f"{', '.join(known.values())})"
+                f"{where}: unknown ggml tensor type {kind} (gguf-py {gguf_version()} knows {', '.join(known.values())})"
             )
         if name in tensors:
             raise FileFormatError(f"{path}: two tensors are named {name}")
-        tensor = GgufTensor(path, name, known[kind], tuple(int(d) for d in reversed(dims)), data + offset, 0)
+        if not name or len(name.encode()) >= _MAX_NAME:
+            raise FileFormatError(
+                f"{where}: a tensor name of {len(name.encode())} bytes; ggml's are 1 to {_MAX_NAME - 1}"
+            )
+        shape = tuple(reversed(dims))
+        count = element_count(shape, where, "shape", _INT64, 8)
+        if count >= _INT64:
+            raise FileFormatError(
+                f"{where}: shape {list(shape)} holds 2^63 elements or more (ggml counts them in int64)"
+            )
+        tensor = GgufTensor(path, name, known[kind], shape, data + offset, 0)
         elements, nbytes = tensor.block
-        if tensor.shape and tensor.shape[-1] % elements:
-            raise FileFormatError(f"{path}[{name}]: rows of {tensor.shape[-1]} are not whole {tensor.type} blocks")
-        tensor = replace(tensor, nbytes=tensor.size // elements * nbytes)
+        row = shape[-1] if shape else 1
+        if row % elements:
+            raise FileFormatError(f"{where}: rows of {row} are not whole {tensor.type} blocks of {elements}")
+        tensor = replace(tensor, nbytes=count // elements * nbytes)
+        if offset != expected:
+            raise FileFormatError(
+                f"{where}: its data is at offset {offset} of the data section; ggml reads it at {expected} (each "
+                f"tensor's data follows the previous one's, padded to the alignment {alignment})"
+            )
         if tensor.offset + tensor.nbytes > size:
             raise FileFormatError(
                 f"{path}: truncated: tensor {name} ends at byte {tensor.offset + tensor.nbytes}, the file has {size}"
             )
+        expected += tensor.nbytes + (-tensor.nbytes % alignment)
         tensors[name] = tensor
     return GgufFile(path, version, alignment, fields, tensors)
+
+
+def _alignment(path: str, fields: dict[str, GgufField], size: int) -> int:
+    """``general.alignment``: a UINT32 (gguf-py and ggml refuse another type), a power of two, and
+    no larger than the file (the padding written for it in a new file is paid for by the input)."""
+    field = fields.get("general.alignment")
+    if field is None:
+        return 32
+    alignment = field.contents()
+    if field.type != UINT32 or not isinstance(alignment, int):
+        raise FileFormatError(
+            f"{path}: general.alignment is stored as GGUF type {field.type}; gguf-py and ggml read a UINT32 ({UINT32})"
+        )
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise FileFormatError(f"{path}: general.alignment {alignment!r} is not a power of two")
+    if alignment > size:
+        raise FileFormatError(f"{path}: general.alignment {alignment} is larger than the file ({size} bytes)")
+    return alignment
 
 
 def gguf_version() -> str:
@@ -341,7 +415,7 @@ class GgufOutput:
     def add(self, name: str, shape: tuple[int, ...], type_name: str) -> None:
         kind = ggml_type(type_name)
         elements, nbytes = _gguf().GGML_QUANT_SIZES[kind]
-        size = int(np.prod(shape, dtype=np.int64))
+        size = math.prod(shape)
         self._planned.append((name, shape, int(kind), size // elements * nbytes))
 
     def _header(self) -> bytes:
@@ -384,7 +458,11 @@ class GgufOutput:
         self._written += data.nbytes
 
     def _pad(self) -> None:
-        self._emit(np.zeros(-self._written % self._source.alignment, np.uint8))
+        left = -self._written % self._source.alignment  # at most the alignment, at most the input's size
+        while left:
+            n = min(left, 1 << 20)
+            self._emit(np.zeros(n, np.uint8))
+            left -= n
 
     def _skip_empty(self) -> None:
         while self._left == 0 and self._current < len(self._planned):
@@ -396,6 +474,8 @@ class GgufOutput:
         """The next bytes of the current tensor (any array: its bytes in C order)."""
         assert self._out is not None
         n = data.nbytes
+        if n == 0:  # a tensor of no element (whose place is passed already)
+            return
         if n > self._left:
             name = self._planned[self._current][0] if self._current < len(self._planned) else "(none)"
             raise RuntimeError(f"{n} bytes written to {name}, {self._left} were left")

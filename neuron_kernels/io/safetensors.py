@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..errors import InvalidValueError
 from .arrays import ArrayEntry, ArrayFileKind, FileFormatError, OutArray, raw_entry, register_file_kind
+from .untrusted import element_count, parse_json
 
 __all__ = [
     "SAFETENSORS_DTYPES",
@@ -49,6 +51,8 @@ SAFETENSORS_DTYPES = {
 
 #: The largest header the safetensors format allows (its own readers refuse larger ones).
 _MAX_HEADER = 100_000_000
+#: Shapes and offsets are Rust ``usize`` values in safetensors' reader: below 2^64.
+_USIZE = 1 << 64
 
 
 def safetensors_dtype_code(dtype: Any) -> str:
@@ -62,8 +66,14 @@ def safetensors_dtype_code(dtype: Any) -> str:
 
 def read_safetensors_header(path: str) -> tuple[int, dict[str, str], dict[str, tuple[np.dtype, tuple[int, ...], int]]]:
     """(file offset of the data, ``__metadata__``, name -> (dtype, shape, file offset)) of a
-    ``.safetensors`` file, every entry checked against the file: a known dtype, a shape of
-    non-negative ints, a byte range of the right length that the file holds."""
+    ``.safetensors`` file, every entry checked against the file before anything is read: a known
+    dtype, a shape of non-negative ints, a byte range of the right length that the file holds.
+
+    As strict as safetensors' own reader (``read_metadata`` and ``Metadata::validate`` in
+    ``safetensors/src/tensor.rs``): a header of at most 100,000,000 bytes of UTF-8 JSON (nested at
+    most 128 deep, serde_json's limit, no NaN, no key twice), ``__metadata__`` absent, null or an
+    object of strings, every shape and offset below 2^64, the tensors' byte ranges contiguous from
+    0 in the order of their offsets, and no byte after the last one."""
     from ..dtypes import as_dtype
 
     size = os.path.getsize(path)
@@ -74,36 +84,49 @@ def read_safetensors_header(path: str) -> tuple[int, dict[str, str], dict[str, t
         (length,) = struct.unpack("<Q", head)
         if length > min(size - 8, _MAX_HEADER):
             raise FileFormatError(
-                f"{path}: not a valid .safetensors file (its header claims {length} bytes; the file holds {size})"
+                f"{path}: not a valid .safetensors file (its header claims {length} bytes; the file holds {size} "
+                f"and the format allows {_MAX_HEADER})"
             )
         raw = fh.read(length)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FileFormatError(f"{path}: not a valid .safetensors file (its header is not JSON: {exc})") from None
+        header = parse_json(raw, strict=True)
+    except ValueError as exc:
+        raise FileFormatError(f"{path}: not a valid .safetensors file (its header {exc})") from None
     if not isinstance(header, dict):
         raise FileFormatError(f"{path}: not a valid .safetensors file (its header is not a JSON object)")
     data, held = 8 + length, size - 8 - length
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise FileFormatError(f"{path}: not a valid .safetensors file (__metadata__ must map names to strings)")
     tensors: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
         where = f"{path}[{name}]"
-        try:
-            code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise FileFormatError(f"{where}: not a valid .safetensors entry ({info!r})") from None
-        if code not in SAFETENSORS_DTYPES:
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
             raise FileFormatError(
-                f"{where}: safetensors dtype {code!r} is not supported; supported: {', '.join(SAFETENSORS_DTYPES)}"
+                f"{where}: not a valid .safetensors entry (an object of dtype, shape and data_offsets; got "
+                f"{_short(info)})"
             )
-        ints = [*shape, begin, end] if isinstance(shape, list) else None
-        if ints is None or not all(type(v) is int and v >= 0 for v in ints):
-            raise FileFormatError(f"{where}: not a valid .safetensors entry (shape {shape!r}, offsets {begin}, {end})")
+        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(code, str) or code not in SAFETENSORS_DTYPES:
+            raise FileFormatError(
+                f"{where}: safetensors dtype {_short(code)} is not supported; "
+                f"supported: {', '.join(SAFETENSORS_DTYPES)}"
+            )
+        if not isinstance(shape, list):
+            raise FileFormatError(f"{where}: shape {_short(shape)} is not a list of non-negative integers")
         dtype = np.dtype(as_dtype(SAFETENSORS_DTYPES[code]))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if end - begin != nbytes:
+        count = element_count(shape, where, "shape", _USIZE, dtype.itemsize)
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise FileFormatError(f"{where}: data_offsets {_short(offsets)} is not a pair [begin, end]")
+        element_count(offsets, where, "data_offsets", _USIZE)
+        begin, end = offsets
+        nbytes = count * dtype.itemsize
+        if nbytes >= _USIZE:
+            raise FileFormatError(f"{where}: shape {_short(shape)} of {code} is 2^64 bytes or more")
+        if end < begin or end - begin != nbytes:
             raise FileFormatError(
                 f"{where}: its byte range [{begin}, {end}) does not fit shape {tuple(shape)} {dtype} ({nbytes} bytes)"
             )
@@ -113,7 +136,34 @@ def read_safetensors_header(path: str) -> tuple[int, dict[str, str], dict[str, t
                 f"the file holds {held})"
             )
         tensors[name] = (dtype, tuple(shape), data + begin)
+        spans.append((begin, end, name))
+    _check_contiguous(path, sorted(spans), held)
     return data, metadata, tensors
+
+
+def _check_contiguous(path: str, spans: list[tuple[int, int, str]], held: int) -> None:
+    """The tensors' byte ranges, in order, must tile the data from its first byte to its last, as
+    safetensors' reader requires (``Metadata::validate``): no gap, no overlap, nothing after."""
+    pos = 0
+    for begin, end, name in spans:
+        if begin != pos:
+            what = "overlaps the tensor before it" if begin < pos else f"leaves bytes [{pos}, {begin}) unused"
+            raise FileFormatError(
+                f"{path}[{name}]: its byte range [{begin}, {end}) {what}; the format's tensors tile the data "
+                "contiguously, in the order of their offsets"
+            )
+        pos = end
+    if pos != held:
+        raise FileFormatError(
+            f"{path}: {held - pos} byte(s) after the last tensor's data; the format allows none (its tensors end "
+            f"at byte {pos} of the data)"
+        )
+
+
+def _short(value: Any, most: int = 80) -> str:
+    """``repr(value)``, cut to ``most`` characters (a field of a header from anyone)."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _safetensors_entries(path: str) -> list[ArrayEntry]:
@@ -133,7 +183,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 class _TensorSink:

@@ -28,7 +28,7 @@ import numpy as np
 from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
-from ..folder import PTS_KEY, Checkpoint
+from ..folder import Checkpoint
 from ..selection import module_decision
 from .records import (
     CheckpointLayout,
@@ -145,9 +145,12 @@ def _ct_detect(ckpt: Checkpoint) -> bool:
 
 def _ct_format(ckpt: Checkpoint) -> str:
     qc = ckpt.quantization_config or {}
-    formats = {qc.get("format")} | {
+    if not isinstance(qc.get("config_groups") or {}, dict):
+        raise FileFormatError(f"{ckpt.path}: quantization_config.config_groups is not an object of groups")
+    named = [qc.get("format")] + [
         g.get("format") for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) and g.get("format")
-    }
+    ]
+    formats = {f if f is None or isinstance(f, str) else repr(f) for f in named}
     formats.discard(None)
     formats.discard("mixed-precision")
     known = {v: k for k, v in _CT_FORMATS.items()} | {_FLOAT_QUANTIZED: _FLOAT_QUANTIZED}
@@ -210,7 +213,7 @@ def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
         return _ct_fp8_weights(ckpt)
     bf = BLOCK_FORMATS[fmt]
     t = ckpt.tensors
-    exact = json.loads(ckpt.metadata.get(PTS_KEY, "{}"))
+    exact = ckpt.exact_scales
     found: list[Weight] = []
     for base, scale, codes in scales_and_codes(ckpt, "weight_scale", _ct_codes(bf)):
         name, codes_name = f"{base}.weight_scale", f"{base}.{_ct_codes(bf)}"
@@ -248,6 +251,9 @@ def _global_scale(g: ArrayEntry) -> np.float32:
     gs = np.float32(g.read_flat(0, 1)[0])
     if not (np.isfinite(gs) and gs > 0):
         raise FileFormatError(f"{g.where}: the global scale {gs} is not a positive finite number")
+    with np.errstate(over="ignore"):  # its per-tensor scale 1 / gs must be a float32 too
+        if not np.isfinite(np.float32(1) / gs):
+            raise FileFormatError(f"{g.where}: the global scale {gs} makes a per-tensor scale 1 / {gs} beyond float32")
     return gs
 
 

@@ -31,6 +31,13 @@ def _json(obj: Any) -> Any:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0: nothing found; 1: findings (errors or warnings); 2: unreadable (or bad usage)."""
+    from ...checkpoints.folder import follow_links
+
+    with follow_links(args.follow_links):
+        return _check(args)
+
+
+def _check(args: argparse.Namespace) -> int:
     from ...checkpoints.doctor import check_checkpoint, repair_checkpoint
     from ...io.files import atomic_output
 
@@ -65,8 +72,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     """Exit 0: the same values everywhere; 1: they differ somewhere; 2: unreadable."""
     from ...checkpoints.diff import diff_checkpoints
+    from ...checkpoints.folder import follow_links
 
-    d = diff_checkpoints(args.a, args.b, args.chunk_mb << 20)
+    with follow_links(args.follow_links):
+        d = diff_checkpoints(args.a, args.b, args.chunk_mb << 20)
     if args.json:
         report = {"tensors": [t.__dict__ for t in d.tensors], "only_a": d.only_a, "only_b": d.only_b,
                   "same_values": d.same_values}  # fmt: skip

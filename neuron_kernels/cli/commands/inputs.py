@@ -58,4 +58,9 @@ INPUT_KINDS: tuple[tuple[str, Callable[[argparse.Namespace], bool]], ...] = (
 def by_input_kind(commands: Mapping[str, Callable[[argparse.Namespace], int]], args: argparse.Namespace) -> int:
     """Run the command of ``commands`` (kind of input -> command) for the kind of ``args.input``."""
     kind = next(kind for kind, test in INPUT_KINDS if kind in commands and test(args))
+    if getattr(args, "follow_links", False):  # --follow-links: a checkpoint's links followed wherever they lead
+        from ...checkpoints.folder import follow_links
+
+        with follow_links():
+            return commands[kind](args)
     return commands[kind](args)
