@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 
 import neuron_kernels as nk
 from neuron_kernels.blocks.inputs import input_array
-from neuron_kernels.blocks.job import block_job
 from neuron_kernels.blocks.layout import Pieces
+from neuron_kernels.blocks.scheme import block_job
 from neuron_kernels.errors import NotApplicableError, UnknownFormatError
 
 from .block_checks import (

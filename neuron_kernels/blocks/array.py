@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._parallel import read_only, run_tasks
 from ..casting import cast, check_out, pack_x4
 from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, BlockFormat
+from ..registry import block_kernels
 from . import nibbles
 from .inputs import INPUT_DTYPES
 from .layout import BlockLayout
@@ -258,16 +258,7 @@ class BlockArray(BlockFields):
             values[...] = rotate_array(values, "float32", self.axis, self.rotation, inverse=True)
 
     def _dequantize_into(self, values: np.ndarray) -> None:
-        from ..kernels import blocks as K
-
-        lay = self.layout
-        ks = lay.kernel_shapes()
-        pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.packed and not ks.row else int(self.packed)
-        kernel = K.dequantize_kernel(self.format, pack, ks.row)
-        pts = np.float32(self.per_tensor_scale or 0.0)
-        codes, scales = read_only(self.codes.reshape(ks.codes)), read_only(self.scale_words().reshape(ks.scales))
-        geometry = (min(self.block_size, max(ks.values[-1], 1)),) if ks.row else lay.tile()
-        run_tasks(kernel, ks.tasks, values.size, (codes, scales, values.reshape(ks.values), *geometry, pts))
+        block_kernels().dequantize(self, values)
 
     def scale_words(self) -> np.ndarray:
         """The scales as the kernels read them: bytes (uint8), or float scales as float32 patterns

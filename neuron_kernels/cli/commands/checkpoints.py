@@ -16,13 +16,14 @@ __all__ = ["cmd_dequantize", "cmd_quantize"]
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ...checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
+    from ...checkpoints.layouts import DEFAULT_LAYOUT
     from ...checkpoints.selection import TOWER_KEPT
     from ...io.files import atomic_output, check_output_path
     from ...lazy.stores import scheduler
 
     if args.name is not None:
         raise UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
-    layout = LAYOUTS[args.layout or "compressed-tensors"]
+    layout = LAYOUTS[args.layout or DEFAULT_LAYOUT]
     layout.check_format(args.format)
     if layout.suffix and not args.output.lower().endswith(layout.suffix):
         raise UsageError(

@@ -16,7 +16,7 @@ from ..nibbles import nibble
 from .elements import _dequantized, _load, _scaled, _value
 from .rows import _row_scales, _scale_scratch
 from .scales import _multiplier
-from .spec import _element_of, _flags, _scale_of, source_of
+from .spec import _flags, _scale_of, element_of, source_of
 
 #: The sums of the error statistics, in the order kernels store them.
 N_SUMS = 7  # count, sum x^2, sum err^2, max |err|, max |err| / |x|, saturated, flushed
@@ -68,7 +68,7 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     made, and rows are independent tasks whose sums are combined in row order (so the result
     does not depend on the thread count)."""
     src = source_of(source)
-    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
+    el, sc = element_of(fmt, "nearest_even"), _scale_of(fmt)
     top = fmt.element_format.max_code
     kind, _, _, scaling = _flags(src, el, sc)
     n_codes = 1 << fmt.element_bits
@@ -106,7 +106,7 @@ def quantize_error_kernel(source: str, fmt: BlockFormat, rule: str = "") -> Any:
     format serves every scale mode and policy of a format (what the error table compares), but
     the rule of float scales (``rule``), which is compiled in."""
     src = source_of(source)
-    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True, rule)
+    el, sc = element_of(fmt, "nearest_even"), _scale_of(fmt, True, rule)
     top = fmt.element_format.max_code
     kind, rmode, fixed, scaling = _flags(src, el, sc)
 

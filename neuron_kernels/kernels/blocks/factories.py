@@ -13,7 +13,7 @@ from ...formats import BlockFormat
 from .elements import _load
 from .policies import MAX_SIZE, groups_policies
 from .rows import _row_dequantize, _row_fake_quantize, _row_quantize
-from .spec import _element_of, _scale_of, _vector_length, own_length, source_of
+from .spec import _scale_of, element_of, own_length, source_of, vector_length
 from .tiles import _tile_dequantize, _tile_fake_quantize, _tile_quantize
 
 
@@ -39,9 +39,9 @@ def quantize_kernel(
     kernels of the rotated input (``rotate``), else an empty array. ``policies``: kernels that
     evaluate the scale policies (else ``policy`` is ignored). ``rule``: the scale mode of float
     scales, compiled in (they divide or multiply each element); "" for every other format."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies, rule)
+    el, sc = element_of(fmt, rounding), _scale_of(fmt, policies, rule)
     if row or rotate:
-        vlen = own_length(fmt) if rotate else _vector_length(source, fmt)  # the rotated input is float32
+        vlen = own_length(fmt) if rotate else vector_length(source, fmt)  # the rotated input is float32
         return _row_quantize(source_of(source), el, sc, bool(pack), vlen, rotate)
     return _tile_quantize(source_of(source), el, sc, pack)
 
@@ -56,10 +56,10 @@ def binding(
     policies on the shared loop (stochastic or directed rounding, float64 sources, blocks longer
     than :data:`~.policies.MAX_SIZE`, tiles), or the block amax by the scalar loop (a block length
     other than the format's own, or a source without the vector reduction)."""
-    src, el = source_of(source), _element_of(fmt, rounding)
+    src, el = source_of(source), element_of(fmt, rounding)
     if policies and not (row and groups_policies(src, el) and size <= MAX_SIZE):
         return "generic: policies on the shared loop"
-    if row and size != _vector_length(source, fmt):
+    if row and size != vector_length(source, fmt):
         return "generic: scalar amax"
     return "specialised"
 
@@ -76,9 +76,9 @@ def fake_quantize_kernel(
 ) -> Any:
     """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
     codes and scales)."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies, rule)
+    el, sc = element_of(fmt, rounding), _scale_of(fmt, policies, rule)
     if row or rotate:
-        vlen = own_length(fmt) if rotate else _vector_length(source, fmt)  # the rotated input is float32
+        vlen = own_length(fmt) if rotate else vector_length(source, fmt)  # the rotated input is float32
         return _row_fake_quantize(source_of(source), el, sc, vlen, rotate)
     return _tile_fake_quantize(source_of(source), el, sc)
 
@@ -88,7 +88,7 @@ def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
     """Row kernel ``(codes, scales, out, size, pts, t0, t1)`` or tile kernel ``(codes, scales,
     out, rows, cols, pts, t0, t1)``: the values into float32 ``out`` (float scales as float32
     patterns, whatever dtype stores them)."""
-    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
+    el, sc = element_of(fmt, "nearest_even"), _scale_of(fmt)
     if row:
         return _row_dequantize(el, sc, bool(pack), own_length(fmt))
     return _tile_dequantize(el, sc, pack)

@@ -98,7 +98,7 @@ def _row_plain_scales(
 ):  # pragma: no cover
     """The scale bytes of blocks ``[j0, j1)`` (at most :data:`~.runs.CHUNK`) of the row ``xr`` by
     the plain rule (kernels without scale policies), inlined into the kernel with the format's
-    constants and the vector lengths (see :func:`_row_amax`, :func:`~.spec._vector_length`)
+    constants and the vector lengths (see :func:`_row_amax`, :func:`~.spec.vector_length`)
     compiled in: the shared :func:`_row_scales`, with run-time constants, cost the quantisers up
     to a fifth of their speed. For e4m3fn scales, the amaxes first (``amaxes``: scratch), then the
     bytes in a loop of their own, which vectorises across blocks (their divisions included)."""
