@@ -296,11 +296,11 @@ class BlockArray(BlockFields):
         codes one per byte as uint8), ``scale`` (``torch.float8_e8m0fnu`` for MX,
         ``torch.float8_e4m3fn`` for NVFP4) and ``per_tensor_scale`` (a 0-d float32 tensor, or None).
         Needs torch; rotated arrays are refused (torchao has no place for the rotation)."""
-        from ..interop.torch_tensors import _torch, to_torch
+        from ..interop.torch_tensors import to_torch, torch_module
 
         if self.rotation is not None:
             raise InvalidValueError("a rotated block array has no torch form (torchao keeps no rotation)")
-        torch = _torch()
+        torch = torch_module()
         fmt = self.format
         codes = self.codes.view(fmt.element_format.result_dtype) if fmt.element_bits == 8 else self.codes
         pts = None if self.per_tensor_scale is None else torch.tensor(self.per_tensor_scale, dtype=torch.float32)
@@ -312,9 +312,9 @@ class BlockArray(BlockFields):
         blocks of the format's own size along the last axis (4-bit codes packed), whose
         ``dequantize()`` gives this array's values. ``orig_dtype``: the torch dtype it reports
         (``torch.float32`` by default)."""
-        from ..interop.torch_tensors import _torch
+        from ..interop.torch_tensors import torch_module
 
-        torch = _torch()
+        torch = torch_module()
         fmt = self.format
         # torchao's element dtypes: FP4 packed two per byte, or torch's own dtype of the element
         elem = torch.float4_e2m1fn_x2 if fmt.packable else getattr(torch, fmt.element, None)

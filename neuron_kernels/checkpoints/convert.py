@@ -206,7 +206,7 @@ def quantize_checkpoint(
         )
     ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
     scheme = scheme_of(fmt, options)
-    plan = _plan(ckpt, source, layout, scheme, ignore, only, fuse, chunk_bytes, modules, towers=towers)
+    plan = plan_quantization(ckpt, source, layout, scheme, ignore, only, fuse, chunk_bytes, modules, towers=towers)
     plan.require_exact, plan.stats = require_exact, stats
     result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
@@ -271,7 +271,7 @@ class _Plan:
         return items
 
 
-def _plan(
+def plan_quantization(
     ckpt: Checkpoint,
     source: CheckpointLayout | None,
     layout: CheckpointLayout,

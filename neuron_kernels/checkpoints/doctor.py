@@ -50,7 +50,7 @@ from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
 from .layouts.records import check_fused_whole
 from .runtimes import fused_scale_ratio, fused_scale_rule
-from .selection import _KIND_TEXT, QUANTISABLE, fused_groups, tensor_decision
+from .selection import KIND_TEXT, QUANTISABLE, fused_groups, tensor_decision
 
 __all__ = [
     "Finding", "Checkup", "Repair", "check_checkpoint", "repair_checkpoint", "RECIPROCAL_LIMITS", "NEGLIGIBLE_DB",
@@ -181,7 +181,7 @@ def _module_findings(
         kind = arch.kind(module) if arch is not None else None
         why = arch.plain_why(module, w.shape) if arch is not None else None
         if why is None and kind is not None and kind not in (*QUANTISABLE, "tower"):
-            why = f"it is {_KIND_TEXT.get(kind, kind).partition(' (')[0]}, which no runtime quantises"
+            why = f"it is {KIND_TEXT.get(kind, kind).partition(' (')[0]}, which no runtime quantises"
         if why is not None:
             found.append(Finding("error", "module-kept", (
                 f"{module} is stored quantised, but {why}: its quantised tensors have nowhere to go in the runtime"

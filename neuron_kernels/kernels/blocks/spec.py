@@ -148,7 +148,7 @@ def _scaling(bf: BlockFormat, scale_mode: str) -> int:
     return BY_E8M0 if bf.is_mx else BY_E4M3
 
 
-def _scale_of(bf: BlockFormat, policies: bool = False, scale_mode: str = "") -> Scale:
+def scale_of(bf: BlockFormat, policies: bool = False, scale_mode: str = "") -> Scale:
     """The :class:`Scale` of a format (``scale_mode``: the float scales' rule, else ignored)."""
     sf = bf.scale_format
     wide = bf.float_scales
@@ -169,7 +169,7 @@ def _scale_of(bf: BlockFormat, policies: bool = False, scale_mode: str = "") -> 
     )
 
 
-def _flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, int]:
+def flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, int]:
     """The decisions the helpers branch on, as the separate constants a kernel passes them:
     the source kind, the rounding mode, fixed-point elements, how elements are scaled
     (``BY_*``)."""
