@@ -1,6 +1,8 @@
-"""The block-format array (MX, NVFP4): codes, scales, per-tensor scale, blocks; and dequantisation.
+"""The block-format array (MX, NVFP4, FP8 with float scales): codes, scales, per-tensor scale, blocks;
+and dequantisation.
 
-One container for every block format: :class:`BlockArray` (``MXArray`` is the same class). It
+One container for every block format: :class:`BlockArray` (``neuron_kernels.MXArray``, its earlier
+name, still gives it, with a DeprecationWarning). It
 validates its fields on construction (the kernels trust them), dequantises itself, gives its codes
 as element dtypes or Neuron's packed containers. The package's file of block arrays is I/O
 (:mod:`neuron_kernels.io.blockfile`: ``save_blocks`` / ``load_blocks``).
@@ -21,11 +23,12 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, BlockFormat
 from ..registry import block_kernels
 from . import nibbles
+from .earlier_forms import block_array_fields, from_parts_fields
 from .inputs import INPUT_DTYPES
 from .layout import BlockLayout
 from .rotation import rotate_in_place, rotation_signs
 
-__all__ = ["BlockArray", "MXArray", "TorchBlocks", "result_buffer", "deliver"]
+__all__ = ["BlockArray", "TorchBlocks", "result_buffer", "deliver"]
 
 
 class TorchBlocks(NamedTuple):
@@ -168,8 +171,6 @@ class BlockArray(BlockFields):
         **named: Any,
     ) -> None:
         if not isinstance(layout, BlockLayout):
-            from .._compat import block_array_fields
-
             layout, per_tensor_scale, rotation = block_array_fields(layout, fields, named, per_tensor_scale, rotation)
         elif fields or named:
             raise InvalidTypeError(
@@ -370,8 +371,6 @@ class BlockArray(BlockFields):
         codes within the element's width. (The earlier form, ``from_parts(codes, scales, fmt,
         block_size, axis, shape, packed, where, block_rows=1, ...)``, still works and warns.)"""
         if not isinstance(layout, BlockLayout):
-            from .._compat import from_parts_fields
-
             layout, where = from_parts_fields(layout, (where, *fields), named)
         elif fields or named:
             raise InvalidTypeError(
@@ -422,4 +421,3 @@ def _extra_problem(fmt: BlockFormat, per_tensor_scale: Any, rotation: Any) -> st
 
 
 #: The name the MX API has always used for the container.
-MXArray = BlockArray

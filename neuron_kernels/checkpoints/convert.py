@@ -34,7 +34,7 @@ from .architecture import Architecture, architecture_of, transformers_available
 from .cluster import write_on_cluster
 from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
-from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, open_any, stored_weights
+from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
 from .layouts.records import FOREIGN_PARTS
 from .reports import TensorReport, exact_stats, pipelined_stats
 from .selection import fused_groups, ignored_modules, module_decision
@@ -146,7 +146,7 @@ def _report_kept(name: str, entry: ArrayEntry, reason: str) -> TensorReport:
 
 
 def quantize_checkpoint(
-    src: str,
+    src: str | Checkpoint,
     dst: str,
     layout_name: str,
     fmt: str,
@@ -164,7 +164,8 @@ def quantize_checkpoint(
     client: Any = None,
     **options: Any,
 ) -> Reports:
-    """Quantise the checkpoint ``src`` into ``dst`` (already a temporary path: an empty folder, or
+    """Quantise the checkpoint ``src`` (a path, or a :class:`~.folder.Checkpoint` opened already:
+    with ``client``, of absolute paths) into ``dst`` (already a temporary path: an empty folder, or
     the ``.npz`` file of the ``npz`` layout) in the layout ``layout_name``.
 
     ``src`` may be quantised, in any layout of :data:`LAYOUTS`: a weight already ``fmt`` is
@@ -204,7 +205,10 @@ def quantize_checkpoint(
         raise FileFormatError(
             f"the {layout.name} layout is one file; a cluster writes checkpoint folders, a shard per task"
         )
-    ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
+    if isinstance(src, Checkpoint):  # opened already (the command opens it once, for its size)
+        ckpt, source = src, detect_layout(src)
+    else:
+        ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
     scheme = scheme_of(fmt, options)
     plan = plan_quantization(ckpt, source, layout, scheme, ignore, only, fuse, chunk_bytes, modules, towers=towers)
     plan.require_exact, plan.stats = require_exact, stats

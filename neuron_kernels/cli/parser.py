@@ -116,7 +116,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
 
     p = _Parser(prog="neuron-kernels", description=description)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    b = sub.add_parser("bench", help="throughput of every compiled cast and MX format on a built-in array")
+    b = sub.add_parser("bench", help="throughput of every compiled cast and block format on a built-in array")
     b.add_argument("--size", type=parse_size, default=64 << 20, help="elements (default 64Mi)")
     b.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per measurement (default 5)")
     b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
