@@ -21,7 +21,7 @@ from .api import (
     shared_per_tensor_scale,
 )
 from .autograd import torch_fake_quantize
-from .blocks import BlockArray, BlockLayout, MXArray, QuantizationStats, rotate
+from .blocks import BlockArray, BlockLayout, QuantizationStats, rotate
 from .casting import auto_cast, pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
 from .checkpoints.state_dict import dequantize_state_dict, quantize_state_dict
@@ -72,7 +72,6 @@ __all__ = [
     "BlockArray",
     "BlockFormat",
     "BlockLayout",
-    "MXArray",
     "QuantizationStats",
     "ROUNDING_MODES",
     "CastKernel",
@@ -141,9 +140,11 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     """Names that changed: the old one still works, with a DeprecationWarning."""
-    if name == "QuantizationError":  # a statistics record, not an exception
+    renamed = {"QuantizationError": QuantizationStats, "MXArray": BlockArray}  # the new names
+    if name in renamed:
         import warnings
 
-        warnings.warn("QuantizationError is now QuantizationStats", DeprecationWarning, stacklevel=2)
-        return QuantizationStats
+        new = renamed[name]
+        warnings.warn(f"{name} is now {new.__name__}", DeprecationWarning, stacklevel=2)
+        return new
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,8 +10,9 @@ tensors (:mod:`neuron_kernels.interop`): ``cast`` and ``fake_quantize`` return t
 
 Every block format goes through :func:`quantize` / :func:`fake_quantize` / :func:`dequantize` /
 :func:`block_matmul`; ``quantize_mx`` and ``quantize_nvfp4`` (and their ``fake_`` forms) are the
-same with each family's options and defaults. They validate (:func:`~neuron_kernels.blocks.job.block_job`)
-and allocate; the kernels compute. Given a Dask array, they return lazy results
+same with each family's options and defaults. They build a
+:class:`~neuron_kernels.blocks.scheme.Scheme`, which validates itself, and allocate; the kernels
+compute. Given a Dask array, they return lazy results
 (:mod:`neuron_kernels.lazy.blocks`: a ``LazyBlockArray``, a Dask array of values, a delayed
 ``QuantizationStats``).
 """
@@ -20,22 +21,27 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from . import casting
 from .blocks.array import BlockArray, deliver, result_buffer
-from .blocks.job import DEFAULT, BlockJob, block_job, input_array
+from .blocks.job import BlockJob, input_array
+from .blocks.scheme import DEFAULT, OPTIONS, Scheme, block_job
 from .blocks.stats import QuantizationStats
 from .blocks.stats import quantization_error as _in_memory_error
 from .dtypes import DTypeLike, get_format
 from .errors import InvalidTypeError, InvalidValueError, NotApplicableError
-from .formats import MX_FORMATS
+from .formats import BLOCK_FORMATS, MX_FORMATS
 from .interop import from_torch, is_torch, to_torch
 from .lazy import is_lazy, is_lazy_blocks
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .blocks.scheme import FakeMXOptions, MXOptions, NVFP4Options, SchemeOptions
     from .lazy.blocks import LazyBlockArray
 
 __all__ = [
@@ -119,43 +125,48 @@ def cast(
     return _route(x, out, eager, lazy)
 
 
-def _job(x: Any, fmt: Any, **options: Any) -> tuple[np.ndarray, Any, BlockJob]:
+#: The formats each family of functions takes, and how its errors name one.
+_ALL = (tuple(BLOCK_FORMATS), "block format")
+_MX = (tuple(MX_FORMATS), "MX format")
+
+
+def _job(x: Any, scheme: Scheme, family: tuple[tuple[str, ...], str]) -> tuple[np.ndarray, Any, BlockJob]:
     arr, src = input_array(x)
-    job = block_job(fmt, arr.ndim, dtype=src.name, **options)
+    job = scheme.job(arr.ndim, src.name, *family)
     return arr, src, job.resolved(arr, src)
 
 
-def _lazy_job(x: Any, fmt: Any, **options: Any) -> BlockJob:
+def _lazy_job(x: Any, scheme: Scheme, family: tuple[tuple[str, ...], str]) -> BlockJob:
     from .lazy.blocks import as_dask
 
     x = as_dask(x, "block quantisation")
-    return block_job(fmt, x.ndim, dtype=get_format(x.dtype).name, **options)
+    return scheme.job(x.ndim, get_format(x.dtype).name, *family)
 
 
-def _quantized(x: Any, fmt: Any, out: BlockArray | None = None, **options: Any) -> Any:
-    """The quantisation of ``x``: a BlockArray (written into ``out``'s codes and scales if given),
-    or a LazyBlockArray of a Dask array (which has the same interface)."""
+def _quantized(x: Any, scheme: Scheme, out: BlockArray | None = None, family: Any = _ALL) -> Any:
+    """The quantisation of ``x`` by ``scheme``: a BlockArray (written into ``out``'s codes and
+    scales if given), or a LazyBlockArray of a Dask array (which has the same interface)."""
 
     def lazy(x: Any) -> Any:
         from .lazy.blocks import quantize_lazy
 
-        return quantize_lazy(x, _lazy_job(x, fmt, **options))
+        return quantize_lazy(x, _lazy_job(x, scheme, family))
 
     def eager(x: Any, out: BlockArray | None) -> BlockArray:
-        arr, src, job = _job(x, fmt, **options)
+        arr, src, job = _job(x, scheme, family)
         return job.quantize(arr, src, out=out)
 
     return _route(x, out, eager, lazy, tensor_result=False)
 
 
-def _fake_quantized(x: Any, fmt: Any, out: Any, **options: Any) -> Any:
+def _fake_quantized(x: Any, scheme: Scheme, out: Any, family: Any = _ALL) -> Any:
     def lazy(x: Any) -> Any:
         from .lazy.blocks import fake_quantize_lazy
 
-        return fake_quantize_lazy(x, _lazy_job(x, fmt, **options))
+        return fake_quantize_lazy(x, _lazy_job(x, scheme, family))
 
     def eager(x: Any, out: np.ndarray | None) -> np.ndarray:
-        arr, src, job = _job(x, fmt, **options)
+        arr, src, job = _job(x, scheme, family)
         return _fake(arr, src, job, out)
 
     return _route(x, out, eager, lazy)
@@ -163,45 +174,11 @@ def _fake_quantized(x: Any, fmt: Any, out: Any, **options: Any) -> Any:
 
 @overload
 def quantize(
-    x: np.ndarray,
-    fmt: str,
-    *,
-    block_size: int | None = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    axis: int = ...,
-    scale_mode: str | None = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    pack: bool = ...,
-    per_tensor_scale: Any = ...,
-    scale_bound: float | None = ...,
-    four_over_six: str | None = ...,
-    scale_search: str | None = ...,
-    rht: Any = ...,
-    scale_dtype: Any = ...,
-    recipe: str | None = ...,
-    out: BlockArray | None = ...,
+    x: np.ndarray, fmt: str, *, out: BlockArray | None = ..., **options: Unpack[SchemeOptions]
 ) -> BlockArray: ...
 @overload
 def quantize(
-    x: Any,
-    fmt: str,
-    *,
-    block_size: int | None = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    axis: int = ...,
-    scale_mode: str | None = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    pack: bool = ...,
-    per_tensor_scale: Any = ...,
-    scale_bound: float | None = ...,
-    four_over_six: str | None = ...,
-    scale_search: str | None = ...,
-    rht: Any = ...,
-    scale_dtype: Any = ...,
-    recipe: str | None = ...,
-    out: BlockArray | None = ...,
+    x: Any, fmt: str, *, out: BlockArray | None = ..., **options: Unpack[SchemeOptions]
 ) -> BlockArray | LazyBlockArray: ...
 
 
@@ -300,58 +277,16 @@ def quantize(
     axis that split a block are rechunked to whole blocks first; NVFP4's per-tensor scale from the
     amax is computed at once (a Dask reduction), then the quantisation stays lazy.
     """
-    return _quantized(
-        x,
-        fmt,
-        out,
-        block_size=DEFAULT if block_size is None else block_size,
-        block_shape=block_shape,
-        axis=axis,
-        scale_mode=DEFAULT if scale_mode is None else scale_mode,
-        rounding=rounding,
-        seed=seed,
-        pack=pack,
-        per_tensor_scale=per_tensor_scale,
-        scale_bound=DEFAULT if scale_bound is None else scale_bound,
-        four_over_six=four_over_six,
-        scale_search=scale_search,
-        rht=rht,
-        scale_dtype=scale_dtype,
-        recipe=recipe,
-    )
+    return _quantized(x, Scheme.of(fmt, locals(), none_is_default=True), out)
 
 
 @overload
 def quantize_mx(
-    x: np.ndarray,
-    fmt: str = ...,
-    *,
-    block_size: int = ...,
-    axis: int = ...,
-    scale_mode: str = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    pack: bool = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    scale_search: str | None = ...,
-    recipe: str | None = ...,
-    out: BlockArray | None = ...,
+    x: np.ndarray, fmt: str = ..., *, out: BlockArray | None = ..., **options: Unpack[MXOptions]
 ) -> BlockArray: ...
 @overload
 def quantize_mx(
-    x: Any,
-    fmt: str = ...,
-    *,
-    block_size: int = ...,
-    axis: int = ...,
-    scale_mode: str = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    pack: bool = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    scale_search: str | None = ...,
-    recipe: str | None = ...,
-    out: BlockArray | None = ...,
+    x: Any, fmt: str = ..., *, out: BlockArray | None = ..., **options: Unpack[MXOptions]
 ) -> BlockArray | LazyBlockArray: ...
 
 
@@ -359,9 +294,9 @@ def quantize_mx(
     x: Any,
     fmt: str = "mxfp8_e4m3",
     *,
-    block_size: int = 32,
+    block_size: int | None = 32,
     axis: int = -1,
-    scale_mode: str = "floor",
+    scale_mode: str | None = "floor",
     rounding: str = "nearest_even",
     seed: int | None = None,
     pack: bool = True,
@@ -379,67 +314,28 @@ def quantize_mx(
     array to write into (see :func:`quantize`). A Dask array gives a lazy result (see
     :func:`quantize`).
     """
-    return _quantized(
-        x,
-        fmt,
-        out,
+    scheme = Scheme.of(fmt, locals())
+    # the family's default blocks give way to a block_shape, and its scale mode to a recipe's (which fixes it)
+    family = replace(
+        scheme,
         block_size=DEFAULT if block_shape is not None else block_size,
-        block_shape=block_shape,
-        axis=axis,
-        # with a recipe, the family's default scale mode is the recipe's (a recipe fixes it)
         scale_mode=DEFAULT if recipe is not None and scale_mode == "floor" else scale_mode,
-        rounding=rounding,
-        seed=seed,
-        pack=pack,
-        scale_search=scale_search,
-        recipe=recipe,
-        formats=tuple(MX_FORMATS),
-        what="MX format",
     )
+    return _quantized(x, family, out, _MX)
 
 
 @overload
-def quantize_nvfp4(
-    x: np.ndarray,
-    *,
-    block_size: int = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    axis: int = ...,
-    per_tensor_scale: Any = ...,
-    scale_bound: float | None = ...,
-    four_over_six: str | None = ...,
-    scale_search: str | None = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    pack: bool = ...,
-    rht: Any = ...,
-    recipe: str | None = ...,
-    out: BlockArray | None = ...,
-) -> BlockArray: ...
+def quantize_nvfp4(x: np.ndarray, *, out: BlockArray | None = ..., **options: Unpack[NVFP4Options]) -> BlockArray: ...
 @overload
 def quantize_nvfp4(
-    x: Any,
-    *,
-    block_size: int = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    axis: int = ...,
-    per_tensor_scale: Any = ...,
-    scale_bound: float | None = ...,
-    four_over_six: str | None = ...,
-    scale_search: str | None = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    pack: bool = ...,
-    rht: Any = ...,
-    recipe: str | None = ...,
-    out: BlockArray | None = ...,
+    x: Any, *, out: BlockArray | None = ..., **options: Unpack[NVFP4Options]
 ) -> BlockArray | LazyBlockArray: ...
 
 
 def quantize_nvfp4(
     x: Any,
     *,
-    block_size: int = 16,
+    block_size: int | None = 16,
     block_shape: tuple[int, ...] | None = None,
     axis: int = -1,
     per_tensor_scale: Any = "amax",
@@ -459,23 +355,8 @@ def quantize_nvfp4(
     producer's arithmetic (see :func:`quantize`). ``out``: a block
     array to write into (see :func:`quantize`). A Dask array gives a lazy result (see
     :func:`quantize`)."""
-    return _quantized(
-        x,
-        "nvfp4",
-        out,
-        block_size=DEFAULT if block_shape is not None else block_size,
-        block_shape=block_shape,
-        axis=axis,
-        per_tensor_scale=per_tensor_scale,
-        scale_bound=DEFAULT if scale_bound is None else scale_bound,
-        four_over_six=four_over_six,
-        scale_search=scale_search,
-        rounding=rounding,
-        seed=seed,
-        pack=pack,
-        rht=rht,
-        recipe=recipe,
-    )
+    scheme = Scheme.of("nvfp4", locals())
+    return _quantized(x, replace(scheme, block_size=DEFAULT if block_shape is not None else block_size), out)
 
 
 def shared_per_tensor_scale(arrays: Any, fmt: Any = "nvfp4", **options: Any) -> float:
@@ -571,49 +452,27 @@ def fake_quantize(x: Any, fmt: str, *, out: Any = None, **options: Any) -> Any:
     :func:`quantize` but ``pack``."""
     if "pack" in options:
         raise InvalidTypeError("fake_quantize takes the options of quantize except pack (no codes are stored)")
-    for name in ("scale_mode", "block_size"):
-        if name in options and options[name] is None:
-            options[name] = DEFAULT
-    return _fake_quantized(x, fmt, out, **options)
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"fake_quantize() got unknown option(s) {', '.join(unknown)}; the options are quantize's")
+    return _fake_quantized(x, Scheme.of(fmt, options, none_is_default=True), out)
 
 
 @overload
 def fake_quantize_mx(
-    x: np.ndarray,
-    fmt: str = ...,
-    *,
-    block_size: int = ...,
-    axis: int = ...,
-    scale_mode: str = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    out: np.ndarray | None = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    scale_search: str | None = ...,
+    x: np.ndarray, fmt: str = ..., *, out: np.ndarray | None = ..., **options: Unpack[FakeMXOptions]
 ) -> np.ndarray: ...
 @overload
-def fake_quantize_mx(
-    x: Any,
-    fmt: str = ...,
-    *,
-    block_size: int = ...,
-    axis: int = ...,
-    scale_mode: str = ...,
-    rounding: str = ...,
-    seed: int | None = ...,
-    out: Any = ...,
-    block_shape: tuple[int, ...] | None = ...,
-    scale_search: str | None = ...,
-) -> Any: ...
+def fake_quantize_mx(x: Any, fmt: str = ..., *, out: Any = ..., **options: Unpack[FakeMXOptions]) -> Any: ...
 
 
 def fake_quantize_mx(
     x: Any,
     fmt: str = "mxfp8_e4m3",
     *,
-    block_size: int = 32,
+    block_size: int | None = 32,
     axis: int = -1,
-    scale_mode: str = "floor",
+    scale_mode: str | None = "floor",
     rounding: str = "nearest_even",
     seed: int | None = None,
     out: Any = None,
@@ -623,20 +482,8 @@ def fake_quantize_mx(
     """``dequantize_mx(quantize_mx(x, ...))`` in one pass, bit for bit, as a float32 array
     (written into ``out``, a float32 array of x's shape, if given). A Dask array gives a lazy Dask
     array."""
-    return _fake_quantized(
-        x,
-        fmt,
-        out,
-        block_size=DEFAULT if block_shape is not None else block_size,
-        block_shape=block_shape,
-        axis=axis,
-        scale_mode=scale_mode,
-        rounding=rounding,
-        seed=seed,
-        scale_search=scale_search,
-        formats=tuple(MX_FORMATS),
-        what="MX format",
-    )
+    scheme = Scheme.of(fmt, locals())
+    return _fake_quantized(x, replace(scheme, block_size=DEFAULT if block_shape is not None else block_size), out, _MX)
 
 
 @overload

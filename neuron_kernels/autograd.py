@@ -9,14 +9,14 @@ import functools
 from typing import Any
 
 from .api import fake_quantize
-from .interop.torch_tensors import _torch, from_torch, to_torch
+from .interop.torch_tensors import from_torch, to_torch, torch_module
 
 __all__ = ["torch_fake_quantize"]
 
 
 @functools.cache
 def _function() -> Any:
-    torch = _torch()
+    torch = torch_module()
 
     class FakeQuantize(torch.autograd.Function):  # type: ignore[misc, name-defined]
         @staticmethod
@@ -36,7 +36,7 @@ def torch_fake_quantize(x: Any, fmt: str, **options: Any) -> Any:
     torch's autograd graph: the forward pass is the package's fake quantisation (computed in
     float32, then cast to x's dtype), the backward pass the straight-through estimator (the
     incoming gradient unchanged). ``x`` may require grad."""
-    torch = _torch()
+    torch = torch_module()
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"torch_fake_quantize takes a torch tensor, got {type(x).__name__}")
     return _function().apply(x, fmt, options)

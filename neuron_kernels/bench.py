@@ -51,8 +51,9 @@ import ml_dtypes
 import numpy as np
 
 from .api import cast, fake_quantize, quantization_error, quantize
-from .blocks.job import block_job, input_array
+from .blocks.job import input_array
 from .blocks.nibbles import pack
+from .blocks.scheme import block_job
 from .dtypes import get_format
 from .errors import InvalidValueError
 from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS

@@ -29,7 +29,7 @@ import difflib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +46,7 @@ __all__ = [
     "register_cast",
     "lookup_cast",
     "supported_casts",
+    "block_kernels",
 ]
 
 
@@ -157,6 +158,14 @@ def _ensure_loaded() -> None:
         }
         _REGISTRY.update(kernels)
         _loaded = True
+
+
+def block_kernels() -> Any:
+    """The launcher of the block kernels (:mod:`neuron_kernels.kernels.launch`), loaded on first use:
+    the one way the block containers reach their kernels, as casts reach theirs here."""
+    from .kernels import launch
+
+    return launch
 
 
 def register_cast(

@@ -107,7 +107,7 @@ def run_task(task: Task) -> None:
         nk.fake_quantize(_sample(source, (2, 64)), fmt)
     elif kind == "error":
         from .blocks.inputs import input_array
-        from .blocks.job import block_job
+        from .blocks.scheme import block_job
 
         arr, src = input_array(_sample(source, (2, 64)))
         arr.setflags(write=False)  # as the error table reads files: memory-mapped, read-only

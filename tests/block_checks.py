@@ -184,7 +184,7 @@ def pack_along(codes: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(pack_fp4_ref(np.moveaxis(codes, axis, -1)), -1, axis)
 
 
-def block_axis(q: nk.MXArray) -> int:
+def block_axis(q: nk.BlockArray) -> int:
     return len(q.shape) - 1 if q.block_rows > 1 else q.axis
 
 

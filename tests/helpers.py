@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import MXArray
+from neuron_kernels import BlockArray
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -99,7 +99,7 @@ import json
 import ml_dtypes
 import numpy as np
 import neuron_kernels as nk
-from neuron_kernels import BlockLayout, MXArray
+from neuron_kernels import BlockArray, BlockLayout
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 EXACT = np.tile(np.arange(-7, 9, dtype=np.float32), 4).reshape(2, 32)
@@ -183,7 +183,7 @@ def ml_cast(x, name: str) -> np.ndarray:
         return np.asarray(x).astype(getattr(ml_dtypes, name, name))
 
 
-def assert_same_mx(got: MXArray, want: MXArray) -> None:
+def assert_same_mx(got: BlockArray, want: BlockArray) -> None:
     assert (got.fmt, got.block_size, got.axis, got.shape, got.packed) == (
         want.fmt,
         want.block_size,
@@ -289,7 +289,7 @@ GOOD_OUTS = {
 
 
 @functools.cache
-def mx8_exact() -> MXArray:
+def mx8_exact() -> BlockArray:
     """EXACT in mxfp8_e4m3 with blocks of 8 (made on first use; do not modify)."""
     return nk.quantize_mx(EXACT, "mxfp8_e4m3", block_size=8)
 

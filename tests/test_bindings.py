@@ -9,7 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from neuron_kernels.blocks.job import block_job, input_array
+from neuron_kernels.blocks.job import input_array
+from neuron_kernels.blocks.scheme import block_job
 
 CASES = [
     # (format, dtype, shape, options, expected)

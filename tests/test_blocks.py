@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 
 import neuron_kernels as nk
 from neuron_kernels.blocks.inputs import input_array
-from neuron_kernels.blocks.job import block_job
 from neuron_kernels.blocks.layout import Pieces
+from neuron_kernels.blocks.scheme import block_job
 from neuron_kernels.errors import NotApplicableError, UnknownFormatError
 
 from .block_checks import (
@@ -171,12 +171,12 @@ def test_nvfp4_dequantize_every_scale_byte_and_code(pts):
     # NaN (the spec says only "NaN"), so NaNs compare as NaNs and every other value bit for bit.
     codes = np.tile(np.arange(16, dtype=np.uint8), (256, 1))
     scales = np.arange(256, dtype=np.uint8).reshape(256, 1)
-    q = nk.MXArray.from_parts(codes, scales, nk.BlockLayout("nvfp4", (256, 16), 1, 16), per_tensor_scale=pts)
+    q = nk.BlockArray.from_parts(codes, scales, nk.BlockLayout("nvfp4", (256, 16), 1, 16), per_tensor_scale=pts)
     want = dequantize_2d_ref(codes, scales, "nvfp4", (1, 16), pts)
     got = q.dequantize()
     assert_bits(got, want, nan_bits=False)
     assert_bits(got[:255], want[:255])
-    packed = nk.MXArray.from_parts(
+    packed = nk.BlockArray.from_parts(
         pack_along(codes, 1), scales, nk.BlockLayout("nvfp4", (256, 16), 1, 16, 1, True), per_tensor_scale=pts
     )
     assert_bits(packed.dequantize(), got)
@@ -187,9 +187,9 @@ def test_mx_dequantize_every_scale_byte_and_code(fmt):
     n = 16 if fmt == "mxfp4_e2m1" else 64 if fmt.startswith("mxfp6") else 256
     codes = np.tile(np.arange(n, dtype=np.uint8), (256, 1))
     scales = np.arange(256, dtype=np.uint8).reshape(256, 1)
-    q = nk.MXArray.from_parts(codes, scales, nk.BlockLayout(fmt, (256, n), 1, n))
+    q = nk.BlockArray.from_parts(codes, scales, nk.BlockLayout(fmt, (256, n), 1, n))
     assert_bits(q.dequantize(), dequantize_2d_ref(codes, scales, fmt, (1, n)))
-    tiles = nk.MXArray.from_parts(codes, scales.reshape(32, 8)[:, :1].copy(), nk.BlockLayout(fmt, (256, n), 1, n, 8))
+    tiles = nk.BlockArray.from_parts(codes, scales.reshape(32, 8)[:, :1].copy(), nk.BlockLayout(fmt, (256, n), 1, n, 8))
     assert_bits(tiles.dequantize(), dequantize_2d_ref(codes, tiles.scales.view(np.uint8), fmt, (8, n)))
 
 

@@ -21,6 +21,7 @@ import pytest
 
 import neuron_kernels as nk
 from neuron_kernels.errors import InvalidValueError, NotApplicableError
+from neuron_kernels.registry import block_kernels
 
 from .reference import random_bits
 from .reference_casts import decode_ref
@@ -632,13 +633,13 @@ def test_fp8_tensor_in_bands_is_the_one_tile(case):
         x[::7, ::3] = -0.0
     if special == "bfloat16":
         x = x.astype(BF16)
-    job = nk.blocks.job.block_job("fp8_tensor", x.ndim, **options)
+    job = nk.blocks.scheme.block_job("fp8_tensor", x.ndim, **options)
     nk.set_num_threads(4)  # more threads than matrices (two cores run them)
     try:
-        assert job._bands(x.shape) > 0  # the banded path is the one taken
+        assert block_kernels().bands(job, x.shape) > 0  # the banded path is the one taken
         q, f = nk.quantize(x, "fp8_tensor", **options), nk.fake_quantize(x, "fp8_tensor", **options)
         nk.set_num_threads(1)
-        assert job._bands(x.shape) == 0
+        assert block_kernels().bands(job, x.shape) == 0
         q1, f1 = nk.quantize(x, "fp8_tensor", **options), nk.fake_quantize(x, "fp8_tensor", **options)
     finally:
         nk.set_num_threads(None)

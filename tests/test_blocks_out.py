@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.blocks.job import block_job
+from neuron_kernels.blocks.scheme import block_job
 from neuron_kernels.io.files import open_arrays
 from neuron_kernels.io.stream import quantized_pieces
 

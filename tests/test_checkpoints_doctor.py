@@ -390,11 +390,13 @@ def test_vllms_fused_scale_rules():
     """vLLM keeps, for a fused NVFP4 layer: compressed-tensors, the largest weight_global_scale
     (``weight_global_scale.max()``: the smallest multiplier); ModelOpt, the largest weight_scale_2;
     MoE experts' w1/w3, the gate's (``[:, 0]``). Each shard's values take the kept scale over its own."""
+    from neuron_kernels.checkpoints import LAYOUTS
     from neuron_kernels.checkpoints.runtimes import fused_scale_ratio
 
     dense = ("m.q_proj.weight", "m.k_proj.weight")
     experts = ("m.experts.0.w1.weight", "m.experts.0.w3.weight")
-    assert fused_scale_ratio("compressed-tensors", dense, [1.0, 2.0]) == [1.0, 0.5]
-    assert fused_scale_ratio("modelopt", dense, [1.0, 2.0]) == [2.0, 1.0]
-    assert fused_scale_ratio("compressed-tensors", experts, [2.0, 1.0]) == [1.0, 2.0]
-    assert fused_scale_ratio("modelopt", experts, [1.0, 4.0]) == [1.0, 0.25]
+    ct, modelopt = LAYOUTS["compressed-tensors"].fused_scale, LAYOUTS["modelopt"].fused_scale
+    assert fused_scale_ratio(ct, dense, [1.0, 2.0]) == [1.0, 0.5]
+    assert fused_scale_ratio(modelopt, dense, [1.0, 2.0]) == [2.0, 1.0]
+    assert fused_scale_ratio(ct, experts, [2.0, 1.0]) == [1.0, 2.0]
+    assert fused_scale_ratio(modelopt, experts, [1.0, 4.0]) == [1.0, 0.25]

@@ -87,7 +87,7 @@ def _jobs() -> dict[str, Callable[[], object]]:
 
 def _bytes(result: object) -> list[np.ndarray]:
     """A result as byte arrays (block arrays: codes and scales), for bitwise comparison."""
-    if isinstance(result, nk.MXArray):
+    if isinstance(result, nk.BlockArray):
         return [np.ascontiguousarray(result.codes).view(np.uint8), result.scales.view(np.uint8)]
     assert isinstance(result, np.ndarray)
     return [np.ascontiguousarray(result).view(np.uint8)]

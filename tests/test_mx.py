@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.blocks.job import BlockJob, block_job
+from neuron_kernels.blocks.job import BlockJob
 from neuron_kernels.blocks.layout import BlockLayout, Pieces
+from neuron_kernels.blocks.scheme import block_job
 from neuron_kernels.formats import FORMATS as FORMATS_TABLE
 from neuron_kernels.modes import E8M0_SCALE_MODES
 
@@ -202,7 +203,7 @@ def test_fake_quantize_into_out():
         nk.fake_quantize_mx(x, out=[0.0] * 960)
 
 
-# ---- MXArray ---------------------------------------------------------------------------------
+# ---- BlockArray ---------------------------------------------------------------------------------
 
 
 def test_mxarray_metadata_and_repr():

@@ -1,4 +1,4 @@
-"""quantize_mx, dequantize_mx, fake_quantize_mx, MXArray and load_blocks against bad input: wrong types,
+"""quantize_mx, dequantize_mx, fake_quantize_mx, BlockArray and load_blocks against bad input: wrong types,
 bad values and options, bad out= arrays, inconsistent MXArrays, 0-d and empty arrays, odd layouts, Python
 values, non-finite data and corrupt, truncated or inconsistent files.
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import MX_FORMATS, BlockLayout, MXArray
+from neuron_kernels import MX_FORMATS, BlockArray, BlockLayout
 
 from .helpers import (
     BAD_OUTS,
@@ -71,7 +71,7 @@ OUT_CALLS = {
         BF16,
         lambda: ml_cast(EXACT, "bfloat16"),
     ),
-    "MXArray.dequantize": (
+    "BlockArray.dequantize": (
         lambda out: MX8_EXACT.dequantize(np.float64, out=out),
         np.dtype(np.float64),
         lambda: EXACT.astype(np.float64),
@@ -113,7 +113,7 @@ def test_out_overlapping_input():
     out = np.zeros((2, 32), F32)
     codes = out.view(np.uint8)[:, :32]
     codes[...] = MX8_EXACT.codes
-    mx = MXArray(codes, MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False))
+    mx = BlockArray(codes, MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False))
     with pytest.raises(ValueError, match="out overlaps the input"):
         nk.dequantize_mx(mx, out=out)
 
@@ -303,51 +303,51 @@ def test_dequantize_dtype_spellings(dtype):
 
 @pytest.mark.parametrize("obj", [EXACT, None, [1.0, 2.0], MX8_EXACT.codes], ids=["array", "None", "list", "codes"])
 def test_dequantize_needs_an_mxarray(obj):
-    """dequantize_mx of anything but an MXArray is a TypeError."""
+    """dequantize_mx of anything but an BlockArray is a TypeError."""
     with pytest.raises(TypeError, match="dequantize_mx takes an MX BlockArray"):
         nk.dequantize_mx(obj)
 
 
 def test_dequantize_strided_parts():
-    """An MXArray over strided codes and plain uint8 scale bytes dequantises to the same values."""
+    """An BlockArray over strided codes and plain uint8 scale bytes dequantises to the same values."""
     wide = np.zeros((2, 64), np.uint8)
     wide[:, ::2] = MX8_EXACT.codes
-    mx = MXArray(wide[:, ::2], MX8_EXACT.scales.view(np.uint8), BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False))
+    mx = BlockArray(wide[:, ::2], MX8_EXACT.scales.view(np.uint8), BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False))
     np.testing.assert_array_equal(mx.dequantize(), EXACT)
 
 
 INCONSISTENT = {
     "codes_too_short": (
-        "MXArray(MX8.codes[:, :4], MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
+        "BlockArray(MX8.codes[:, :4], MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
         "codes",
     ),
     "scales_too_short": (
-        "MXArray(MX8.codes, MX8.scales[:, :1], BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
+        "BlockArray(MX8.codes, MX8.scales[:, :1], BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
         "scales",
     ),
     "no_scales": (
-        "MXArray(MX8.codes, MX8.scales[:, :0], BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
+        "BlockArray(MX8.codes, MX8.scales[:, :0], BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
         "scales",
     ),
     "shape_too_big": (
-        "MXArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 10**6), 1, 8, 1, False))",
+        "BlockArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 10**6), 1, 8, 1, False))",
         "codes|scales|shape",
     ),
     "block_size_0": (
-        "MXArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 0, 1, False))",
+        "BlockArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 0, 1, False))",
         "block_size",
     ),
-    "packed_fp8": ("MXArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, True))", "packed"),
+    "packed_fp8": ("BlockArray(MX8.codes, MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, True))", "packed"),
     "fp4_not_packed": (
-        "MXArray(MX4.codes, MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, False))",
+        "BlockArray(MX4.codes, MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, False))",
         "codes|packed",
     ),
     "fp4_codes_unpacked_flagged_packed": (
-        "MXArray(MX4.unpacked_codes(), MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, True))",
+        "BlockArray(MX4.unpacked_codes(), MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, True))",
         "codes|packed",
     ),
     "codes_float32": (
-        "MXArray(MX8.codes.astype(np.float32), MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
+        "BlockArray(MX8.codes.astype(np.float32), MX8.scales, BlockLayout('mxfp8_e4m3', (2, 32), 1, 8, 1, False))",
         "codes",
         (TypeError, ValueError),
     ),
@@ -357,14 +357,14 @@ for _name, (_expr, *_) in INCONSISTENT.items():
 isolated(
     ISOLATED,
     "inconsistent_unpacked_codes",
-    "report(lambda: MXArray(MX4.codes[:, :2], MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, True))"
+    "report(lambda: BlockArray(MX4.codes[:, :2], MX4.scales, BlockLayout('mxfp4_e2m1', (2, 32), 1, 8, 1, True))"
     ".unpacked_codes().tolist())",
 )
 
 
 @pytest.mark.parametrize("case", [*INCONSISTENT, "unpacked_codes"])
 def test_inconsistent_mxarray_is_refused(isolated_runs, case):
-    """An MXArray whose codes/scales do not fit its metadata is refused when it is made (a ValueError
+    """An BlockArray whose codes/scales do not fit its metadata is refused when it is made (a ValueError
     naming the part; a TypeError also for codes of a wrong dtype), never read out of bounds."""
     _, pattern, *errors = INCONSISTENT.get(case, (None, "codes"))
     assert_raised(outcome_of(isolated_runs, f"inconsistent_{case}"), errors[0] if errors else (ValueError,), pattern)
@@ -374,15 +374,15 @@ def test_inconsistent_mxarray_is_refused(isolated_runs, case):
     "make, pattern",
     [
         (
-            lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, BlockLayout("mxfp9", (2, 32), 1, 8, 1, False)),
+            lambda: BlockArray(MX8_EXACT.codes, MX8_EXACT.scales, BlockLayout("mxfp9", (2, 32), 1, 8, 1, False)),
             "unknown block format 'mxfp9'",
         ),
         (
-            lambda: MXArray(MX8_EXACT.codes, MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 5, 8, 1, False)),
+            lambda: BlockArray(MX8_EXACT.codes, MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 5, 8, 1, False)),
             "axis",
         ),
         (
-            lambda: MXArray(
+            lambda: BlockArray(
                 MX8_EXACT.codes.tolist(), MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False)
             ),
             "codes",
@@ -391,16 +391,16 @@ def test_inconsistent_mxarray_is_refused(isolated_runs, case):
     ids=["fmt", "axis", "codes_list"],
 )
 def test_mxarray_bad_fields(make, pattern):
-    """A hand-built MXArray with a bad field is a TypeError/ValueError naming the field, not a KeyError,
+    """A hand-built BlockArray with a bad field is a TypeError/ValueError naming the field, not a KeyError,
     IndexError or AttributeError."""
     with pytest.raises((TypeError, ValueError), match=pattern):
         make().dequantize()
 
 
 def test_to_x4_of_inconsistent_mxarray():
-    """An MXArray with short codes cannot be made, so to_x4 never sees one."""
+    """An BlockArray with short codes cannot be made, so to_x4 never sees one."""
     with pytest.raises(ValueError, match="codes"):
-        MXArray(
+        BlockArray(
             MX8_EXACT.codes[:, :4].copy(), MX8_EXACT.scales, BlockLayout("mxfp8_e4m3", (2, 32), 1, 8, 1, False)
         ).to_x4()
 

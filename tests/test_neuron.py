@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels import BlockLayout, MXArray
+from neuron_kernels import BlockArray, BlockLayout
 from neuron_kernels.neuron import NC_MATMUL_MX_FORMATS, nc_matmul_mx_scale_partitions
 
 from .reference_blocks import neuron_quantize_mx_ref, neuron_scale_tile_ref
@@ -45,7 +45,7 @@ def random_k_array(rng, fmt, k, free, axis, pack=True, scale_bytes=None):
     if packed:
         stored = _pack_along(stored, axis)
     scales = scale_bytes if axis == 0 else scale_bytes.T
-    q = MXArray.from_parts(
+    q = BlockArray.from_parts(
         np.ascontiguousarray(stored), np.ascontiguousarray(scales), BlockLayout(fmt, shape, axis, 32, 1, packed)
     )
     return q, codes, scale_bytes
@@ -58,11 +58,11 @@ def random_tile_array(rng, fmt, rows, cols, pack=True):
     scale_bytes = rng.integers(0, 256, size=(rows // 8, cols // 4), dtype=np.uint8)
     packed = pack and bits == 4
     stored = pack_fp4_ref(codes) if packed else codes
-    q = MXArray.from_parts(stored, scale_bytes, BlockLayout(fmt, (rows, cols), 1, 4, 8, packed))
+    q = BlockArray.from_parts(stored, scale_bytes, BlockLayout(fmt, (rows, cols), 1, 4, 8, packed))
     return q, codes, scale_bytes
 
 
-def assert_same_array(a: MXArray, b: MXArray) -> None:
+def assert_same_array(a: BlockArray, b: BlockArray) -> None:
     assert (a.fmt, a.shape, a.axis, a.block_size, a.block_rows, a.packed) == (
         b.fmt,
         b.shape,
@@ -76,7 +76,7 @@ def assert_same_array(a: MXArray, b: MXArray) -> None:
     assert a.scales.dtype == b.scales.dtype and np.array_equal(a.scales.view(np.uint8), b.scales.view(np.uint8))
 
 
-def stored_codes(q: MXArray) -> np.ndarray:
+def stored_codes(q: BlockArray) -> np.ndarray:
     """The array's codes one per element, unpacked by the reference (not by the package)."""
     if not q.packed:
         return q.codes
@@ -369,7 +369,7 @@ def test_to_refuses(k_array, make, kwargs, error, pattern):
 
 def test_to_refuses_a_rotated_tile_array():
     q = nk.quantize_mx(np.ones((32, 16), np.float32), block_shape=(8, 4))
-    rotated = MXArray.from_parts(q.codes, q.scales, BlockLayout(q.fmt, q.shape, 1, 4, 8), rotation=(1,) * 16)
+    rotated = BlockArray.from_parts(q.codes, q.scales, BlockLayout(q.fmt, q.shape, 1, 4, 8), rotation=(1,) * 16)
     with pytest.raises(ValueError, match="rotated along its free axis"):
         nk.to_nc_matmul_mx(rotated, "moving")
 

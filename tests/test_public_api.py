@@ -70,9 +70,35 @@ def test_the_earlier_block_array_forms_warn_and_give_the_same_array():
 def test_renamed_functions_warn_and_are_the_new_ones():
     from neuron_kernels import bench
 
+    with pytest.warns(DeprecationWarning, match="MXArray is now BlockArray"):
+        assert nk.MXArray is nk.BlockArray
+    with pytest.warns(DeprecationWarning, match="QuantizationError is now QuantizationStats"):
+        assert nk.QuantizationError is nk.QuantizationStats
+
     with pytest.warns(DeprecationWarning, match="bench_blocks"):
         assert bench.bench_mx is bench.bench_blocks
     with pytest.warns(DeprecationWarning, match="format_block_table"):
         assert bench.format_mx_table is bench.format_block_table
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         bench.nothing  # noqa: B018
+
+
+def test_the_options_are_declared_once():
+    """A quantisation's options are the Scheme record's fields (OPTIONS); the overloads' keyword
+    classes declare the same names, and each public function's own keyword arguments are its
+    class's: a new option is a field, a line in one class, and the signatures that take it."""
+    from typing import get_type_hints
+
+    from neuron_kernels.blocks import scheme as S
+
+    def keywords(function):
+        return {p.name for p in inspect.signature(function).parameters.values() if p.kind == p.KEYWORD_ONLY} - {"out"}
+
+    assert set(get_type_hints(S.SchemeOptions)) == set(S.OPTIONS)
+    assert keywords(nk.quantize) == set(S.OPTIONS)
+    for function, declared in ((nk.quantize_mx, S.MXOptions), (nk.quantize_nvfp4, S.NVFP4Options),
+                               (nk.fake_quantize_mx, S.FakeMXOptions)):  # fmt: skip
+        assert keywords(function) == set(get_type_hints(declared)), function.__name__
+    assert S.Scheme.of("nvfp4", {"scale_search": "mse", "x": 1}) == S.Scheme("nvfp4", scale_search="mse")
+    with pytest.raises(TypeError, match="unknown option"):
+        S.block_job("nvfp4", 2, blocksize=16)

@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "modes": 0,
     "recipes": 0,
     "_random": 0,
-    "_compat": 5,
+    "_compat": 0,
     "_parallel": 0,
     "formats": 1,
     "dtypes": 1,
@@ -168,6 +168,70 @@ def test_the_checks_find_what_they_look_for():
     )
     assert [(line, _resolvable(t)) for line, t in imports] == [(2, ["api"]), (3, ["errors"])]
     assert _layer(["api"]) > _layer(_dotted(fake)) > _layer(["errors"])
+
+
+# ---- names, layouts, private names ---------------------------------------------------------------
+
+#: Modules that may share a name: the command line's, each named after the commands it runs.
+SAME_NAMES_ALLOWED = (PACKAGE / "cli" / "commands",)
+
+
+def test_no_module_name_twice():
+    """Each module's name says its job, once: no two modules (or packages) of the package share one."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules():
+        if path.parent in SAME_NAMES_ALLOWED or path.name == "__main__.py":
+            continue
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        if path.parent == PACKAGE and path.name == "__init__.py":
+            continue
+        seen.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
+    twice = {n: p for n, p in seen.items() if len(p) > 1}
+    assert not twice, f"module names used twice: {twice}"
+
+
+def _layout_names() -> set[str]:
+    from neuron_kernels.checkpoints import LAYOUTS
+
+    return set(LAYOUTS)
+
+
+def _string_comparisons(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every comparison (``==``, ``!=``, ``in``) with one of ``names`` as a literal."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in [node.left, *node.comparators]:
+            elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            found += [(node.lineno, e.value) for e in elts if isinstance(e, ast.Constant) and e.value in names]
+    return found
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_layout_name_is_compared_outside_the_layouts(path):
+    """What a checkpoint layout stores, means and refuses is a field of its record
+    (``checkpoints/layouts/``): no other module asks which layout it has by its name."""
+    if PACKAGE / "checkpoints" / "layouts" in path.parents:
+        return
+    found = _string_comparisons(ast.parse(path.read_text()), _layout_names())
+    assert not found, f"{path.relative_to(PACKAGE)} compares layout names: {found}; ask the layout's record"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_private_name_is_imported_across_modules(path):
+    """A name another module needs is public (no leading underscore) in the module that defines it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("neuron_kernels")):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("_") and a.name[:2] != "__"]
+    assert not found, f"{path.relative_to(PACKAGE)} imports private names: {found}"
+
+
+def test_the_name_checks_find_what_they_look_for():
+    code = 'a = layout.name == "compressed-tensors"\nb = x in ("npz", "y")\nc = "fp8" != y\n'
+    assert sorted(_string_comparisons(ast.parse(code), {"compressed-tensors", "npz", "fp8"})) == [
+        (1, "compressed-tensors"), (2, "npz"), (3, "fp8")]  # fmt: skip
 
 
 # ---- limits and dtype lists ----------------------------------------------------------------------

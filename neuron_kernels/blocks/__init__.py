@@ -1,8 +1,8 @@
-"""Block-scaled formats (MX, NVFP4): one family over the format table's block rows.
+"""Block-scaled formats (MX, NVFP4, FP8 with float scales): one family over the format table's block rows.
 
 - :mod:`.layout`: where codes and scales live, and how arrays are cut into pieces;
 - :mod:`.nibbles`: 4-bit codes two per byte, in numpy;
-- :mod:`.array`: the container (:class:`BlockArray`, also called ``MXArray``) and dequantisation;
+- :mod:`.array`: the container (:class:`BlockArray`) and dequantisation;
 - :mod:`.inputs`: the input dtypes, and arrays made ready for the kernels;
 - :mod:`.job`: validated options applied to arrays or pieces;
 - :mod:`.rotation`: the random Hadamard rotation;
@@ -13,9 +13,9 @@ arrays; the public functions (``quantize``, ``dequantize``, ...) are in :mod:`ne
 which sends lazy arrays to :mod:`neuron_kernels.lazy`.
 """
 
-from .array import BlockArray, MXArray
+from .array import BlockArray
 from .layout import BlockLayout
 from .rotation import rotate
 from .stats import QuantizationStats
 
-__all__ = ["BlockArray", "BlockLayout", "MXArray", "QuantizationStats", "rotate"]
+__all__ = ["BlockArray", "BlockLayout", "QuantizationStats", "rotate"]

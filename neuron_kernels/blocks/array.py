@@ -1,6 +1,8 @@
-"""The block-format array (MX, NVFP4): codes, scales, per-tensor scale, blocks; and dequantisation.
+"""The block-format array (MX, NVFP4, FP8 with float scales): codes, scales, per-tensor scale, blocks;
+and dequantisation.
 
-One container for every block format: :class:`BlockArray` (``MXArray`` is the same class). It
+One container for every block format: :class:`BlockArray` (``neuron_kernels.MXArray``, its earlier
+name, still gives it, with a DeprecationWarning). It
 validates its fields on construction (the kernels trust them), dequantises itself, gives its codes
 as element dtypes or Neuron's packed containers. The package's file of block arrays is I/O
 (:mod:`neuron_kernels.io.blockfile`: ``save_blocks`` / ``load_blocks``).
@@ -15,17 +17,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._parallel import read_only, run_tasks
 from ..casting import cast, check_out, pack_x4
 from ..dtypes import get_format
 from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, BlockFormat
+from ..registry import block_kernels
 from . import nibbles
+from .earlier_forms import block_array_fields, from_parts_fields
 from .inputs import INPUT_DTYPES
 from .layout import BlockLayout
 from .rotation import rotate_in_place, rotation_signs
 
-__all__ = ["BlockArray", "MXArray", "TorchBlocks", "result_buffer", "deliver"]
+__all__ = ["BlockArray", "TorchBlocks", "result_buffer", "deliver"]
 
 
 class TorchBlocks(NamedTuple):
@@ -168,8 +171,6 @@ class BlockArray(BlockFields):
         **named: Any,
     ) -> None:
         if not isinstance(layout, BlockLayout):
-            from .._compat import block_array_fields
-
             layout, per_tensor_scale, rotation = block_array_fields(layout, fields, named, per_tensor_scale, rotation)
         elif fields or named:
             raise InvalidTypeError(
@@ -258,16 +259,7 @@ class BlockArray(BlockFields):
             values[...] = rotate_array(values, "float32", self.axis, self.rotation, inverse=True)
 
     def _dequantize_into(self, values: np.ndarray) -> None:
-        from ..kernels import blocks as K
-
-        lay = self.layout
-        ks = lay.kernel_shapes()
-        pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if self.packed and not ks.row else int(self.packed)
-        kernel = K.dequantize_kernel(self.format, pack, ks.row)
-        pts = np.float32(self.per_tensor_scale or 0.0)
-        codes, scales = read_only(self.codes.reshape(ks.codes)), read_only(self.scale_words().reshape(ks.scales))
-        geometry = (min(self.block_size, max(ks.values[-1], 1)),) if ks.row else lay.tile()
-        run_tasks(kernel, ks.tasks, values.size, (codes, scales, values.reshape(ks.values), *geometry, pts))
+        block_kernels().dequantize(self, values)
 
     def scale_words(self) -> np.ndarray:
         """The scales as the kernels read them: bytes (uint8), or float scales as float32 patterns
@@ -305,11 +297,11 @@ class BlockArray(BlockFields):
         codes one per byte as uint8), ``scale`` (``torch.float8_e8m0fnu`` for MX,
         ``torch.float8_e4m3fn`` for NVFP4) and ``per_tensor_scale`` (a 0-d float32 tensor, or None).
         Needs torch; rotated arrays are refused (torchao has no place for the rotation)."""
-        from ..interop.torch_tensors import _torch, to_torch
+        from ..interop.torch_tensors import to_torch, torch_module
 
         if self.rotation is not None:
             raise InvalidValueError("a rotated block array has no torch form (torchao keeps no rotation)")
-        torch = _torch()
+        torch = torch_module()
         fmt = self.format
         codes = self.codes.view(fmt.element_format.result_dtype) if fmt.element_bits == 8 else self.codes
         pts = None if self.per_tensor_scale is None else torch.tensor(self.per_tensor_scale, dtype=torch.float32)
@@ -321,9 +313,9 @@ class BlockArray(BlockFields):
         blocks of the format's own size along the last axis (4-bit codes packed), whose
         ``dequantize()`` gives this array's values. ``orig_dtype``: the torch dtype it reports
         (``torch.float32`` by default)."""
-        from ..interop.torch_tensors import _torch
+        from ..interop.torch_tensors import torch_module
 
-        torch = _torch()
+        torch = torch_module()
         fmt = self.format
         # torchao's element dtypes: FP4 packed two per byte, or torch's own dtype of the element
         elem = torch.float4_e2m1fn_x2 if fmt.packable else getattr(torch, fmt.element, None)
@@ -379,8 +371,6 @@ class BlockArray(BlockFields):
         codes within the element's width. (The earlier form, ``from_parts(codes, scales, fmt,
         block_size, axis, shape, packed, where, block_rows=1, ...)``, still works and warns.)"""
         if not isinstance(layout, BlockLayout):
-            from .._compat import from_parts_fields
-
             layout, where = from_parts_fields(layout, (where, *fields), named)
         elif fields or named:
             raise InvalidTypeError(
@@ -439,4 +429,3 @@ def _extra_problem(fmt: BlockFormat, per_tensor_scale: Any, rotation: Any) -> st
 
 
 #: The name the MX API has always used for the container.
-MXArray = BlockArray

@@ -1,7 +1,7 @@
 """Quantisation by a producer's recipe (``recipe=``; the table is :data:`neuron_kernels.recipes.RECIPES`):
 the options a recipe fixes, checked (:func:`recipe_options`); its global scale from an amax
-(:func:`ct_global_scale`); and the codes and scales of an array by the recipe kernels
-(:func:`recipe_quantize`)."""
+(:func:`ct_global_scale`). The codes and scales of an array by the recipe kernels are the
+launcher's (:func:`neuron_kernels.kernels.launch.recipe_quantize`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._parallel import run_tasks
 from ..errors import InvalidValueError, NotApplicableError
-from ..formats import FORMATS, BlockFormat, Format
+from ..formats import BlockFormat
 from ..recipes import RECIPES, Recipe, RecipeRule
 
 __all__ = [
@@ -21,7 +20,6 @@ __all__ = [
     "recipe_rule",
     "recipe_options",
     "ct_global_scale",
-    "recipe_quantize",
     "weight_dtype",
     "check_finite",
 ]
@@ -97,92 +95,6 @@ def ct_global_scale(amax: float, dtype: str, bound: float, max_element: float) -
         reciprocal = _round(float(np.float32(1) / np.float32(a)), dtype)
         gs = _round(float(np.float32(reciprocal) * (np.float32(bound) * np.float32(max_element))), dtype)
     return 1.0 / gs if math.isfinite(gs) else 1.0
-
-
-def _codec(name: str | None) -> Any:
-    from ..kernels import codec as C
-
-    return C.NO_CODEC if name is None else C.codec_of(FORMATS[name])
-
-
-def recipe_quantize(
-    rule: RecipeRule,
-    recipe: str,
-    bf: BlockFormat,
-    wdtype: str,
-    pts: float | None,
-    arr: np.ndarray,
-    src: Format,
-    values: tuple[int, ...],
-    blocks: tuple[int, int],
-    pack: bool,
-    codes: np.ndarray,
-    scales: np.ndarray,
-) -> None:
-    """The codes and scales of the C-contiguous ``arr`` by a recipe's rule into ``codes`` (two per
-    byte with ``pack``) and ``scales`` (a float scale's float32 patterns), both C-contiguous in the
-    layout's shapes. ``values``: the kernels' view of ``arr``, (A, L) rows blocked along L or
-    (A, R, C) matrices tiled; ``blocks``: (block length, tile rows: 1 for rows). The input holds
-    finite values only (:func:`check_finite`)."""
-    from ..kernels import blocks as K
-    from ..kernels.blocks.spec import _element_of, _vector_length, source_of
-    from ..kernels.recipes import RecipeSpec, element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
-
-    block, tile_rows = blocks
-    cols = values[-1]
-    source = source_of(src.name)
-    x = K.input_view(arr).reshape(-1, cols)
-    rows = x.shape[0]
-    c2 = codes.reshape(rows, -1)
-    wc = _codec(None if wdtype == "float32" else wdtype)
-    spec = RecipeSpec(
-        kind=source.kind,
-        xc=source.codec,
-        el=_element_of(bf, "nearest_even"),
-        sc=wc if bf.float_scales else _codec(bf.scale),
-        wc=wc,
-        qc=wc if rule.quotient == "weight" else _codec(None),
-        rule=rule_id(rule.scale),
-        # a power-of-two divisor: the kernel multiplies by its exact reciprocal (the same quotient)
-        elements=element_id("multiply" if rule.scale == "ct_e8m0" else rule.elements),
-        zero=zero_id(rule.zero_sign),
-        max_el=np.float32(bf.max_element),
-        emax=bf.emax_elem,
-        bump=rule.bump_bits,
-        top=np.float32(bf.scale_format.max),
-        lowest=np.float32(bf.scale_format.smallest_subnormal),
-        eps=np.float32(FORMATS[wdtype].eps if bf.float_scales else bf.scale_format.eps),
-    )
-    g = np.float32(0.0)
-    if rule.per_tensor == "ct" and pts is not None:
-        g = np.float32(1.0 / pts)
-    elif pts is not None:
-        g = np.float32(pts)
-    vlen = _vector_length(src.name, bf) if block == bf.block_size else 0
-    kernel = recipe_rows(spec, vlen, pack)
-    if len(values) == 2:
-        s2 = scales.reshape(rows, -1)
-        run_tasks(kernel, rows, x.size, (x, c2, s2, np.empty((0, 1), np.float32), block, 1, g))
-        return
-    mrows = values[1]
-    matrices = rows // mrows
-    nb = -(-cols // block)
-    for m in range(matrices):
-        xm = x[m * mrows : (m + 1) * mrows]
-        amax = np.empty((mrows, nb), np.uint32)
-        run_tasks(recipe_amax(spec), mrows, xm.size, (xm, amax, block))
-        tiles = np.maximum.reduceat(amax, np.arange(0, mrows, tile_rows), axis=0)
-        stored = np.empty(tiles.size, np.uint32)
-        vals = np.empty(tiles.size, np.float32)
-        recipe_scales(spec)(tiles.reshape(-1), stored, vals, g)
-        scales.reshape(matrices, -1)[m] = stored.astype(scales.dtype)
-        dst = c2[m * mrows : (m + 1) * mrows]
-        run_tasks(
-            kernel,
-            mrows,
-            xm.size,
-            (xm, dst, np.empty((0, 1), scales.dtype), vals.reshape(tiles.shape), block, tile_rows, g),
-        )
 
 
 def check_finite(amax_pattern: int, recipe: str) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .._parallel import read_only, run_tasks
 from ..errors import InvalidTypeError, InvalidValueError
+from ..registry import block_kernels
 from .inputs import input_array
 
 __all__ = ["DEFAULT_SIGNS", "rotation_signs", "rotate_array", "rotated_amax", "rotate"]
@@ -59,46 +59,28 @@ def _rows(arr: np.ndarray, axis: int) -> np.ndarray:
 def rotate_array(arr: np.ndarray, source: str, axis: int, signs: tuple[int, ...], inverse: bool = False) -> np.ndarray:
     """The rotation (or its inverse) of ``arr`` (an input array of dtype ``source``) along
     ``axis``, as a new C-contiguous float32 array of the same shape."""
-    from ..kernels import blocks as K
-
+    kernels = block_kernels()
     check_length(arr.shape[axis], axis)
-    rows = _rows(K.input_view(arr) if arr.dtype != np.float64 else arr, axis)
+    rows = _rows(kernels.input_view(arr) if arr.dtype != np.float64 else arr, axis)
     out = np.empty(rows.shape, np.uint32)
-    if rows.size:
-        kernel = K.rotate_kernel(source)
-        run_tasks(kernel, rows.size // 16, rows.size, (read_only(rows), out, np.array(signs, np.float64), inverse))
+    kernels.rotate_rows(rows, source, out, signs, inverse)
     moved_shape = np.moveaxis(np.empty(arr.shape, np.bool_), axis, -1).shape
     return np.ascontiguousarray(np.moveaxis(out.view(np.float32).reshape(moved_shape), -1, axis))
 
 
 def rotate_in_place(values: np.ndarray, axis: int, signs: tuple[int, ...], inverse: bool) -> None:
     """Rotate a C-contiguous float32 array along its last axis in place (``axis`` must be last)."""
-    from ..kernels import blocks as K
-
     rows = values.view(np.uint32).reshape(-1, values.shape[axis])
-    if rows.size:
-        run_tasks(
-            K.rotate_kernel("float32"),
-            rows.size // 16,
-            rows.size,
-            (read_only(rows), rows, np.array(signs, np.float64), inverse),
-        )
+    block_kernels().rotate_rows(rows, "float32", rows, signs, inverse)
 
 
 def rotated_amax(arr: np.ndarray, source: str, axis: int, signs: tuple[int, ...]) -> float:
     """The largest finite |y| of the rotation y of ``arr`` along ``axis`` (0 when there is none)."""
-    from ..kernels import blocks as K
-
+    kernels = block_kernels()
     check_length(arr.shape[axis], axis)
-    rows = _rows(K.input_view(arr) if arr.dtype != np.float64 else arr, axis)
-    groups = rows.size // 16
-    if groups == 0:
-        return 0.0
-    chunk = 1 << 12
-    out = np.empty(-(-groups // chunk), np.uint32)
-    args = (read_only(rows), out, np.array(signs, np.float64), chunk)
-    run_tasks(K.rotated_amax_kernel(source), out.size, rows.size, args)
-    return float(out.max().view(np.float32))
+    rows = _rows(kernels.input_view(arr) if arr.dtype != np.float64 else arr, axis)
+    amax: float = kernels.rotated_amax_rows(rows, source, signs)
+    return amax
 
 
 def rotate(x: Any, rht: Any = True, *, axis: int = -1, inverse: bool = False) -> np.ndarray:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
+from ..registry import block_kernels
 from .array import BlockArray
 from .inputs import input_array
 from .layout import BlockLayout, Pieces
@@ -126,8 +127,6 @@ class ErrorStats:
         self.flushed += fl
 
     def _add(self, x: np.ndarray, q: BlockArray) -> None:
-        from ..kernels.blocks import error_sums
-
         if x.size == 0:
             return
         xv = self._buffer("x", x.size, np.float64)
@@ -146,7 +145,7 @@ class ErrorStats:
         )
         lim = np.abs(lim, out=lim).reshape(-1)
         xs = rotate_array(x, input_array(x)[1].name, q.axis, q.rotation or ()).reshape(-1) if rotated else xv
-        self._fold(*error_sums(xv, dq, xs, lim))
+        self._fold(*block_kernels().error_fold(xv, dq, xs, lim))
 
     def result(self) -> QuantizationStats:
         n = max(self.count, 1)
@@ -170,19 +169,7 @@ def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
     """Per-row error sums (rows, N_SUMS) of ``x`` (C-contiguous) and ``q``, blocked along the last
     axis without a rotation: one compiled pass per row that dequantises on the way, rows on every
     thread."""
-    from .._parallel import read_only, run_tasks
-    from ..kernels import blocks as K
-
-    ks = q.layout.kernel_shapes()
-    vshape = ks.values
-    sums = np.zeros((vshape[0], K.N_SUMS), np.float64)
-    if x.size == 0:
-        return sums
-    kernel = K.row_error_kernel(input_array(x)[1].name, q.format, q.packed)
-    size = min(q.block_size, max(vshape[1], 1))
-    codes, scales = read_only(q.codes.reshape(ks.codes)), read_only(q.scale_words().reshape(ks.scales))
-    pts = np.float32(q.per_tensor_scale or 0.0)
-    run_tasks(kernel, vshape[0], x.size, (K.input_view(x).reshape(vshape), codes, scales, size, pts, sums))
+    sums: np.ndarray = block_kernels().row_error_sums(x, input_array(x)[1].name, q)
     return sums
 
 

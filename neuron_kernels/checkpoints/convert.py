@@ -14,14 +14,15 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..blocks.array import BlockArray
 from ..blocks.exact import nvfp4_scales, per_tensor_exponent, relayable
-from ..blocks.job import DEFAULT, BlockJob, block_job
+from ..blocks.job import BlockJob
+from ..blocks.scheme import DEFAULT, Scheme, scheme_of
 from ..casting import cast
 from ..dtypes import get_format
 from ..formats import BLOCK_FORMATS, INPUT_DTYPES, WHOLE
@@ -33,10 +34,9 @@ from .architecture import Architecture, architecture_of, transformers_available
 from .cluster import write_on_cluster
 from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
-from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, open_any, stored_weights
+from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
 from .layouts.records import FOREIGN_PARTS
 from .reports import TensorReport, exact_stats, pipelined_stats
-from .runtimes import runtime_notes
 from .selection import fused_groups, ignored_modules, module_decision
 from .shards import Item, Tally, shards_of, write_shards
 
@@ -88,7 +88,7 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
 
 class Reports(list[TensorReport]):
     """The reports of a quantisation, with ``notes`` (what runtimes are known to load wrong from
-    it, :func:`~.runtimes.runtime_notes`) and ``architecture`` (where the modules came from, or None)."""
+    it, each layout's ``notes``) and ``architecture`` (where the modules came from, or None)."""
 
     def __init__(self, reports: list[TensorReport], notes: list[str], architecture: Architecture | None) -> None:
         super().__init__(reports)
@@ -146,7 +146,7 @@ def _report_kept(name: str, entry: ArrayEntry, reason: str) -> TensorReport:
 
 
 def quantize_checkpoint(
-    src: str,
+    src: str | Checkpoint,
     dst: str,
     layout_name: str,
     fmt: str,
@@ -164,7 +164,8 @@ def quantize_checkpoint(
     client: Any = None,
     **options: Any,
 ) -> Reports:
-    """Quantise the checkpoint ``src`` into ``dst`` (already a temporary path: an empty folder, or
+    """Quantise the checkpoint ``src`` (a path, or a :class:`~.folder.Checkpoint` opened already:
+    with ``client``, of absolute paths) into ``dst`` (already a temporary path: an empty folder, or
     the ``.npz`` file of the ``npz`` layout) in the layout ``layout_name``.
 
     ``src`` may be quantised, in any layout of :data:`LAYOUTS`: a weight already ``fmt`` is
@@ -204,8 +205,12 @@ def quantize_checkpoint(
         raise FileFormatError(
             f"the {layout.name} layout is one file; a cluster writes checkpoint folders, a shard per task"
         )
-    ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
-    plan = _plan(ckpt, source, layout, fmt, ignore, only, fuse, chunk_bytes, options, modules, towers=towers)
+    if isinstance(src, Checkpoint):  # opened already (the command opens it once, for its size)
+        ckpt, source = src, detect_layout(src)
+    else:
+        ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
+    scheme = scheme_of(fmt, options)
+    plan = plan_quantization(ckpt, source, layout, scheme, ignore, only, fuse, chunk_bytes, modules, towers=towers)
     plan.require_exact, plan.stats = require_exact, stats
     result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
@@ -270,16 +275,15 @@ class _Plan:
         return items
 
 
-def _plan(
+def plan_quantization(
     ckpt: Checkpoint,
     source: CheckpointLayout | None,
     layout: CheckpointLayout,
-    fmt: str,
+    scheme: Scheme,
     ignore: tuple[str, ...],
     only: tuple[str, ...],
     fuse: bool,
     chunk_bytes: int,
-    options: dict[str, Any],
     modules: str = "auto",
     arch: Architecture | None = None,
     towers: bool = False,
@@ -289,9 +293,10 @@ def _plan(
     stored = stored_weights(ckpt, source)
     if source is None:
         _refuse_unannounced(ckpt)
-    if options.get("axis", -1) not in (-1, None):
+    fmt = scheme.format
+    if scheme.axis not in (-1, None):
         raise FileFormatError("checkpoint layouts block the last axis (the input dimension); --axis must be -1")
-    probe = block_job(fmt, 2, **options)
+    probe = scheme.job(2)
     if not layout.single_file and (probe.block_size, probe.block_rows) != (probe.fmt.block_size, probe.fmt.block_rows):
         raise FileFormatError(
             f"the {layout.name} layout stores {fmt} with {_blocks_of(probe.fmt)}; "
@@ -316,15 +321,15 @@ def _plan(
     for name, entry in inputs.items():
         why = layout.decide(name, entry.dtype, entry.shape, whole, ignore, only, arch=arch, towers=towers)
         w = by_name.get(name)
-        job = None if why else block_job(fmt, len(entry.shape), **_layout_options(layout, fmt, entry, options, w))
+        job = None if why else _layout_scheme(layout, scheme, entry, w).job(len(entry.shape), entry.dtype.name)
         chosen.append((name, entry, job))
         if why:
             reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.label})" if w else "")))
-        elif w is not None and source is not None and _copies_bytes(w, layout, fmt, options):
+        elif w is not None and source is not None and _copies_bytes(w, layout, scheme):
             copies[name] = w
             how = f"bytes copied from {source.name}" + _dropped_note(w)
             reports.append(TensorReport(name, entry.shape, fmt, "converted", how))
-        elif isinstance(w, StoredWeight) and not layout.single_file and _relays(w, fmt, options):
+        elif isinstance(w, StoredWeight) and not layout.single_file and _relays(w, scheme):
             relays[name] = w  # re-laid exactly if its exponents fit (decided when it is written)
             reports.append(TensorReport(name, entry.shape, fmt, "converted", f"re-laid from {w.label}"))
         else:
@@ -333,7 +338,7 @@ def _plan(
     kept = [(n, e) for (n, e, j) in chosen if j is None]
     ignored = ignored_modules(kept, arch, inputs)
     quantised = {n: e.shape for n, e, j in chosen if j is not None}
-    chosen_dtype = probe.fmt.scale if options.get("scale_dtype") is not None else None
+    chosen_dtype = probe.fmt.scale if scheme.scale_dtype is not None else None
     layout.fits(ckpt, quantised, fmt, arch=arch, scale_dtype=chosen_dtype, ignored=tuple(ignored))
     if not any(j is not None for _, _, j in chosen):
         why = Counter(r.reason for r in reports).most_common(3)
@@ -343,7 +348,7 @@ def _plan(
             + (f"; modules from {arch.source}" if arch is not None else "")
             + '; see --only / --ignore and docs/checkpoints.md "Which tensors are quantised"); nothing written'
         )
-    recipe = options.get("recipe")
+    recipe = scheme.recipe
     fuse = fuse and (recipe is None or RECIPES[recipe].fuses)  # torchao and ggml: one scale per tensor
     needs = (n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies)
     groups = fused_groups(needs, arch) if fuse else {}
@@ -351,7 +356,7 @@ def _plan(
         report.fused_with = groups.get(report.name, ())
     resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes, relays)
     config = {} if layout.single_file else layout.config(fmt, kept, ignored)
-    notes = runtime_notes(layout.name, fmt, arch, quantised)
+    notes = layout.notes(fmt, arch, quantised)
     return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, notes)
 
 
@@ -363,22 +368,17 @@ def _blocks_of(bf: Any) -> str:
     return f"tiles of {whole.get(bf.block_rows, bf.block_rows)} x {whole.get(bf.block_size, bf.block_size)}"
 
 
-def _layout_options(
-    layout: CheckpointLayout, fmt: str, entry: ArrayEntry, options: dict[str, Any], w: Weight | None = None
-) -> dict[str, Any]:
-    """The options of a weight's job: the user's; for float scales, the scale dtype its layout
-    stores those of a weight of its dtype in where the user chose none, and power-of-two scales
-    for a stored MX weight (its values are on a power-of-two grid, which they keep) where the user
-    chose no scale mode; with a recipe, the weight's dtype (its intermediate dtype, and its float
-    scales' dtype)."""
-    if options.get("recipe") is not None:
-        return {**options, "dtype": entry.dtype.name}
-    if not BLOCK_FORMATS[fmt].float_scales:
-        return options
-    if w is not None and w.layout.format.is_mx and options.get("scale_mode") in (None, DEFAULT):
-        options = {**options, "scale_mode": "pow2"}
-    chosen = layout.scale_dtype(entry.dtype) if options.get("scale_dtype") is None else None
-    return options if chosen is None else {**options, "scale_dtype": chosen}
+def _layout_scheme(layout: CheckpointLayout, scheme: Scheme, entry: ArrayEntry, w: Weight | None = None) -> Scheme:
+    """The scheme of a weight: the user's; for float scales, the scale dtype its layout stores
+    those of a weight of its dtype in where the user chose none, and power-of-two scales for a
+    stored MX weight (its values are on a power-of-two grid, which they keep) where the user chose
+    no scale mode. A recipe computes in the weight's dtype (the job is given it)."""
+    if scheme.recipe is not None or not BLOCK_FORMATS[scheme.format].float_scales:
+        return scheme
+    if w is not None and w.layout.format.is_mx and scheme.scale_mode in (None, DEFAULT):
+        scheme = replace(scheme, scale_mode="pow2")
+    chosen = layout.scale_dtype(entry.dtype) if scheme.scale_dtype is None else None
+    return scheme if chosen is None else replace(scheme, scale_dtype=chosen)
 
 
 def _unknown_architecture(ckpt: Checkpoint, modules: str) -> str:
@@ -432,14 +432,16 @@ def _dropped_note(w: Weight) -> str:
     return f" ({', '.join(p.rpartition('.')[2] for p in w.dropped)} dropped)" if w.dropped else ""
 
 
-def _copies_bytes(w: Weight, layout: Any, fmt: str, options: dict[str, Any]) -> bool:
-    """Whether a stored weight goes into ``layout`` as its bytes: already ``fmt`` in the blocks
-    the layout stores. Options that would change its bytes are refused (they need it dequantised)."""
+def _copies_bytes(w: Weight, layout: Any, scheme: Scheme) -> bool:
+    """Whether a stored weight goes into ``layout`` as its bytes: already the scheme's format in the
+    blocks the layout stores. Options that would change its bytes are refused (they need it
+    dequantised)."""
+    fmt = scheme.format
     if not isinstance(w, StoredWeight) or w.layout.fmt != fmt or w.transpose != layout.transpose:
         return False
-    if (w.layout.block_size, w.layout.block_rows) != block_job(fmt, len(w.shape)).stored_blocks(w.shape):
+    if (w.layout.block_size, w.layout.block_rows) != Scheme(fmt).job(len(w.shape)).stored_blocks(w.shape):
         return False  # other blocks of the same format (FP8 per group, not per channel): quantised anew
-    given = _given(options)
+    given = _given(scheme)
     if given:
         raise FileFormatError(
             f"{w.name} is already {fmt}: converting it to the {layout.name} layout copies its bytes, so "
@@ -448,17 +450,19 @@ def _copies_bytes(w: Weight, layout: Any, fmt: str, options: dict[str, Any]) -> 
     return True
 
 
-def _given(options: dict[str, Any]) -> dict[str, Any]:
+def _given(scheme: Scheme) -> dict[str, Any]:
     """The options that would change how a weight is quantised (none: the defaults)."""
     neutral = {"axis": (-1, None), "pack": (True,), "rounding": ("nearest_even",), "rht": (False,)}
-    return {k: v for k, v in options.items() if v is not None and v is not DEFAULT and v not in neutral.get(k, ())}
+    return {
+        k: v for k, v in scheme.options().items() if v is not None and v is not DEFAULT and v not in neutral.get(k, ())
+    }
 
 
-def _relays(w: StoredWeight, fmt: str, options: dict[str, Any]) -> bool:
-    """Whether a stored weight may go into ``fmt`` as its codes with re-laid scales (MXFP4 to
-    NVFP4, :func:`~neuron_kernels.blocks.exact.relayable`): blocked along its last axis, and no
-    option asking for a quantisation of its own."""
-    return w.packed_mx and relayable(w.layout.format, BLOCK_FORMATS[fmt]) and not _given(options)
+def _relays(w: StoredWeight, scheme: Scheme) -> bool:
+    """Whether a stored weight may go into the scheme's format as its codes with re-laid scales
+    (MXFP4 to NVFP4, :func:`~neuron_kernels.blocks.exact.relayable`): blocked along its last axis,
+    and no option asking for a quantisation of its own."""
+    return w.packed_mx and relayable(w.layout.format, BLOCK_FORMATS[scheme.format]) and not _given(scheme)
 
 
 def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) -> Item:

@@ -18,8 +18,9 @@ What is checked, per weight and over the checkpoint:
   ``RECIPROCAL_LIMITS[1]`` under the convention, within the limits under the reciprocal);
 - runtime rules: what a runtime is known to refuse or load wrong in a valid checkpoint (the
   command's notes); the shards of a fused layer whose per-tensor scales differ, each with the SQNR
-  it gets under the runtime's rule (:data:`~.runtimes.FUSED_SCALE_RULES`) against its own scale
-  (an error below :data:`SERIOUS_DB`, a warning below :data:`NEGLIGIBLE_DB`, a note above).
+  it gets under the runtime's rule (its layout's ``fused_scale``, :func:`~.runtimes.fused_scale_rule`)
+  against its own scale (an error below :data:`SERIOUS_DB`, a warning below :data:`NEGLIGIBLE_DB`,
+  a note above).
 
 Findings are ``error`` (a runtime loads the checkpoint wrong or refuses it) or ``warning``
 (likely a mistake: an all-zero weight); ``note`` says what is not a problem.
@@ -39,7 +40,7 @@ import numpy as np
 
 from ..blocks.array import BlockArray
 from ..blocks.exact import block_magnitudes
-from ..blocks.job import block_job
+from ..blocks.scheme import block_job
 from ..blocks.stats import quantization_error
 from ..casting import cast
 from ..formats import FORMATS
@@ -48,8 +49,8 @@ from .architecture import Architecture, architecture_of, normalise
 from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
 from .layouts.records import check_fused_whole
-from .runtimes import fused_scale_ratio, runtime_notes
-from .selection import _KIND_TEXT, QUANTISABLE, fused_groups, tensor_decision
+from .runtimes import fused_scale_ratio, fused_scale_rule
+from .selection import KIND_TEXT, QUANTISABLE, fused_groups, tensor_decision
 
 __all__ = [
     "Finding", "Checkup", "Repair", "check_checkpoint", "repair_checkpoint", "RECIPROCAL_LIMITS", "NEGLIGIBLE_DB",
@@ -105,7 +106,7 @@ class Checkup:
         return {**asdict(self), "clean": self.clean}
 
 
-def _producer(ckpt: Any) -> str | None:
+def _producer(ckpt: Any, layout: CheckpointLayout | None) -> str | None:
     """Who made the checkpoint, where it says so (ModelOpt's and the package's ``producer``, a
     compressed-tensors version)."""
     qc = ckpt.quantization_config or {}
@@ -117,9 +118,7 @@ def _producer(ckpt: Any) -> str | None:
         return str(producer["name"]) + (f" {producer['version']}" if producer.get("version") else "")
     if isinstance(producer, str):
         return producer
-    if qc.get("quant_method") == "compressed-tensors" and qc.get("version"):
-        return f"compressed-tensors {qc['version']}"
-    return None
+    return layout.producer(ckpt) if layout is not None else None
 
 
 def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) -> Checkup:
@@ -127,7 +126,7 @@ def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) 
     read at all (missing or truncated shards, an index that disagrees with them, a layout the
     package does not read) raises :class:`FileFormatError`; everything else is a finding."""
     ckpt, layout = open_any(os.fspath(path))
-    producer = _producer(ckpt)
+    producer = _producer(ckpt, layout)
     if layout is None:
         note = Finding("note", "plain", "no quantisation config and no quantised tensors: a plain checkpoint")
         return Checkup(ckpt.path, None, producer, 0, [note])
@@ -182,7 +181,7 @@ def _module_findings(
         kind = arch.kind(module) if arch is not None else None
         why = arch.plain_why(module, w.shape) if arch is not None else None
         if why is None and kind is not None and kind not in (*QUANTISABLE, "tower"):
-            why = f"it is {_KIND_TEXT.get(kind, kind).partition(' (')[0]}, which no runtime quantises"
+            why = f"it is {KIND_TEXT.get(kind, kind).partition(' (')[0]}, which no runtime quantises"
         if why is not None:
             found.append(Finding("error", "module-kept", (
                 f"{module} is stored quantised, but {why}: its quantised tensors have nowhere to go in the runtime"
@@ -375,7 +374,7 @@ def _fused_findings(layout: CheckpointLayout, weights: list[StoredWeight], arch:
         scales = [float(by_name[n].per_tensor_scale or 0.0) for n in group]
         if len(set(scales)) == 1:
             continue
-        ratios = fused_scale_ratio(layout.name, group, scales)
+        ratios = fused_scale_ratio(layout.fused_scale, group, scales)
         sqnr = {n: _ratio_sqnr(r) for n, r in zip(group, ratios)}
         worst = min(sqnr.values())
         if worst >= NEGLIGIBLE_DB:
@@ -397,7 +396,7 @@ def _fused_findings(layout: CheckpointLayout, weights: list[StoredWeight], arch:
                 "error" if worst < SERIOUS_DB else "warning",
                 "fused-scales",
                 f"{', '.join(group)}: one fused layer in vLLM, with per-tensor scales {spread:.3g}x apart; vLLM "
-                f"keeps one for all ({_rule_words(layout.name, group)}), so the worst shard comes out at "
+                f"keeps one for all ({_rule_words(layout, group)}), so the worst shard comes out at "
                 f"{worst:.1f} dB SQNR against its own scale (--repair requantises them under one shared scale)",
                 group,
                 sqnr,
@@ -410,12 +409,12 @@ def _runtime_findings(
     layout: CheckpointLayout, weights: list[StoredWeight], arch: Architecture | None
 ) -> list[Finding]:
     """What a runtime is known to load wrong or refuse in a valid checkpoint (the command's notes,
-    :func:`~.runtimes.runtime_notes`: transformers' MoE experts, fine-grained FP8 in partial tiles),
+    its layout's ``notes``: transformers' MoE experts, fine-grained FP8 in partial tiles),
     as warnings."""
     found = []
     for fmt in dict.fromkeys(w.layout.fmt for w in weights):
         shapes = {w.name: w.shape for w in weights if w.layout.fmt == fmt}
-        for note in runtime_notes(layout.name, fmt, arch, shapes):
+        for note in layout.notes(fmt, arch, shapes):
             found.append(Finding("warning", "runtime", note))
     return found
 
@@ -425,10 +424,8 @@ def _ratio_sqnr(ratio: float) -> float:
     return math.inf if ratio == 1 else -20 * math.log10(abs(1 - ratio))
 
 
-def _rule_words(layout: str, group: tuple[str, ...]) -> str:
-    from .runtimes import fused_scale_rule
-
-    rule = fused_scale_rule(layout, group)
+def _rule_words(layout: CheckpointLayout, group: tuple[str, ...]) -> str:
+    rule = fused_scale_rule(layout.fused_scale, group)
     return {"min": "the smallest", "max": "the largest", "first": "the first shard's"}[rule] + " per-tensor scale"
 
 
@@ -495,7 +492,7 @@ def repair_checkpoint(src: str | os.PathLike[str], dst: str, chunk_bytes: int = 
         elif finding.kind == "reciprocal":
             repairs.append(_repair_reciprocal(layout, weights[finding.tensors[0]], ckpt, dst))
         elif finding.kind in ("module-plain", "module-experts", "module-ignored"):
-            repairs.append(_repair_ignore(finding, _architecture(ckpt, list(weights.values())), dst))
+            repairs.append(_repair_ignore(layout, finding, _architecture(ckpt, list(weights.values())), dst))
         else:
             repairs.append(
                 Repair(finding.kind, finding.tensors, False, "not repairable from the file: " + finding.message)
@@ -505,14 +502,7 @@ def repair_checkpoint(src: str | os.PathLike[str], dst: str, chunk_bytes: int = 
 
 def _per_tensor_part(layout: CheckpointLayout, w: StoredWeight) -> str:
     """The name of the tensor holding a weight's per-tensor scale."""
-    last = "weight_global_scale" if layout.name == "compressed-tensors" else "weight_scale_2"
-    return next(p for p in w.parts if p.endswith("." + last))
-
-
-def _stored_per_tensor(layout: CheckpointLayout, pts: float) -> np.ndarray:
-    """A per-tensor scale as the layout stores it: compressed-tensors' divisor, ModelOpt's multiplier."""
-    value = np.float32(1) / np.float32(pts) if layout.name == "compressed-tensors" else np.float32(pts)
-    return np.array([value], np.float32)
+    return next(p for p in w.parts if p.endswith(f".{layout.per_tensor_part}"))
 
 
 def _overwrite(ckpt: Any, dst: str, name: str, data: np.ndarray) -> None:
@@ -561,7 +551,7 @@ def _repair_fused(
         codes_name, scales_name = w.parts[0], w.parts[1]
         _overwrite(ckpt, dst, codes_name, q.codes)
         _overwrite(ckpt, dst, scales_name, q.scales.view(np.uint8))
-        _overwrite(ckpt, dst, _per_tensor_part(layout, w), _stored_per_tensor(layout, pts))
+        _overwrite(ckpt, dst, _per_tensor_part(layout, w), layout.stored_per_tensor(pts))
     how = f"requantised under one per-tensor scale ({pts:.6g}, from the amax over the layer)"
     return Repair("fused-scales", names, True, how, before, after)
 
@@ -624,29 +614,32 @@ def _repair_structure(ckpt: Checkpoint, layout: CheckpointLayout, findings: list
     return repairs
 
 
-def _repair_ignore(finding: Finding, arch: Architecture | None, dst: str) -> Repair:
+def _repair_ignore(layout: CheckpointLayout, finding: Finding, arch: Architecture | None, dst: str) -> Repair:
     """A module's entry in compressed-tensors' ``ignore`` made to say what is stored: added for a
     Linear stored plain (and for stacked experts kept, with the names vLLM looks their fused MoE up
     by), taken out for a module stored quantised (where an entry names it exactly)."""
     name = finding.tensors[0]
     module = name.rpartition(".")[0]
     names = [module] if arch is None else list(dict.fromkeys((module, arch.model_name(module))))
+    key = layout.ignore_key
+    if key is None:
+        return Repair(finding.kind, finding.tensors, False, f"the {layout.name} layout keeps no list the doctor edits")
     path = os.path.join(dst, CONFIG_NAME)
     config = json_file(path)
     qc = config["quantization_config"]
-    ignore = list(qc.get("ignore") or [])
+    ignore = list(qc.get(key) or [])
     if finding.kind == "module-ignored":
         kept = [e for e in ignore if e not in names]
         if len(kept) == len(ignore):
             return Repair(finding.kind, finding.tensors, False, f"{module} is ignored by a pattern, not by its name")
-        qc["ignore"] = kept
+        qc[key] = kept
         write_json(path, config)
         return Repair(
             finding.kind, finding.tensors, True, f"{module} taken out of the config's ignore (stored quantised)"
         )
     if finding.kind == "module-experts" and arch is not None:
         names += arch.runtime.moe_probes(module)
-    qc["ignore"] = ignore + [n for n in names if n not in ignore]
+    qc[key] = ignore + [n for n in names if n not in ignore]
     write_json(path, config)
     return Repair(finding.kind, finding.tensors, True, f"{module} added to the config's ignore (stored plain)")
 

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..blocks.array import BlockArray
-from ..blocks.job import DEFAULT, BlockJob, block_job
+from ..blocks.job import BlockJob
 from ..blocks.layout import BlockLayout
+from ..blocks.scheme import DEFAULT, block_job
 from ..errors import InvalidValueError, NotApplicableError
 from ..formats import BLOCK_FORMATS, BlockFormat
 from ..io.arrays import FileFormatError
@@ -162,8 +163,8 @@ def _options(fmt: str, options: dict[str, Any]) -> BlockJob:
     """The job of a GGUF format's tensors: ggml's blocks along rows, codes one per byte."""
     if fmt not in GGUF_FORMATS:
         raise NotApplicableError(f"GGUF stores {' and '.join(GGUF_FORMATS)} blocks; got format {fmt!r}")
-    options = dict(options)
-    unset = {"block_size": DEFAULT, "block_shape": None, "axis": -1, "pack": True, "scale_dtype": None, "rht": False}
+    options = {k: None if k == "block_size" and v is DEFAULT else v for k, v in options.items()}
+    unset = {"block_size": None, "block_shape": None, "axis": -1, "pack": True, "scale_dtype": None, "rht": False}
     own = {"block_size": BLOCK_FORMATS[fmt].block_size}
     chosen = [k for k, v in unset.items() if k in options and options.pop(k) not in (v, own.get(k, v))]
     if chosen:

@@ -28,8 +28,8 @@ from typing import Any
 from ..formats import BLOCK_FORMATS
 
 __all__ = [
-    "runtime_notes", "TRANSFORMERS_EXPERT_BUGS", "transformers_version", "FUSED_SCALE_RULES", "fused_scale_rule",
-    "fused_scale_ratio",
+    "expert_notes", "partial_blocks_notes", "TRANSFORMERS_EXPERT_BUGS", "transformers_version", "LARGEST_DIVISOR",
+    "LARGEST_MULTIPLIER", "fused_scale_rule", "fused_scale_ratio",
 ]  # fmt: skip
 
 #: format -> what transformers does with that format's MoE experts in compressed-tensors.
@@ -49,12 +49,10 @@ def transformers_version() -> str | None:
         return None
 
 
-def runtime_notes(layout: str, fmt: str, arch: Any, quantised: dict[str, tuple[int, ...]]) -> list[str]:
-    """The summary's notes on the runtimes for a checkpoint written in ``layout`` / ``fmt``
-    (``quantised``: the shape of each weight quantised)."""
-    if layout == "fp8":
-        return _partial_blocks_note(fmt, quantised)
-    if layout != "compressed-tensors" or arch is None or fmt not in TRANSFORMERS_EXPERT_BUGS:
+def expert_notes(fmt: str, arch: Any, quantised: dict[str, tuple[int, ...]]) -> list[str]:
+    """The summary's notes on transformers' MoE bugs (:data:`TRANSFORMERS_EXPERT_BUGS`) for the
+    weights ``quantised`` (their shapes) of a compressed-tensors checkpoint in ``fmt``."""
+    if arch is None or fmt not in TRANSFORMERS_EXPERT_BUGS:
         return []
     experts = [n for n in quantised if arch.merged_expert(n.rpartition(".")[0])]
     if not experts:
@@ -72,7 +70,9 @@ def _transformers() -> str:
     return f"transformers {installed} (installed)" if installed else "transformers"
 
 
-def _partial_blocks_note(fmt: str, quantised: dict[str, tuple[int, ...]]) -> list[str]:
+def partial_blocks_notes(fmt: str, arch: Any, quantised: dict[str, tuple[int, ...]]) -> list[str]:
+    """The summary's note on transformers' fine-grained FP8 in partial tiles for the weights
+    ``quantised`` (their shapes) in ``fmt``."""
     bf = BLOCK_FORMATS[fmt]
     partial = [n for n, shape in quantised.items() if shape[-2] % bf.block_rows or shape[-1] % bf.block_size]
     if not partial:
@@ -85,28 +85,28 @@ def _partial_blocks_note(fmt: str, quantised: dict[str, tuple[int, ...]]) -> lis
     ]
 
 
-#: How vLLM takes one NVFP4 per-tensor scale for the shards of a fused layer, by layout: (dense
-#: layers, MoE experts' w1/w3), as the multiplier ``pts`` (compressed-tensors stores its reciprocal):
-#: ``min`` / ``max`` of the shards', or ``first`` (the gate's, w1). compressed-tensors:
-#: ``process_weights_after_loading`` of ``compressed_tensors_w4a4_nvfp4.py`` / ``_w4a16_nvfp4.py``
-#: keeps ``weight_global_scale.max()`` (the largest divisor, so the smallest ``pts``), and the MoE
-#: method ``w13_weight_global_scale[:, 0]``; ModelOpt (``modelopt.py``): ``weight_scale_2.max()``
-#: for a Linear and ``w13_weight_scale_2[:, 0]`` for experts. Each only warns when they differ.
-FUSED_SCALE_RULES: dict[str, tuple[str, str]] = {
-    "compressed-tensors": ("min", "first"),
-    "modelopt": ("max", "first"),
-}
+#: How vLLM takes one NVFP4 per-tensor scale for the shards of a fused layer, by layout (each
+#: layout's ``fused_scale``): (dense layers, MoE experts' w1/w3), as the multiplier ``pts``
+#: (compressed-tensors stores its reciprocal): ``min`` / ``max`` of the shards', or ``first`` (the
+#: gate's, w1). compressed-tensors: ``process_weights_after_loading`` of
+#: ``compressed_tensors_w4a4_nvfp4.py`` / ``_w4a16_nvfp4.py`` keeps ``weight_global_scale.max()``
+#: (the largest divisor, so the smallest ``pts``), and the MoE method
+#: ``w13_weight_global_scale[:, 0]``; ModelOpt (``modelopt.py``): ``weight_scale_2.max()`` for a
+#: Linear and ``w13_weight_scale_2[:, 0]`` for experts. Each only warns when they differ.
+LARGEST_DIVISOR = ("min", "first")
+LARGEST_MULTIPLIER = ("max", "first")
 
 
-def fused_scale_rule(layout: str, group: tuple[str, ...]) -> str:
-    """The rule of :data:`FUSED_SCALE_RULES` for the fused ``group`` (tensor names) in ``layout``."""
-    dense, experts = FUSED_SCALE_RULES.get(layout, ("max", "first"))
+def fused_scale_rule(rules: tuple[str, str], group: tuple[str, ...]) -> str:
+    """The rule of a layout's ``rules`` (dense, experts) for the fused ``group`` (tensor names)."""
+    dense, experts = rules
     return experts if any(".experts." in n for n in group) else dense
 
 
-def fused_scale_ratio(layout: str, group: tuple[str, ...], scales: list[float]) -> list[float]:
+def fused_scale_ratio(rules: tuple[str, str], group: tuple[str, ...], scales: list[float]) -> list[float]:
     """For the shards of a fused layer with per-tensor scales ``scales`` (multipliers): the factor
-    each shard's values take when the runtime applies its one scale (its own scale: 1)."""
-    rule = fused_scale_rule(layout, group)
+    each shard's values take when the runtime applies its one scale by a layout's ``rules`` (its
+    own scale: 1)."""
+    rule = fused_scale_rule(rules, group)
     shared = {"min": min(scales), "max": max(scales), "first": scales[0]}[rule]
     return [shared / s for s in scales]

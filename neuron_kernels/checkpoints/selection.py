@@ -177,7 +177,7 @@ def kept_modules(kept: list[tuple[str, ArrayEntry]]) -> list[str]:
 #: The kinds of module whose ``weight`` is quantised (see :mod:`.architecture`); a tower's Linear
 #: too where asked.
 QUANTISABLE = ("linear", "expert", "head")
-_KIND_TEXT = {
+KIND_TEXT = {
     "embedding": "an embedding", "conv1d": "a Conv1D (GPT-2's Linear stored [in, out], which runtimes do not quantise)",
     "conv": "a convolution", "router": "a MoE router", "norm": "a norm",
     "experts": "stacked expert parameters (no Linear module for the runtime to quantise; listed in ignore)",
@@ -188,7 +188,7 @@ _KIND_TEXT = {
 
 
 #: Why a tower's Linear is kept (the command's summary counts them).
-TOWER_KEPT = _KIND_TEXT["tower"]
+TOWER_KEPT = KIND_TEXT["tower"]
 
 
 def module_decision(
@@ -218,7 +218,7 @@ def module_decision(
         return f"no module {module or name} in {arch.source}"
     if kind not in QUANTISABLE and not (kind == "tower" and towers):
         plain = arch.plain_why(module, shape) if kind in ("router", "tower") else None
-        return plain or _KIND_TEXT.get(kind, kind)
+        return plain or KIND_TEXT.get(kind, kind)
     if param != "weight":
         return f"the {param} of a Linear"
     why = _not_a_float(dtype)

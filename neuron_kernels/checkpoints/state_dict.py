@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..blocks.scheme import scheme_of
 from ..casting import cast
 from ..dtypes import get_format
 from ..errors import InvalidTypeError
@@ -22,9 +23,9 @@ from ..formats import INPUT_DTYPES
 from ..interop import from_torch, is_torch, to_torch
 from ..io.files import ArrayEntry, FileFormatError
 from .architecture import from_model
-from .convert import _plan, stored_weights
+from .convert import plan_quantization, stored_weights
 from .folder import Checkpoint
-from .layouts import LAYOUTS, StoredWeight, detect_layout
+from .layouts import DEFAULT_LAYOUT, LAYOUTS, StoredWeight, detect_layout
 
 __all__ = ["quantize_state_dict", "dequantize_state_dict"]
 
@@ -79,7 +80,7 @@ class _Sink:
 def quantize_state_dict(
     state_dict: Mapping[str, Any],
     fmt: str,
-    layout: str = "compressed-tensors",
+    layout: str = DEFAULT_LAYOUT,
     *,
     ignore: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
@@ -112,7 +113,9 @@ def quantize_state_dict(
         raise InvalidTypeError(f"config must be a dict (config.json's contents), got {type(config).__name__}")
     arch = from_model(model, arrays, f"the model given ({type(model).__name__})") if model is not None else None
     ckpt = _checkpoint(arrays, None if config is None else dict(config))
-    plan = _plan(ckpt, None, target, fmt, ignore, only, fuse, 256 << 20, options, modules, arch, towers)
+    plan = plan_quantization(
+        ckpt, None, target, scheme_of(fmt, options), ignore, only, fuse, 256 << 20, modules, arch, towers
+    )
     out: dict[str, Any] = {}
     for item in plan.items(lambda _: None):
         if item.kept is not None:  # as it was: the caller's own tensor

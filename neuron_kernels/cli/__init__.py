@@ -2,7 +2,7 @@
 
 Subcommands:
 
-- ``bench``: throughput of every compiled cast and MX format on built-in data;
+- ``bench``: throughput of every compiled cast and block format on built-in data;
 - ``quantize``, ``dequantize``, ``cast``: files (``.npy``, ``.npz``, ``.safetensors``) of any size,
   processed in bounded memory, written atomically; ``quantize`` and ``dequantize`` also take model
   checkpoint folders (to and from the layouts runtimes load, :mod:`neuron_kernels.checkpoints`);

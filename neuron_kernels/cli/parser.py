@@ -7,24 +7,26 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..blocks.scheme import OPTIONS, Scheme
 from ..errors import NeuronKernelsError
 from ..formats import FLOAT_SCALE_DTYPES, INPUT_DTYPES
 from .quantities import parse_bytes, parse_size
 
-__all__ = ["UsageError", "block_options_of", "build_parser"]
+__all__ = ["UsageError", "block_options_of", "build_parser", "scheme_from_args"]
 
 
 class UsageError(NeuronKernelsError):
     """A combination of command-line options that does not make sense."""
 
 
-def block_options_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The options of :func:`neuron_kernels.quantize` given on the command line."""
-    from ..blocks.job import DEFAULT
-
-    per_tensor: Any = DEFAULT
+def scheme_from_args(args: argparse.Namespace) -> Scheme:
+    """The :class:`~neuron_kernels.blocks.scheme.Scheme` the command line gives: ``--format`` and
+    each option of :data:`~neuron_kernels.blocks.scheme.OPTIONS` given under its own name, but
+    ``--no-pack`` (``pack``) and ``--per-tensor-scale`` (amax, none or a number)."""
+    given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
+    given["pack"] = not args.no_pack
     if args.per_tensor_scale is not None:
-        per_tensor = {"amax": "amax", "none": None}.get(args.per_tensor_scale.lower(), args.per_tensor_scale)
+        per_tensor: Any = {"amax": "amax", "none": None}.get(args.per_tensor_scale.lower(), args.per_tensor_scale)
         if isinstance(per_tensor, str) and per_tensor != "amax":
             try:
                 per_tensor = float(per_tensor)
@@ -32,21 +34,13 @@ def block_options_of(args: argparse.Namespace) -> dict[str, Any]:
                 raise UsageError(
                     f"--per-tensor-scale must be amax, none or a positive number, not {args.per_tensor_scale!r}"
                 ) from None
-    return {
-        "block_size": DEFAULT if args.block_size is None else args.block_size,
-        "block_shape": args.block_shape,
-        "axis": args.axis,
-        "scale_mode": DEFAULT if args.scale_mode is None else args.scale_mode,
-        "rounding": args.rounding,
-        "seed": args.seed,
-        "pack": not args.no_pack,
-        "per_tensor_scale": per_tensor,
-        "four_over_six": args.four_over_six,
-        "scale_search": args.scale_search,
-        "rht": args.rht,
-        "scale_dtype": args.scale_dtype,
-        "recipe": getattr(args, "recipe", None),
-    }
+        given["per_tensor_scale"] = per_tensor
+    return Scheme(args.format, **given)
+
+
+def block_options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :func:`neuron_kernels.quantize` given on the command line (:func:`scheme_from_args`'s)."""
+    return scheme_from_args(args).options()
 
 
 def _file_command(sub: Any, name: str, help_: str, source: str, output: str | None) -> argparse.ArgumentParser:
@@ -132,7 +126,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
 
     p = _Parser(prog="neuron-kernels", description=description)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    b = sub.add_parser("bench", help="throughput of every compiled cast and MX format on a built-in array")
+    b = sub.add_parser("bench", help="throughput of every compiled cast and block format on a built-in array")
     b.add_argument("--size", type=parse_size, default=64 << 20, help="elements (default 64Mi)")
     b.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per measurement (default 5)")
     b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
@@ -140,7 +134,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress messages")
 
     from ..checkpoints import DEFAULT_MAX_SHARD_BYTES, LAYOUTS
-    from ..checkpoints.layouts import WRITABLE
+    from ..checkpoints.layouts import DEFAULT_LAYOUT, WRITABLE
 
     arrays = ".npy, .npz or .safetensors file"
     q = _file_command(
@@ -157,7 +151,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         choices=list(WRITABLE),
         help="checkpoint layout: "
         + "; ".join(f"{k}: {LAYOUTS[k].help}" for k in WRITABLE)
-        + " (default for a checkpoint folder: compressed-tensors)",
+        + f" (default for a checkpoint folder: {DEFAULT_LAYOUT})",
     )
     q.add_argument(
         "--ignore", action="append", metavar="PATTERN", help="also keep tensors matching this pattern (repeatable)"

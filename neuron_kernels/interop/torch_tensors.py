@@ -39,7 +39,7 @@ TORCH_BITS = {
 }
 
 
-def _torch() -> Any:
+def torch_module() -> Any:
     module = sys.modules.get("torch")
     if module is None:
         try:
@@ -76,10 +76,10 @@ def from_torch(t: Any, what: str = "the input") -> np.ndarray:
     if name in _NATIVE:
         return np.asarray(t.numpy())
     if name in TORCH_BITS:
-        torch = _torch()
+        torch = torch_module()
         return np.asarray(t.view(getattr(torch, TORCH_BITS[name])).numpy()).view(get_format(name).dtype)
     if name == "float4_e2m1fn_x2":  # two FP4 codes per byte, element 2i in the low nibble: unpacked (a copy)
-        packed = np.asarray(t.view(_torch().uint8).numpy())
+        packed = np.asarray(t.view(torch_module().uint8).numpy())
         codes = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(*packed.shape[:-1], -1)
         return codes.view(get_format("float4_e2m1fn").dtype)
     readable = ", ".join((*_NATIVE, *TORCH_BITS, "float4_e2m1fn_x2"))
@@ -88,7 +88,7 @@ def from_torch(t: Any, what: str = "the input") -> np.ndarray:
 
 def to_torch(a: np.ndarray) -> Any:
     """The NumPy array ``a`` as a CPU tensor sharing its memory (see the module docstring)."""
-    torch = _torch()
+    torch = torch_module()
     a = np.asarray(a)
     name = a.dtype.name
     if name in _NATIVE:

@@ -20,8 +20,9 @@ import numpy as np
 
 from ..blocks.array import BlockArray
 from ..blocks.inputs import input_array
-from ..blocks.job import DEFAULT, BlockJob, block_job, tensor_amax
+from ..blocks.job import BlockJob, tensor_amax
 from ..blocks.layout import BlockLayout, Pieces
+from ..blocks.scheme import DEFAULT, block_job
 from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
 from ..errors import InvalidValueError

@@ -20,9 +20,9 @@ import numpy as np
 from .._jit import f32_bits, f32_from_bits, jit, u32_and
 from ..recipes import ELEMENT_RULES, SCALE_RULES, ZERO_SIGNS
 from . import codec as C
-from .blocks.elements import _load, _nearest_even
-from .blocks.runs import _pair_bytes
-from .blocks.scales import _row_amax
+from .blocks.elements import load_value, nearest_even
+from .blocks.runs import pair_bytes
+from .blocks.scales import row_amax
 from .blocks.spec import Element
 
 __all__ = ["RecipeSpec", "recipe_rows", "recipe_amax", "recipe_scales", "rule_id", "element_id", "zero_id"]
@@ -213,7 +213,7 @@ def _code(x, v, elements, zero, el, qc):  # pragma: no cover - compiled
             best_err = err if better else best_err
         return best + np.uint32(8) if (x < 0) & (best != 0) else best
     q = _w(x / v if elements == DIVIDE else x * v, qc)
-    code = np.uint32(_nearest_even(q, el, False))
+    code = np.uint32(nearest_even(q, el, False))
     sign = np.uint32(1 << (el.codec.bits - 1))
     if zero != KEPT and u32_and(code, sign - np.uint32(1)) == 0:
         return sign if (zero == NEGATIVE) & (q < 0) else np.uint32(0)
@@ -256,7 +256,7 @@ def recipe_amax(spec: RecipeSpec) -> Any:
             for b in range(amax.shape[1]):
                 l0 = np.uint64(b * block)
                 l1 = np.uint64(min(b * block + block, cols))
-                amax[r, b] = _row_amax(xr, l0, l1, p.kind, p.xc, 0, 0, 0)
+                amax[r, b] = row_amax(xr, l0, l1, p.kind, p.xc, 0, 0, 0)
 
     return kernel
 
@@ -308,7 +308,7 @@ def recipe_rows(spec: RecipeSpec, vlen: int, pack: bool) -> Any:
                 for b in range(nb):
                     l0 = np.uint64(b * block)
                     l1 = np.uint64(min(b * block + block, cols))
-                    amaxes[b] = _row_amax(xr, l0, l1, p.kind, p.xc, v16, v32, v64)
+                    amaxes[b] = row_amax(xr, l0, l1, p.kind, p.xc, v16, v32, v64)
                 sr = scales[r]
                 for b in range(nb):
                     stored, v = _block_scale(
@@ -335,21 +335,27 @@ def recipe_rows(spec: RecipeSpec, vlen: int, pack: bool) -> Any:
                 if vlen != 0 and b * block + vlen <= cols:
                     for k in range(vlen):  # a constant trip count
                         i = l0 + np.uint64(k)
-                        dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
+                        dst[i] = _code(
+                            f32_from_bits(load_value(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc
+                        )
                 else:  # long or partial blocks: runs of a constant trip count, then the rest
                     l1 = np.uint64(min(b * block + block, cols))
                     i0 = l0
                     while i0 + np.uint64(_RUN) <= l1:
                         for k in range(_RUN):
                             i = i0 + np.uint64(k)
-                            dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
+                            dst[i] = _code(
+                                f32_from_bits(load_value(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc
+                            )
                         i0 += np.uint64(_RUN)
                     for i in range(i0, l1):
-                        dst[i] = _code(f32_from_bits(_load(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc)
+                        dst[i] = _code(
+                            f32_from_bits(load_value(xr[i], p.kind, p.xc)), v, p.elements, p.zero, p.el, p.qc
+                        )
             if pack:
                 cr = codes[r]
                 for j in range(cols // 2):
-                    cr[j] = _pair_bytes(words[j])
+                    cr[j] = pair_bytes(words[j])
                 if cols % 2:
                     cr[cols // 2] = one[cols - 1]
 

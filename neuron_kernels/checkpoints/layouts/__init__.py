@@ -9,7 +9,8 @@ One module per layout, each holding its :class:`~.records.CheckpointLayout` reco
   channel and per block written);
 - :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8).
 
-:data:`WRITABLE` names the layouts ``--layout`` takes (those that store a format).
+:data:`WRITABLE` names the layouts ``--layout`` takes (those that store a format), and
+:data:`DEFAULT_LAYOUT` the one it takes by default.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from . import compressed_tensors, finegrained_fp8, gptoss, modelopt, npz
 from .records import CheckpointLayout, Output, StoredWeight, Weight
 
 __all__ = [
-    "LAYOUTS", "WRITABLE", "CheckpointLayout", "StoredWeight", "Weight", "Output", "detect_layout",
+    "LAYOUTS", "WRITABLE", "DEFAULT_LAYOUT", "CheckpointLayout", "StoredWeight", "Weight", "Output", "detect_layout",
     "open_any", "stored_weights",
 ]  # fmt: skip
 
@@ -31,6 +32,9 @@ LAYOUTS: dict[str, CheckpointLayout] = {
     layout.name: layout
     for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz.LAYOUT, modelopt.LAYOUT, finegrained_fp8.LAYOUT)
 }
+
+#: The layout a checkpoint folder is written in where none is chosen (``--layout``).
+DEFAULT_LAYOUT: str = compressed_tensors.LAYOUT.name
 
 #: The layouts the package writes, by name (the others it reads only).
 WRITABLE: tuple[str, ...] = tuple(name for name, layout in LAYOUTS.items() if layout.formats)

@@ -29,6 +29,7 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import Checkpoint
+from ..runtimes import LARGEST_DIVISOR, expert_notes
 from ..selection import module_decision
 from .records import (
     CheckpointLayout,
@@ -312,6 +313,13 @@ def _ct_quantises(ckpt: Checkpoint, names: tuple[str, ...]) -> bool | None:
     return True if any(hits) else None if None in hits else False
 
 
+def _ct_producer(ckpt: Checkpoint) -> str | None:
+    """compressed-tensors with its version, where the config says it."""
+    qc = ckpt.quantization_config or {}
+    version = qc.get("version")
+    return f"compressed-tensors {version}" if isinstance(version, str) and version else None
+
+
 def _ct_scale_dtype(dtype: np.dtype) -> str:
     """llm-compressor keeps float scales in the weight's dtype (float32 for any other)."""
     return dtype.name if dtype.name in ("float32", "bfloat16", "float16") else "float32"
@@ -332,4 +340,10 @@ LAYOUT = CheckpointLayout(
     scale_dtype=_ct_scale_dtype,
     splits_experts=True,
     quantises=_ct_quantises,
+    per_tensor_part="weight_global_scale",
+    per_tensor_divides=True,
+    fused_scale=LARGEST_DIVISOR,
+    notes=expert_notes,
+    producer=_ct_producer,
+    ignore_key="ignore",
 )  # fmt: skip

@@ -23,6 +23,7 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ..folder import Checkpoint
+from ..runtimes import partial_blocks_notes
 from ..selection import module_decision
 from .records import (
     FP8_CODES,
@@ -109,4 +110,5 @@ LAYOUT = CheckpointLayout(
     decide=module_decision,
     fits=lambda ckpt, quantised, fmt, **context: check_fused_blocks(ckpt, quantised, fmt, context.get("arch")),
     parts=("weight_scale_inv", "input_scale"),
+    notes=partial_blocks_notes,
 )

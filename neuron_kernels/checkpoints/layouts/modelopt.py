@@ -323,6 +323,7 @@ LAYOUT = CheckpointLayout(
     config_files=(HF_QUANT_CONFIG,),
     scale_dtype=lambda dtype: "float32",
     files=_files,
+    per_tensor_part="weight_scale_2",
     refused={
         "fp8_tensor": "ModelOpt's FP8 per tensor needs calibrated activation scales (input_scale), which vLLM "
         "reads; choose --format fp8_channel (FP8_PER_CHANNEL_PER_TOKEN)"

@@ -31,7 +31,7 @@ def _npz_weights(ckpt: Checkpoint) -> list[StoredWeight]:
     for key, s in read_block_file(ckpt.path).items():
         if s.rotation is not None:
             raise FileFormatError(
-                f"{ckpt.path}[{key}]: quantised with a rotation; read it with MXArray.load and "
+                f"{ckpt.path}[{key}]: quantised with a rotation; read it with neuron_kernels.load_blocks and "
                 f"dequantize(unrotate=True)"
             )
         name = "array" if key is None else str(key)

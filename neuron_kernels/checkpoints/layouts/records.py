@@ -23,6 +23,7 @@ from ...formats import BLOCK_FORMATS, FORMATS, WHOLE, BlockFormat
 from ...io.files import ArrayEntry, FileFormatError, TensorSpec
 from ...io.stream import decoded_pieces
 from ..folder import Checkpoint
+from ..runtimes import LARGEST_MULTIPLIER
 from ..selection import fused_groups, tensor_decision
 
 __all__ = [
@@ -321,7 +322,14 @@ class CheckpointLayout:
     (:mod:`..experts`); the other layouts hold them stacked; ``quantises(ckpt, names)``: whether
     the checkpoint's config has its runtime quantise the Linear module of those names (its
     checkpoint and model names) on load (None: the config does not say, or the layout has no such
-    config), which the doctor holds against what is stored."""
+    config), which the doctor holds against what is stored; ``per_tensor_part``: the last name
+    component of the tensor that holds a weight's per-tensor scale, and ``per_tensor_divides``:
+    whether it is stored as a divisor (compressed-tensors' global scale) rather than a multiplier;
+    ``fused_scale``: how vLLM takes one per-tensor scale for a fused layer's shards in this layout
+    (:func:`~..runtimes.fused_scale_rule`); ``notes(fmt, arch, quantised)``: what the layout's
+    runtimes are known to load wrong in a valid checkpoint, said in the summary; ``producer``:
+    who made a checkpoint, where its files say so; ``ignore_key``: the ``quantization_config``
+    entry that lists the modules kept plain, which the doctor may repair (None: none it repairs)."""
 
     name: str
     help: str
@@ -342,6 +350,18 @@ class CheckpointLayout:
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     splits_experts: bool = False
     quantises: Callable[[Checkpoint, tuple[str, ...]], bool | None] = lambda ckpt, names: None
+    per_tensor_part: str | None = None
+    per_tensor_divides: bool = False
+    fused_scale: tuple[str, str] = LARGEST_MULTIPLIER
+    notes: Callable[[str, Any, dict[str, tuple[int, ...]]], list[str]] = lambda fmt, arch, quantised: []
+    producer: Callable[[Checkpoint], str | None] = lambda ckpt: None
+    ignore_key: str | None = None
+
+    def stored_per_tensor(self, pts: float) -> np.ndarray:
+        """A per-tensor scale (the multiplier ``pts``) as the layout stores it: [1] float32, its
+        reciprocal where the layout's is a divisor."""
+        value = np.float32(1) / np.float32(pts) if self.per_tensor_divides else np.float32(pts)
+        return np.array([value], np.float32)
 
     @property
     def single_file(self) -> bool:

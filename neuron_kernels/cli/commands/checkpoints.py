@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections import Counter
+from typing import Any
 
 from ..parser import UsageError, block_options_of
 from ..progress import progress_bar
@@ -15,35 +16,21 @@ __all__ = ["cmd_dequantize", "cmd_quantize"]
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ...checkpoints import LAYOUTS, open_checkpoint, quantize_checkpoint
-    from ...checkpoints.selection import TOWER_KEPT
-    from ...io.files import atomic_output, check_output_path
+    from ...checkpoints import quantize_checkpoint
+    from ...checkpoints.layouts import open_any
+    from ...io.files import atomic_output
     from ...lazy.stores import scheduler
 
-    if args.name is not None:
-        raise UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
-    layout = LAYOUTS[args.layout or "compressed-tensors"]
-    layout.check_format(args.format)
-    if layout.suffix and not args.output.lower().endswith(layout.suffix):
-        raise UsageError(
-            f"the {layout.name} layout writes one {layout.suffix} file; OUTPUT must end in {layout.suffix}, "
-            f"not {args.output!r}"
-        )
-    options = block_options_of(args)
+    layout = _checked_layout(args)
     on_cluster = args.workers is not None or args.scheduler is not None
-    if args.workers is not None and args.scheduler is not None:
-        raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
-    if on_cluster and layout.single_file:
-        raise UsageError(f"the {layout.name} layout is one file; --workers / --scheduler write checkpoint folders")
-    check_output_path(args.output, args.force, (args.input,), directory=not layout.single_file)
-    ckpt = open_checkpoint(args.input)
+    ckpt, _ = open_any(os.path.abspath(args.input) if on_cluster else args.input)  # once: its size, its files
     with (
         scheduler(args.scheduler, args.workers) as client,
         progress_bar(args, ckpt.nbytes, f"quantize {args.format}") as progress,
         atomic_output(args.output, args.force, (args.input,), directory=not layout.single_file) as tmp,
     ):
         reports = quantize_checkpoint(
-            args.input,
+            ckpt,
             tmp,
             layout.name,
             args.format,
@@ -58,8 +45,40 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             require_exact=args.require_exact,
             stats=not args.no_stats,
             client=client,
-            **options,
+            **block_options_of(args),
         )
+    _print_summary(args, layout, reports, ckpt)
+    return 0
+
+
+def _checked_layout(args: argparse.Namespace) -> Any:
+    """The layout to write, once the options that do not fit a checkpoint conversion are refused."""
+    from ...checkpoints import LAYOUTS
+    from ...checkpoints.layouts import DEFAULT_LAYOUT
+    from ...io.files import check_output_path
+
+    if args.name is not None:
+        raise UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
+    layout = LAYOUTS[args.layout or DEFAULT_LAYOUT]
+    layout.check_format(args.format)
+    if layout.suffix and not args.output.lower().endswith(layout.suffix):
+        raise UsageError(
+            f"the {layout.name} layout writes one {layout.suffix} file; OUTPUT must end in {layout.suffix}, "
+            f"not {args.output!r}"
+        )
+    if args.workers is not None and args.scheduler is not None:
+        raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (an existing one), not both")
+    if (args.workers is not None or args.scheduler is not None) and layout.single_file:
+        raise UsageError(f"the {layout.name} layout is one file; --workers / --scheduler write checkpoint folders")
+    check_output_path(args.output, args.force, (args.input,), directory=not layout.single_file)
+    return layout
+
+
+def _print_summary(args: argparse.Namespace, layout: Any, reports: Any, ckpt: Any) -> None:
+    """What the conversion did: each tensor quantised (with its statistics), converted or kept (with
+    why), the towers kept, the fused layers, the files not copied, the runtimes' notes."""
+    from ...checkpoints.selection import TOWER_KEPT
+
     done = [r for r in reports if r.action == "quantised"]
     converted = [r for r in reports if r.action == "converted"]
     kept = [r for r in reports if r.action == "kept"]
@@ -109,7 +128,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         print(f"Linear modules from {reports.architecture.source}")
     for note in reports.notes:
         print(f"note: {note}")
-    return 0
 
 
 def _towers(names: list[str]) -> list[str]:

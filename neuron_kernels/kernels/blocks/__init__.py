@@ -1,4 +1,5 @@
-"""Numba kernels of the block-scaled formats (MX, NVFP4): quantise, dequantise, fake-quantise.
+"""Numba kernels of the block-scaled formats (MX, NVFP4, FP8 with float scales): quantise, dequantise,
+fake-quantise.
 
 Geometry. *Row* kernels take (A, L) arrays with blocks of ``size`` consecutive elements along L,
 the last axis (the fast path). *Tile* kernels take (A, R, C) arrays with tiles of ``rows x cols``

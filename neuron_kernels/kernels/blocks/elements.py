@@ -16,7 +16,7 @@ from .spec import BY_DIVISION, BY_E8M0, BY_POW2
 
 
 @jit(inline="always")
-def _scaled(u, mul, scaling):  # pragma: no cover - compiled
+def scaled(u, mul, scaling):  # pragma: no cover - compiled
     """The element value before encoding, ``x * mul`` (``x / mul`` for float scales that divide;
     ``scaling``: ``BY_*`` of :mod:`.spec`). A multiplier of NVFP4 (or of the reciprocal rule)
     overflows to inf for a tensor of tiny amax: a zero element stays a signed zero (not 0 * inf =
@@ -31,7 +31,7 @@ def _scaled(u, mul, scaling):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _nearest_even(v, el, fixed):  # pragma: no cover - compiled
+def nearest_even(v, el, fixed):  # pragma: no cover - compiled
     """The saturating round-to-nearest-even code of the finite float32 ``v``, in float arithmetic.
 
     |v| is clamped to the largest element first (the same as saturating after rounding, as the
@@ -57,15 +57,15 @@ def _nearest_even(v, el, fixed):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _code(v, rnd, el, rmode, fixed):  # pragma: no cover - compiled
+def element_code(v, rnd, el, rmode, fixed):  # pragma: no cover - compiled
     """The saturating code of the finite float32 ``v`` under the element's rounding mode ``rmode``."""
     if rmode == NEAREST_EVEN:
-        return _nearest_even(v, el, fixed)
+        return nearest_even(v, el, fixed)
     return C.encode(f32_bits(v), rnd, np.uint32(0), el.codec, el.mode, True)
 
 
 @jit(inline="always")
-def _value(code, scale, el):  # pragma: no cover - compiled
+def element_value(code, scale, el):  # pragma: no cover - compiled
     """The dequantised value P * scale; the positive quiet NaN for a NaN block (``scale`` is NaN),
     whatever the code."""
     v = f32_from_bits(C.decode(code, el.codec)) * scale
@@ -91,22 +91,22 @@ def _nearest_value(v, el, fixed):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _dequantized(v, rnd, scale, el, rmode, fixed):  # pragma: no cover - compiled
+def dequantized(v, rnd, scale, el, rmode, fixed):  # pragma: no cover - compiled
     """``_value(_code(v, rnd, el, rmode, fixed), scale, el)``: the value the finite scaled element
     ``v`` comes back as (NaN for a NaN block)."""
     if rmode == NEAREST_EVEN:
         d = _nearest_value(v, el, fixed) * scale
         return d if scale == scale else np.float32(np.nan)
-    return _value(_code(v, rnd, el, rmode, fixed), scale, el)
+    return element_value(element_code(v, rnd, el, rmode, fixed), scale, el)
 
 
 @jit(inline="always")
-def _stream(key):  # pragma: no cover - compiled
+def stream(key):  # pragma: no cover - compiled
     return np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
 
 
 @jit(inline="always")
-def _load(x, kind, codec):  # pragma: no cover - compiled
+def load_value(x, kind, codec):  # pragma: no cover - compiled
     """:func:`~..sources.load`, with float32 patterns and bfloat16 codes read in place: a kernel of
     either source compiles no loader."""
     if kind == SOURCE_F32:
@@ -117,5 +117,5 @@ def _load(x, kind, codec):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _fixed(el):  # pragma: no cover - compiled
+def is_fixed_point(el):  # pragma: no cover - compiled
     return el.codec.specials == C.FIXED

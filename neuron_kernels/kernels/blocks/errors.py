@@ -13,10 +13,10 @@ from ..._jit import f32_from_bits, jit
 from ...formats import BlockFormat
 from .. import codec as C
 from ..nibbles import nibble
-from .elements import _dequantized, _load, _scaled, _value
-from .rows import _row_scales, _scale_scratch
-from .scales import _multiplier
-from .spec import _element_of, _flags, _scale_of, source_of
+from .elements import dequantized, element_value, load_value, scaled
+from .rows import row_scales, scale_scratch
+from .scales import multiplier
+from .spec import element_of, flags, scale_of, source_of
 
 #: The sums of the error statistics, in the order kernels store them.
 N_SUMS = 7  # count, sum x^2, sum err^2, max |err|, max |err| / |x|, saturated, flushed
@@ -68,9 +68,9 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
     made, and rows are independent tasks whose sums are combined in row order (so the result
     does not depend on the thread count)."""
     src = source_of(source)
-    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
+    el, sc = element_of(fmt, "nearest_even"), scale_of(fmt)
     top = fmt.element_format.max_code
-    kind, _, _, scaling = _flags(src, el, sc)
+    kind, _, _, scaling = flags(src, el, sc)
     n_codes = 1 << fmt.element_bits
 
     @jit
@@ -85,12 +85,12 @@ def row_error_kernel(source: str, fmt: BlockFormat, packed: bool) -> Any:
             xr, cr, sr = x[r], codes[r], scales[r]
             sums = _no_errors()
             for j in range(sr.size):
-                _, scale = _multiplier(np.uint32(sr[j]), pts, sc, scaling)
-                lim = abs(np.float64(_value(np.uint32(top), scale, el)))
+                _, scale = multiplier(np.uint32(sr[j]), pts, sc, scaling)
+                lim = abs(np.float64(element_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
                     code = nibble(cr[i >> 1], i & 1) if packed else np.uint32(cr[i])
                     d = np.float64(values[code] * scale)
-                    xi = np.float64(f32_from_bits(_load(xr[i], kind, src.codec)))
+                    xi = np.float64(f32_from_bits(load_value(xr[i], kind, src.codec)))
                     sums = _add_error(sums, xi, d, xi, lim)
             _store_errors(out, r, sums)
 
@@ -106,26 +106,26 @@ def quantize_error_kernel(source: str, fmt: BlockFormat, rule: str = "") -> Any:
     format serves every scale mode and policy of a format (what the error table compares), but
     the rule of float scales (``rule``), which is compiled in."""
     src = source_of(source)
-    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt, True, rule)
+    el, sc = element_of(fmt, "nearest_even"), scale_of(fmt, True, rule)
     top = fmt.element_format.max_code
-    kind, rmode, fixed, scaling = _flags(src, el, sc)
+    kind, rmode, fixed, scaling = flags(src, el, sc)
 
     @jit
     def kernel(x, size, mode, policy, pts, key, out, t0, t1):  # pragma: no cover - compiled
         length = x.shape[1]
         nb = (length + size - 1) // size
         bytes_ = np.empty(nb, np.uint32)
-        cands, errs, _, _ = _scale_scratch()
+        cands, errs, _, _ = scale_scratch()
         for r in range(t0, t1):
             xr = x[r]
-            _row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)
+            row_scales(xr, 0, nb, size, r * length, bytes_, mode, policy, pts, key, src, el, sc, cands, errs)
             sums = _no_errors()
             for j in range(nb):
-                mul, scale = _multiplier(bytes_[j], pts, sc, scaling)
-                lim = abs(np.float64(_value(np.uint32(top), scale, el)))
+                mul, scale = multiplier(bytes_[j], pts, sc, scaling)
+                lim = abs(np.float64(element_value(np.uint32(top), scale, el)))
                 for i in range(j * size, min(j * size + size, length)):
-                    u = _load(xr[i], kind, src.codec)
-                    d = np.float64(_dequantized(_scaled(u, mul, scaling), np.uint32(0), scale, el, rmode, fixed))
+                    u = load_value(xr[i], kind, src.codec)
+                    d = np.float64(dequantized(scaled(u, mul, scaling), np.uint32(0), scale, el, rmode, fixed))
                     xi = np.float64(f32_from_bits(u))
                     sums = _add_error(sums, xi, d, xi, lim)
             _store_errors(out, r, sums)

@@ -10,11 +10,11 @@ import numpy as np
 
 from ..._jit import jit, u32_and
 from ...formats import BlockFormat
-from .elements import _load
+from .elements import load_value
 from .policies import MAX_SIZE, groups_policies
-from .rows import _row_dequantize, _row_fake_quantize, _row_quantize
-from .spec import _element_of, _scale_of, _vector_length, own_length, source_of
-from .tiles import _tile_dequantize, _tile_fake_quantize, _tile_quantize
+from .rows import row_dequantize, row_fake_quantize, row_quantize
+from .spec import element_of, own_length, scale_of, source_of, vector_length
+from .tiles import tile_dequantize, tile_fake_quantize, tile_quantize
 
 
 @cache
@@ -39,11 +39,11 @@ def quantize_kernel(
     kernels of the rotated input (``rotate``), else an empty array. ``policies``: kernels that
     evaluate the scale policies (else ``policy`` is ignored). ``rule``: the scale mode of float
     scales, compiled in (they divide or multiply each element); "" for every other format."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies, rule)
+    el, sc = element_of(fmt, rounding), scale_of(fmt, policies, rule)
     if row or rotate:
-        vlen = own_length(fmt) if rotate else _vector_length(source, fmt)  # the rotated input is float32
-        return _row_quantize(source_of(source), el, sc, bool(pack), vlen, rotate)
-    return _tile_quantize(source_of(source), el, sc, pack)
+        vlen = own_length(fmt) if rotate else vector_length(source, fmt)  # the rotated input is float32
+        return row_quantize(source_of(source), el, sc, bool(pack), vlen, rotate)
+    return tile_quantize(source_of(source), el, sc, pack)
 
 
 def binding(
@@ -56,10 +56,10 @@ def binding(
     policies on the shared loop (stochastic or directed rounding, float64 sources, blocks longer
     than :data:`~.policies.MAX_SIZE`, tiles), or the block amax by the scalar loop (a block length
     other than the format's own, or a source without the vector reduction)."""
-    src, el = source_of(source), _element_of(fmt, rounding)
+    src, el = source_of(source), element_of(fmt, rounding)
     if policies and not (row and groups_policies(src, el) and size <= MAX_SIZE):
         return "generic: policies on the shared loop"
-    if row and size != _vector_length(source, fmt):
+    if row and size != vector_length(source, fmt):
         return "generic: scalar amax"
     return "specialised"
 
@@ -76,11 +76,11 @@ def fake_quantize_kernel(
 ) -> Any:
     """As :func:`quantize_kernel`, writing the dequantised values into float32 ``out`` (in place of
     codes and scales)."""
-    el, sc = _element_of(fmt, rounding), _scale_of(fmt, policies, rule)
+    el, sc = element_of(fmt, rounding), scale_of(fmt, policies, rule)
     if row or rotate:
-        vlen = own_length(fmt) if rotate else _vector_length(source, fmt)  # the rotated input is float32
-        return _row_fake_quantize(source_of(source), el, sc, vlen, rotate)
-    return _tile_fake_quantize(source_of(source), el, sc)
+        vlen = own_length(fmt) if rotate else vector_length(source, fmt)  # the rotated input is float32
+        return row_fake_quantize(source_of(source), el, sc, vlen, rotate)
+    return tile_fake_quantize(source_of(source), el, sc)
 
 
 @cache
@@ -88,10 +88,10 @@ def dequantize_kernel(fmt: BlockFormat, pack: int, row: bool) -> Any:
     """Row kernel ``(codes, scales, out, size, pts, t0, t1)`` or tile kernel ``(codes, scales,
     out, rows, cols, pts, t0, t1)``: the values into float32 ``out`` (float scales as float32
     patterns, whatever dtype stores them)."""
-    el, sc = _element_of(fmt, "nearest_even"), _scale_of(fmt)
+    el, sc = element_of(fmt, "nearest_even"), scale_of(fmt)
     if row:
-        return _row_dequantize(el, sc, bool(pack), own_length(fmt))
-    return _tile_dequantize(el, sc, pack)
+        return row_dequantize(el, sc, bool(pack), own_length(fmt))
+    return tile_dequantize(el, sc, pack)
 
 
 @cache
@@ -109,7 +109,7 @@ def finite_amax_kernel(source: str, finite: bool = True) -> Any:
             seg = x[t * chunk : min(t * chunk + chunk, x.size)]  # a slice: LLVM vectorises its loop
             m = np.uint32(0)
             for i in range(seg.size):
-                v = u32_and(_load(seg[i], kind, src.codec), 0x7FFFFFFF)
+                v = u32_and(load_value(seg[i], kind, src.codec), 0x7FFFFFFF)
                 v = v if v < top else u32_and(v, 0)
                 m = max(m, v)
             out[t] = m

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import f32_bits, f32_from_bits, jit
-from .elements import _load
+from .elements import load_value
 
 
 @jit(inline="always")
@@ -19,7 +19,7 @@ def rotate_group(src_row, start, dst, off, signs, t, kind, codec, inverse):  # p
     ``j & h == 0`` in increasing j becoming (a + b, a - b); then each value is multiplied by 0.25
     (and by its sign, inverse) and rounded once to float32."""
     for k in range(16):
-        v = np.float64(f32_from_bits(_load(src_row[start + k], kind, codec)))
+        v = np.float64(f32_from_bits(load_value(src_row[start + k], kind, codec)))
         t[k] = v if inverse else v * signs[k]
     for stage in range(4):  # constant trip counts and no branches: straight-line code
         h = 1 << stage

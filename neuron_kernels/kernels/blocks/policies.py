@@ -22,8 +22,8 @@ import numpy as np
 
 from ..._jit import f32_from_bits, jit
 from .. import codec as C
-from .elements import _dequantized, _load, _scaled
-from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _scale_byte
+from .elements import dequantized, load_value, scaled
+from .scales import candidate, multiplier, policy_scale, row_amax, scale_byte
 from .spec import BY_E4M3, FOUR_SIX_MAE, SEARCH_MSE, Element, Scale, Source
 
 #: The most blocks evaluated together, one float64 lane each. Their count is a run-time value:
@@ -36,7 +36,7 @@ MAX_CANDIDATES = 5
 
 
 @jit(inline="always")
-def _group_scratch():  # pragma: no cover - compiled
+def group_scratch():  # pragma: no cover - compiled
     """The scratch of :func:`grouped_scales`, made once per kernel call: candidate bytes, their
     multipliers and scales (float32), the error sums (float64), the values element-major and each
     block's amax pattern."""
@@ -76,23 +76,23 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
         # included): block by block, these took 4.3 cycles an element, against 1.5
         for g in range(ng):
             l0 = np.uint64((j + g) * size)
-            amaxes[g] = _row_amax(xr, l0, l0 + np.uint64(size), kind, codec, v16, v32, v64)
+            amaxes[g] = row_amax(xr, l0, l0 + np.uint64(size), kind, codec, v16, v32, v64)
         for g in range(ng):
-            cands[0, g] = _scale_byte(amaxes[g], mode, pts, sc, scaling)
+            cands[0, g] = scale_byte(amaxes[g], mode, pts, sc, scaling)
         for k in range(count - 1):
             for g in range(ng):
                 byte = cands[0, g]
-                valid, cand = _candidate(k, byte, policy, amaxes[g], pts, sc)
+                valid, cand = candidate(k, byte, policy, amaxes[g], pts, sc)
                 cands[k + 1, g] = cand if valid else byte
         for k in range(count):
             for g in range(ng):
-                mul, step = _multiplier(cands[k, g], pts, sc, scaling)
+                mul, step = multiplier(cands[k, g], pts, sc, scaling)
                 muls[k, g] = mul
                 steps[k, g] = step
         for g in range(ng):
             l0 = np.uint64((j + g) * size)
             for i in range(size):
-                values[i, g] = _load(xr[l0 + np.uint64(i)], kind, codec)
+                values[i, g] = load_value(xr[l0 + np.uint64(i)], kind, codec)
         for k in range(count):
             for g in range(ng):
                 sums[k, g] = 0.0
@@ -101,19 +101,19 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
                 if squared:
                     for g in range(ng):
                         u = values[i, g]
-                        v = _scaled(u, muls[k, g], scaling)
-                        d = np.float64(_dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
+                        v = scaled(u, muls[k, g], scaling)
+                        d = np.float64(dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
                         d = d - np.float64(f32_from_bits(u))
                         sums[k, g] += d * d
                 else:
                     for g in range(ng):
                         u = values[i, g]
-                        v = _scaled(u, muls[k, g], scaling)
-                        d = np.float64(_dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
+                        v = scaled(u, muls[k, g], scaling)
+                        d = np.float64(dequantized(v, np.uint32(0), steps[k, g], el, C.NEAREST_EVEN, fixed))
                         sums[k, g] += abs(d - np.float64(f32_from_bits(u)))
         for g in range(ng):
             chosen = cands[0, g]
-            if _policy_scale(chosen, amaxes[g], policy, pts, sc):
+            if policy_scale(chosen, amaxes[g], policy, pts, sc):
                 best = sums[0, g]
                 for k in range(1, count):
                     if sums[k, g] < best:

@@ -20,12 +20,12 @@ from .. import sources as S
 from ..hashing import random_bits
 from ..nibbles import nibble, nibble_pair, put_nibble
 from ..sources import SOURCE_F32  # a bare name: numba prunes branches on it
-from .elements import _code, _dequantized, _load, _scaled, _stream, _value
+from .elements import dequantized, element_code, element_value, load_value, scaled, stream
 from .hadamard import rotate_group
-from .policies import GROUP, MAX_SIZE, _group_scratch, grouped_scales, groups_policies
+from .policies import GROUP, MAX_SIZE, group_scratch, grouped_scales, groups_policies
 from .runs import CHUNK, RUN_BLOCK, run_dequantizer, run_elements, run_scratch
-from .scales import _candidate, _multiplier, _policy_scale, _row_amax, _row_errors, _scale_byte
-from .spec import BY_E4M3, FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Source, _flags, source_of
+from .scales import candidate, multiplier, policy_scale, row_amax, row_errors, scale_byte
+from .spec import BY_E4M3, FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Source, flags, source_of
 
 
 @jit(inline="always")
@@ -40,16 +40,16 @@ def _decoded_amax(m, src):  # pragma: no cover - compiled
 def _row_scale(xr, l0, l1, base, amax, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
     """The scale byte of the block ``xr[l0:l1]``: the plain rule, or the policy's best candidate
     (``cands``, ``errs``: scratch of 5 entries)."""
-    byte = _scale_byte(amax, mode, pts, sc, sc.scaling)
-    if not _policy_scale(byte, amax, policy, pts, sc):
+    byte = scale_byte(amax, mode, pts, sc, sc.scaling)
+    if not policy_scale(byte, amax, policy, pts, sc):
         return byte
     # the plain scale first; invalid candidates are evaluated with it (never strictly better)
     count = 5 if (policy == SEARCH_MSE) & (not sc.e8m0) else 2
     cands[0] = byte
     for k in range(count - 1):
-        valid, cand = _candidate(k, byte, policy, amax, pts, sc)
+        valid, cand = candidate(k, byte, policy, amax, pts, sc)
         cands[k + 1] = cand if valid else byte
-    _row_errors(xr, l0, l1, base, cands, count, pts, policy != FOUR_SIX_MAE, key, src, el, sc, errs)
+    row_errors(xr, l0, l1, base, cands, count, pts, policy != FOUR_SIX_MAE, key, src, el, sc, errs)
     best, chosen = errs[0], byte
     for k in range(1, count):
         if errs[k] < best:
@@ -77,7 +77,7 @@ def _block_amax(xr, l0, l1, src):  # pragma: no cover - compiled
 
 
 @jit
-def _row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
+def row_scales(xr, j0, j1, size, base, out, mode, policy, pts, key, src, el, sc, cands, errs):  # pragma: no cover
     """The scale bytes of blocks ``[j0, j1)`` of the row ``xr`` into ``out[j]`` (``cands``,
     ``errs``: scratch of 5 entries, see :func:`_row_scale`). A loop of its own, before the
     elements', and a function of its own: the per-block decisions (the format's constants, scale
@@ -98,7 +98,7 @@ def _row_plain_scales(
 ):  # pragma: no cover
     """The scale bytes of blocks ``[j0, j1)`` (at most :data:`~.runs.CHUNK`) of the row ``xr`` by
     the plain rule (kernels without scale policies), inlined into the kernel with the format's
-    constants and the vector lengths (see :func:`_row_amax`, :func:`~.spec._vector_length`)
+    constants and the vector lengths (see :func:`_row_amax`, :func:`~.spec.vector_length`)
     compiled in: the shared :func:`_row_scales`, with run-time constants, cost the quantisers up
     to a fifth of their speed. For e4m3fn scales, the amaxes first (``amaxes``: scratch), then the
     bytes in a loop of their own, which vectorises across blocks (their divisions included)."""
@@ -108,22 +108,22 @@ def _row_plain_scales(
         j = first + np.uint64(b)
         l0 = np.uint64(j * size)
         l1 = np.uint64(min(j * size + size, length))
-        amax = _row_amax(xr, l0, l1, kind, codec, v16, v32, v64)
+        amax = row_amax(xr, l0, l1, kind, codec, v16, v32, v64)
         if scaling != BY_E4M3:  # the e8m0 rules do not vectorise (nor need float scales, of long blocks): one loop
-            out[j] = _scale_byte(amax, mode, pts, sc, scaling)
+            out[j] = scale_byte(amax, mode, pts, sc, scaling)
         else:
             amaxes[b] = amax
     if scaling == BY_E4M3:
         for b in range(j1 - j0):
-            out[first + np.uint64(b)] = _scale_byte(amaxes[b], mode, pts, sc, scaling)
+            out[first + np.uint64(b)] = scale_byte(amaxes[b], mode, pts, sc, scaling)
 
 
 @jit(inline="always")
-def _scale_scratch():  # pragma: no cover - compiled
+def scale_scratch():  # pragma: no cover - compiled
     """The scratch of the scale loops, made once per kernel call: that of :func:`_row_scales`
     (candidate bytes and their errors), that of the grouped loop (:func:`~.policies.grouped_scales`)
     and the amaxes of a run of the plain loop (:func:`_row_plain_scales`)."""
-    return np.empty(5, np.uint32), np.empty(5, np.float64), _group_scratch(), np.empty(CHUNK, np.uint32)
+    return np.empty(5, np.uint32), np.empty(5, np.float64), group_scratch(), np.empty(CHUNK, np.uint32)
 
 
 def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, int]) -> Any:
@@ -134,7 +134,7 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
     blocks in vector registers where :func:`~.policies.groups_policies` says so (the specialised
     binding, :func:`~.policies.grouped_scales`), and every other block by the shared
     :func:`_row_scales` (the generic one); ``scratch`` is :func:`_scale_scratch`'s."""
-    kind, _, _, scaling = _flags(source, el, sc)
+    kind, _, _, scaling = flags(source, el, sc)
     policies = sc.policies  # a constant of the closure: numba compiles only the branch taken
     grouped = policies and groups_policies(source, el)
     group_of = grouped_scales(source, el, sc, vlens) if grouped else None
@@ -152,7 +152,7 @@ def _row_scaler(source: Source, el: Element, sc: Scale, vlens: tuple[int, int, i
                         ng = min(GROUP, min(j1, whole) - j)
                         group_of(xr, j, ng, size, mode, policy, pts, out, group)
                         j += ng
-            _row_scales(xr, j, j1, size, base, out, mode, policy, pts, key, source, el, sc, cands, errs)
+            row_scales(xr, j, j1, size, base, out, mode, policy, pts, key, source, el, sc, cands, errs)
         else:
             _row_plain_scales(xr, j0, j1, size, out, mode, pts, kind, source.codec, sc, scaling, v16, v32, v64, amaxes)
 
@@ -167,13 +167,13 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
     ``i0 + k``; every code is the NaN code in a block whose scale is the NaN byte. The plain row
     kernel runs it on the blocks of a row in place, the rotated one on each block rotated into
     a scratch row."""
-    kind, rmode, fixed, scaling = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     nan_code = el.nan_code
 
     @jit(inline="always")
     def block(xs, l0, l1, cr, c0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
-        mul, _ = _multiplier(byte, pts, sc, scaling)
+        mul, _ = multiplier(byte, pts, sc, scaling)
         nan_block = byte == np.uint32(sc.nan_byte)
         n = l1 - l0
         rnd = np.uint32(0)
@@ -182,7 +182,9 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
             for k in range(n):
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
-                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, scaling), rnd, el, rmode, fixed)
+                code = element_code(
+                    scaled(load_value(xs[l0 + k], kind, source.codec), mul, scaling), rnd, el, rmode, fixed
+                )
                 cr[c0 + k] = nan_code if nan_block else code
         elif (c0 & 1) == 0 and (n & 1) == 0:
             h0 = c0 >> np.uint64(1)
@@ -191,15 +193,17 @@ def _block_quantizer(source: Source, el: Element, sc: Scale, pack: bool) -> Any:
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, i0 + np.int64(k + k))
                     rnd_hi = random_bits(key_lo, key_hi, i0 + np.int64(k + k) + 1)
-                lo = _code(_scaled(_load(xs[lo_i], kind, source.codec), mul, scaling), rnd, el, rmode, fixed)
-                hi_u = _load(xs[lo_i + np.uint64(1)], kind, source.codec)
-                hi = _code(_scaled(hi_u, mul, scaling), rnd_hi, el, rmode, fixed)
+                lo = element_code(scaled(load_value(xs[lo_i], kind, source.codec), mul, scaling), rnd, el, rmode, fixed)
+                hi_u = load_value(xs[lo_i + np.uint64(1)], kind, source.codec)
+                hi = element_code(scaled(hi_u, mul, scaling), rnd_hi, el, rmode, fixed)
                 cr[h0 + k] = nan_code if nan_block else nibble_pair(lo, hi)
         else:
             for k in range(n):
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
-                code = _code(_scaled(_load(xs[l0 + k], kind, source.codec), mul, scaling), rnd, el, rmode, fixed)
+                code = element_code(
+                    scaled(load_value(xs[l0 + k], kind, source.codec), mul, scaling), rnd, el, rmode, fixed
+                )
                 pos = c0 + k
                 put_nibble(cr, pos >> np.uint64(1), nan_code if nan_block else code, pos & np.uint64(1))
 
@@ -211,18 +215,18 @@ def _block_fake_quantizer(source: Source, el: Element, sc: Scale) -> Any:
     pts, key_lo, key_hi)``: the dequantised values of the elements ``xs[l0:l1]`` under the scale
     ``byte`` into ``out`` from position ``o0``, element ``l0 + k`` rounded with the stochastic
     bits of index ``i0 + k`` (see :func:`_block_quantizer`)."""
-    kind, rmode, fixed, scaling = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
 
     @jit(inline="always")
     def block(xs, l0, l1, out, o0, i0, byte, pts, key_lo, key_hi):  # pragma: no cover - compiled
-        mul, scale = _multiplier(byte, pts, sc, scaling)
+        mul, scale = multiplier(byte, pts, sc, scaling)
         rnd = np.uint32(0)
         for k in range(l1 - l0):
             if stochastic:
                 rnd = random_bits(key_lo, key_hi, i0 + np.int64(k))
-            v = _scaled(_load(xs[l0 + k], kind, source.codec), mul, scaling)
-            out[o0 + k] = _dequantized(v, rnd, scale, el, rmode, fixed)
+            v = scaled(load_value(xs[l0 + k], kind, source.codec), mul, scaling)
+            out[o0 + k] = dequantized(v, rnd, scale, el, rmode, fixed)
 
     return block
 
@@ -275,12 +279,12 @@ def _row_tasks(
 
     @jit  # the kernel itself (or its one callee): inlining it as well cost a third more compile time
     def run(x, dst, scales, size, mode, policy, pts, key, idx0, signs, t0, t1):  # pragma: no cover - compiled
-        key_lo, key_hi = _stream(key)
+        key_lo, key_hi = stream(key)
         length = x.shape[1]
         nb = scales.shape[1]
         whole = length // size  # blocks [0, whole) of a row are whole
         options = (size, whole, mode, policy, pts, key, key_lo, key_hi)
-        space = (_scale_scratch(), run_scratch(vlen))
+        space = (scale_scratch(), run_scratch(vlen))
         rotated = np.empty(length if rotate else 0, np.uint32)
         t64 = np.empty(16, np.float64)
         t = t0
@@ -301,7 +305,7 @@ def _row_tasks(
     return run
 
 
-def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int, rotate: bool = False) -> Any:
+def row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int, rotate: bool = False) -> Any:
     """Row kernel ``(x, codes, scales, size, mode, policy, pts, key, idx0, signs, t0, t1)`` (``signs``:
     the rotation's, ``rotate``; else empty)."""
     read = source_of("float32") if rotate else source
@@ -309,7 +313,7 @@ def _row_quantize(source: Source, el: Element, sc: Scale, pack: bool, vlen: int,
     return _row_tasks(source, el, sc, vlen, _block_quantizer(read, el, sc, pack), runs, True, rotate)
 
 
-def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int, rotate: bool = False) -> Any:
+def row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int, rotate: bool = False) -> Any:
     """Row kernel ``(x, out, size, mode, policy, pts, key, idx0, signs, t0, t1)`` (``signs``: the
     rotation's, ``rotate``, whose values stay rotated; else empty)."""
     read = source_of("float32") if rotate else source
@@ -324,7 +328,7 @@ def _row_fake_quantize(source: Source, el: Element, sc: Scale, vlen: int, rotate
     return kernel
 
 
-def _row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
+def row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
     """Row kernel ``(codes, scales, out, size, pts, t0, t1)``: runs of whole blocks of ``vlen``
     (the format's own length) by :func:`~.runs.run_dequantizer`, every other block one by one."""
     scaling = sc.scaling
@@ -351,18 +355,18 @@ def _row_dequantize(el: Element, sc: Scale, packed: bool, vlen: int) -> Any:
                 for j in range(jw, je):
                     l0 = np.uint64(j * size)
                     l1 = np.uint64(min(j * size + size, length))
-                    _, scale = _multiplier(np.uint32(sr[j]), pts, sc, scaling)
+                    _, scale = multiplier(np.uint32(sr[j]), pts, sc, scaling)
                     if packed and (l0 & 1) == 0 and ((l1 - l0) & 1) == 0:
                         for k in range(l0 >> np.uint64(1), l1 >> np.uint64(1)):
                             pair = np.uint32(cr[k])
-                            orow[k + k] = _value(nibble(pair, 0), scale, el)
-                            orow[k + k + np.uint64(1)] = _value(nibble(pair, 1), scale, el)
+                            orow[k + k] = element_value(nibble(pair, 0), scale, el)
+                            orow[k + k + np.uint64(1)] = element_value(nibble(pair, 1), scale, el)
                     elif packed:
                         for pos in range(l0, l1):
-                            orow[pos] = _value(nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
+                            orow[pos] = element_value(nibble(cr[pos >> np.uint64(1)], pos & 1), scale, el)
                     else:
                         for pos in range(l0, l1):
-                            orow[pos] = _value(np.uint32(cr[pos]), scale, el)
+                            orow[pos] = element_value(np.uint32(cr[pos]), scale, el)
             t = (r + 1) * nb
 
     return kernel

@@ -27,9 +27,9 @@ import numpy as np
 from ..._jit import jit, u32_and, u32_or, u32_shl, u32_shr
 from .. import codec as C
 from ..hashing import random_bits
-from .elements import _code, _dequantized, _load, _scaled, _value
-from .scales import _multiplier
-from .spec import Element, Scale, Source, _flags
+from .elements import dequantized, element_code, element_value, load_value, scaled
+from .scales import multiplier
+from .spec import Element, Scale, Source, flags
 
 #: The most blocks of one run: their multipliers and a packed run's codes stay in L1.
 CHUNK = 64
@@ -51,7 +51,7 @@ def run_scratch(vlen):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _pair_bytes(w):  # pragma: no cover - compiled
+def pair_bytes(w):  # pragma: no cover - compiled
     """The packed byte of two codes held one per byte in the 16-bit word ``w`` (low byte first)."""
     w = np.uint32(w)
     return u32_or(u32_and(w, 0xF), u32_and(u32_shr(w, 4), 0xF0))
@@ -72,7 +72,7 @@ def _multipliers(sc: Scale) -> Any:
         """The multipliers and scales (:func:`~.scales._multiplier`) of blocks ``[j0, j0 + n)``."""
         first = np.uint64(j0)  # unsigned indices: a signed one costs a wraparound check per lane
         for b in range(n):
-            mul, step = _multiplier(np.uint32(sr[first + np.uint64(b)]), pts, sc, scaling)
+            mul, step = multiplier(np.uint32(sr[first + np.uint64(b)]), pts, sc, scaling)
             muls[b] = mul
             steps[b] = step
 
@@ -87,7 +87,7 @@ def run_elements(source: Source, el: Element, sc: Scale, vlen: int, pack: bool, 
     ``l`` rounded with the stochastic bits of index ``base + l``; ``scratch``:
     :func:`run_scratch`'s. What :func:`~.rows._block_quantizer` and
     :func:`~.rows._block_fake_quantizer` write block by block."""
-    kind, rmode, fixed, scaling = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     nan_code, nan_byte = el.nan_code, sc.nan_byte
     half = vlen // 2
@@ -109,18 +109,18 @@ def run_elements(source: Source, el: Element, sc: Scale, vlen: int, pack: bool, 
                 i = l0 + np.uint64(k)
                 if stochastic:
                     rnd = random_bits(key_lo, key_hi, base + np.int64(i))
-                v = _scaled(_load(xr[i], kind, codec), mul, scaling)
+                v = scaled(load_value(xr[i], kind, codec), mul, scaling)
                 if fake:
-                    dr[i] = _dequantized(v, rnd, step, el, rmode, fixed)
+                    dr[i] = dequantized(v, rnd, step, el, rmode, fixed)
                 elif pack:
-                    one_per_byte[o + np.uint64(k)] = _code(v, rnd, el, rmode, fixed)
+                    one_per_byte[o + np.uint64(k)] = element_code(v, rnd, el, rmode, fixed)
                 else:
-                    dr[i] = _code(v, rnd, el, rmode, fixed)
+                    dr[i] = element_code(v, rnd, el, rmode, fixed)
         if not fake:
             if pack:
                 h0 = np.uint64(j0 * half)
                 for h in range(n * half):
-                    dr[h0 + np.uint64(h)] = _pair_bytes(words[h])
+                    dr[h0 + np.uint64(h)] = pair_bytes(words[h])
             for b in range(n):  # blocks holding a NaN or an infinity
                 if np.uint32(sr[j0 + b]) == np.uint32(nan_byte):
                     if pack:
@@ -154,6 +154,6 @@ def run_dequantizer(el: Element, sc: Scale, vlen: int, pack: bool) -> Any:
             l0 = np.uint64(j0 * vlen) + o
             for k in range(vlen):  # a constant trip count: unrolled and vectorised
                 code = np.uint32(one_per_byte[o + np.uint64(k)]) if pack else np.uint32(cr[l0 + np.uint64(k)])
-                orow[l0 + np.uint64(k)] = _value(code, step, el)
+                orow[l0 + np.uint64(k)] = element_value(code, step, el)
 
     return values

@@ -11,7 +11,7 @@ from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_amax_abs, u32_and
 from .. import codec as C
 from .. import sources as S
 from ..hashing import random_bits
-from .elements import _dequantized, _fixed, _load, _scaled, _stream
+from .elements import dequantized, is_fixed_point, load_value, scaled, stream
 from .spec import (
     BY_DIVISION,
     BY_E8M0,
@@ -37,19 +37,19 @@ def _bit_length(v):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _row_amax(xr, l0, l1, kind, codec, v16, v32, v64):  # pragma: no cover - compiled
+def row_amax(xr, l0, l1, kind, codec, v16, v32, v64):  # pragma: no cover - compiled
     """The largest |x| pattern of ``xr[l0:l1]``; one vector reduction for a float32 block of 16,
     32 or 64 (``v16, v32, v64``: these lengths, compile-time constants, for float32 rows; else 0)."""
     n = l1 - l0
     if v32 != 0 and n == v32:
-        return _load(u32_amax_abs(xr, l0, v32), kind, codec)
+        return load_value(u32_amax_abs(xr, l0, v32), kind, codec)
     if v16 != 0 and n == v16:
-        return _load(u32_amax_abs(xr, l0, v16), kind, codec)
+        return load_value(u32_amax_abs(xr, l0, v16), kind, codec)
     if v64 != 0 and n == v64:
-        return _load(u32_amax_abs(xr, l0, v64), kind, codec)
+        return load_value(u32_amax_abs(xr, l0, v64), kind, codec)
     amax = np.uint32(0)
     for i in range(l0, l1):
-        a = u32_and(_load(xr[i], kind, codec), 0x7FFFFFFF)
+        a = u32_and(load_value(xr[i], kind, codec), 0x7FFFFFFF)
         amax = a if a > amax else amax
     return amax
 
@@ -127,7 +127,7 @@ def _float_scale(amax, sc, scaling):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _scale_byte(amax, mode, pts, sc, scaling):  # pragma: no cover - compiled
+def scale_byte(amax, mode, pts, sc, scaling):  # pragma: no cover - compiled
     """The scale byte of a block by the plain rule (NaN byte for a NaN/inf block; e8m0: 0 for
     an all-zero block, e4m3fn: the lower clamp 2^-6); of float scales, the float32 pattern of
     :func:`_float_scale`. ``scaling``: ``sc.scaling`` (``BY_*`` of :mod:`.spec`)."""
@@ -141,7 +141,7 @@ def _scale_byte(amax, mode, pts, sc, scaling):  # pragma: no cover - compiled
 
 
 @jit(inline="always")
-def _multiplier(byte, pts, sc, scaling):  # pragma: no cover - compiled
+def multiplier(byte, pts, sc, scaling):  # pragma: no cover - compiled
     """(What an element is multiplied by before encoding, the scale of the dequantised values),
     in float32: MX, (1 / X, X) = (2^(127 - byte), 2^(byte - 127)); NVFP4, (1 / s, s) single-level
     and ((1 / pts) / s, pts * s) two-level, torchao's order of operations; float scales, (s, s)
@@ -166,31 +166,31 @@ def _multiplier(byte, pts, sc, scaling):  # pragma: no cover - compiled
 
 
 @jit
-def _row_errors(xr, l0, l1, base, cands, count, pts, squared, key, src, el, sc, errs):  # pragma: no cover
+def row_errors(xr, l0, l1, base, cands, count, pts, squared, key, src, el, sc, errs):  # pragma: no cover
     """The error sums of the block ``xr[l0:l1]`` with the scales ``cands[:count]`` into
     ``errs[:count]``: for each, |dq - x| (or its square) in float64, accumulated left to right
     from 0.0. One element loop serves every candidate (compiled once, the block in cache)."""
-    key_lo, key_hi = _stream(key)
+    key_lo, key_hi = stream(key)
     rnd = np.uint32(0)
     for k in range(count):
-        mul, scale = _multiplier(cands[k], pts, sc, sc.scaling)
+        mul, scale = multiplier(cands[k], pts, sc, sc.scaling)
         err = 0.0
         for i in range(l0, l1):
             u = S.load(xr[i], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
                 rnd = random_bits(key_lo, key_hi, base + np.int64(i))
-            v = _scaled(u, mul, sc.scaling)
-            d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
+            v = scaled(u, mul, sc.scaling)
+            d = np.float64(dequantized(v, rnd, scale, el, el.mode, is_fixed_point(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
         errs[k] = err
 
 
 @jit
-def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc):  # pragma: no cover - compiled
+def tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc):  # pragma: no cover - compiled
     """The sum of |dq - x| (or its square) over the tile ``x[a, r0:r1, c0:c1]`` in C order, in float64,
     with the scale ``byte``."""
-    key_lo, key_hi = _stream(key)
-    mul, scale = _multiplier(byte, pts, sc, sc.scaling)
+    key_lo, key_hi = stream(key)
+    mul, scale = multiplier(byte, pts, sc, sc.scaling)
     rows, cols = x.shape[1], x.shape[2]
     err = 0.0
     rnd = np.uint32(0)
@@ -199,14 +199,14 @@ def _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc
             u = S.load(x[a, rr, cc], src.kind, src.codec)
             if el.mode == C.STOCHASTIC:
                 rnd = random_bits(key_lo, key_hi, idx0 + (a * rows + rr) * cols + cc)
-            v = _scaled(u, mul, sc.scaling)
-            d = np.float64(_dequantized(v, rnd, scale, el, el.mode, _fixed(el))) - np.float64(f32_from_bits(u))
+            v = scaled(u, mul, sc.scaling)
+            d = np.float64(dequantized(v, rnd, scale, el, el.mode, is_fixed_point(el))) - np.float64(f32_from_bits(u))
             err += d * d if squared else abs(d)
     return err
 
 
 @jit
-def _candidate(k, byte, policy, amax, pts, sc):  # pragma: no cover - compiled
+def candidate(k, byte, policy, amax, pts, sc):  # pragma: no cover - compiled
     """(valid, byte) of the ``k``-th (0..3) alternative scale a policy tries besides the plain
     one, in the order they are tried (the first of equal errors wins, and the plain scale wins
     every tie): four-over-six, the map-to-4 scale; MSE search, e8m0: the exponent above; e4m3fn:
@@ -220,7 +220,7 @@ def _candidate(k, byte, policy, amax, pts, sc):  # pragma: no cover - compiled
 
 
 @jit
-def _policy_scale(byte, amax, policy, pts, sc):  # pragma: no cover - compiled
+def policy_scale(byte, amax, policy, pts, sc):  # pragma: no cover - compiled
     """Whether a policy looks past the plain scale of this block (not for zero or NaN blocks)."""
     if not sc.policies:
         return False

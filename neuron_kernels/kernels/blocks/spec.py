@@ -1,7 +1,7 @@
 """What a block kernel is specialised on, as the kernels need it: the source (:class:`Source`),
 the element format (:class:`Element`) and the scale format (:class:`Scale`); the ids of the scale
 modes and policies, bound by name; the flags a kernel passes its helpers (:func:`_flags`); the
-block length a kernel reduces as one vector (:func:`_vector_length`)."""
+block length a kernel reduces as one vector (:func:`vector_length`)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ class Scale(NamedTuple):
     policies: bool
 
 
-def _element_of(bf: BlockFormat, rounding: str) -> Element:
+def element_of(bf: BlockFormat, rounding: str) -> Element:
     c = C.codec_of(bf.element_format)
     return Element(
         codec=c,
@@ -148,7 +148,7 @@ def _scaling(bf: BlockFormat, scale_mode: str) -> int:
     return BY_E8M0 if bf.is_mx else BY_E4M3
 
 
-def _scale_of(bf: BlockFormat, policies: bool = False, scale_mode: str = "") -> Scale:
+def scale_of(bf: BlockFormat, policies: bool = False, scale_mode: str = "") -> Scale:
     """The :class:`Scale` of a format (``scale_mode``: the float scales' rule, else ignored)."""
     sf = bf.scale_format
     wide = bf.float_scales
@@ -169,14 +169,14 @@ def _scale_of(bf: BlockFormat, policies: bool = False, scale_mode: str = "") -> 
     )
 
 
-def _flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, int]:
+def flags(source: Source, el: Element, sc: Scale) -> tuple[int, int, bool, int]:
     """The decisions the helpers branch on, as the separate constants a kernel passes them:
     the source kind, the rounding mode, fixed-point elements, how elements are scaled
     (``BY_*``)."""
     return source.kind, el.mode, el.codec.specials == C.FIXED, sc.scaling
 
 
-def _vector_length(source: str, fmt: BlockFormat) -> int:
+def vector_length(source: str, fmt: BlockFormat) -> int:
     """The block length the plain scale loop of a kernel reduces as one vector (a compile-time
     constant): the format's own, for the sources that have the vector reduction; 0 for none.
     Other lengths take the scalar loop: one vector length per kernel compiles faster than all

@@ -12,9 +12,9 @@ from ..._jit import f32_bits, jit, u32_and
 from .. import codec as C
 from ..hashing import random_bits
 from ..nibbles import nibble, nibble_pair, put_nibble
-from .elements import _code, _dequantized, _load, _scaled, _stream, _value
-from .scales import _candidate, _multiplier, _policy_scale, _scale_byte, _tile_error
-from .spec import BY_DIVISION, FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, _flags
+from .elements import dequantized, element_code, element_value, load_value, scaled, stream
+from .scales import candidate, multiplier, policy_scale, scale_byte, tile_error
+from .spec import BY_DIVISION, FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, flags
 
 
 @jit(inline="always")
@@ -28,14 +28,14 @@ def _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec):  # pragma: no cov
         for rr in range(r0, r1):
             xrow = x[a, rr]  # one view per row, unsigned indices: the loop is vectorised
             for cc in range(np.uint64(j0), np.uint64(j1)):
-                v = u32_and(_load(xrow[cc], kind, codec), 0x7FFFFFFF)
+                v = u32_and(load_value(xrow[cc], kind, codec), 0x7FFFFFFF)
                 amax[cc] = v if v > amax[cc] else amax[cc]
     else:
         for rr in range(r0, r1):
             for j in range(j0, j1):
                 m = amax[j]
                 for cc in range(j * cols, min(j * cols + cols, width)):
-                    v = u32_and(_load(x[a, rr, cc], kind, codec), 0x7FFFFFFF)
+                    v = u32_and(load_value(x[a, rr, cc], kind, codec), 0x7FFFFFFF)
                     m = v if v > m else m
                 amax[j] = m
 
@@ -50,7 +50,7 @@ def _tile_plain_scales(x, a, r0, r1, cols, j0, j1, amax, bytes_, mode, pts, kind
         _tile_amax(x, a, r0, r1, cols, j0, j1, amax, kind, codec)
     for j in range(j0, j1):
         m = f32_bits(pts) if given else amax[j]
-        bytes_[j] = _scale_byte(m, mode, pts, sc, sc.scaling)
+        bytes_[j] = scale_byte(m, mode, pts, sc, sc.scaling)
 
 
 @jit
@@ -63,16 +63,16 @@ def _tile_scales(
     _tile_amax(x, a, r0, r1, cols, j0, j1, amax, src.kind, src.codec)
     for j in range(j0, j1):
         m = amax[j]
-        byte = _scale_byte(m, mode, pts, sc, sc.scaling)
-        if _policy_scale(byte, m, policy, pts, sc):
+        byte = scale_byte(m, mode, pts, sc, sc.scaling)
+        if policy_scale(byte, m, policy, pts, sc):
             c0, c1 = j * cols, min(j * cols + cols, width)
             squared = policy != FOUR_SIX_MAE
-            best = _tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc)
+            best = tile_error(x, a, r0, r1, c0, c1, byte, pts, squared, key, idx0, src, el, sc)
             plain = byte
             for k in range(4):
-                valid, cand = _candidate(k, plain, policy, m, pts, sc)
+                valid, cand = candidate(k, plain, policy, m, pts, sc)
                 if valid:
-                    err = _tile_error(x, a, r0, r1, c0, c1, cand, pts, squared, key, idx0, src, el, sc)
+                    err = tile_error(x, a, r0, r1, c0, c1, cand, pts, squared, key, idx0, src, el, sc)
                     if err < best:
                         best, byte = err, cand
         bytes_[j] = byte
@@ -94,7 +94,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     into ``scales[a, i]``; else its dequantised value into ``dst`` (``scales`` not used). One body
     for both, the branch not taken pruned: numba's inlining of a closure per element cost a third
     more compile time."""
-    kind, rmode, fixed, scaling = _flags(source, el, sc)
+    kind, rmode, fixed, scaling = flags(source, el, sc)
     stochastic = el.mode == C.STOCHASTIC
     policies = sc.policies  # constants of the closure: numba compiles only the branches taken
     nan_code = el.nan_code
@@ -103,12 +103,14 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     def _tile_code(xrow, cc, col_mul, col_scale, base, key_lo, key_hi):  # pragma: no cover - compiled
         """The code of ``xrow[cc]`` with its column's multiplier; the NaN code under a NaN scale."""
         rnd = random_bits(key_lo, key_hi, base + np.int64(cc)) if stochastic else np.uint32(0)
-        code = _code(_scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], scaling), rnd, el, rmode, fixed)
+        code = element_code(
+            scaled(load_value(xrow[cc], kind, source.codec), col_mul[cc], scaling), rnd, el, rmode, fixed
+        )
         return nan_code if col_scale[cc] != col_scale[cc] else code
 
     @jit
     def run(x, dst, scales, nrt, nct, rows, cols, mode, policy, pts, key, idx0, t0, t1):  # pragma: no cover
-        key_lo, key_hi = _stream(key)
+        key_lo, key_hi = stream(key)
         height, width = x.shape[1], x.shape[2]
         amax = np.empty(nct, np.uint32)
         bytes_ = np.empty(nct, np.uint32)
@@ -134,7 +136,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                 for j in range(j0, j1):
                     if quantize:
                         scales[a, i, j] = bytes_[j]
-                    mul, scale = _multiplier(bytes_[j], pts, sc, scaling)
+                    mul, scale = multiplier(bytes_[j], pts, sc, scaling)
                     col_mul[j * cols : j * cols + cols] = mul  # slice fills: vectorised
                     col_scale[j * cols : j * cols + cols] = scale
                 # One view per row and unsigned indices: the element loops are vectorised.
@@ -147,8 +149,8 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
                         for cc in range(u0, u1):
                             if stochastic:
                                 rnd = random_bits(key_lo, key_hi, base + np.int64(cc))
-                            v = _scaled(_load(xrow[cc], kind, source.codec), col_mul[cc], scaling)
-                            drow[cc] = _dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
+                            v = scaled(load_value(xrow[cc], kind, source.codec), col_mul[cc], scaling)
+                            drow[cc] = dequantized(v, rnd, col_scale[cc], el, rmode, fixed)
                     elif pack == PACK_COLS:
                         drow = dst[a, rr]
                         for k in range(u0 >> np.uint64(1), u1 >> np.uint64(1)):
@@ -172,7 +174,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     return run
 
 
-def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
+def tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
     run = _tile_tasks(source, el, sc, True, pack)
 
     @jit
@@ -182,7 +184,7 @@ def _tile_quantize(source: Source, el: Element, sc: Scale, pack: int) -> Any:
     return kernel
 
 
-def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
+def tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
     run = _tile_tasks(source, el, sc, False, PACK_NONE)
 
     @jit
@@ -194,7 +196,7 @@ def _tile_fake_quantize(source: Source, el: Element, sc: Scale) -> Any:
     return kernel
 
 
-def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
+def tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
     scaling = sc.scaling
 
     @jit
@@ -208,7 +210,7 @@ def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
             r0 = i * rows
             r1 = min(r0 + rows, height)
             for j in range(nct):
-                _, scale = _multiplier(np.uint32(scales[a, i, j]), pts, sc, scaling)
+                _, scale = multiplier(np.uint32(scales[a, i, j]), pts, sc, scaling)
                 for cc in range(j * cols, min(j * cols + cols, width)):
                     col_scale[cc] = scale
             for rr in range(r0, r1):
@@ -219,6 +221,6 @@ def _tile_dequantize(el: Element, sc: Scale, pack: int) -> Any:
                         code = nibble(codes[a, rr, cc >> 1], cc & 1)
                     else:
                         code = nibble(codes[a, rr >> 1, cc], rr & 1)
-                    out[a, rr, cc] = _value(code, col_scale[cc], el)
+                    out[a, rr, cc] = element_value(code, col_scale[cc], el)
 
     return kernel
