@@ -134,8 +134,7 @@ def run_chunked(
         s, d, off = pieces[0]
         kernel(s, d, options, off)
     finally:
-        for f in futures:
-            f.result()
+        _join(futures)
 
 
 def run_tasks(kernel: Callable[..., None], ntasks: int, elements: int, args: tuple[Any, ...], align: int = 1) -> None:
@@ -159,5 +158,19 @@ def run_tasks(kernel: Callable[..., None], ntasks: int, elements: int, args: tup
     try:
         kernel(*args, *ranges[0])
     finally:
-        for f in futures:
-            f.result()
+        _join(futures)
+
+
+def _join(futures: list[Any]) -> None:
+    """Wait for every task: an interrupt (Ctrl-C) while waiting is raised once all have finished,
+    so that no thread is still writing into the arrays of a run that is being unwound."""
+    interrupted: BaseException | None = None
+    for f in futures:
+        while True:
+            try:
+                f.result()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+    if interrupted is not None:
+        raise interrupted

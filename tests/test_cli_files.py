@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import ml_dtypes
@@ -286,6 +287,33 @@ def test_bad_input(files):
     fails("error", "x.npy", "--plot", "hist.jpg", cwd=d, message="ending in .png")
 
 
+def test_an_interrupt_inside_the_compiler_waits_until_it_is_left():
+    """A signal landing while numba's compiler runs (compiling, or loading a kernel from the cache)
+    is acted on once the compiler is left, not inside it (where native objects are half-built)."""
+    script = textwrap.dedent(
+        """
+        import os, signal, time
+        from numba.core.compiler_lock import global_compiler_lock
+        from neuron_kernels import cli
+        cli_stop = vars(cli)["_stop"]
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, cli_stop)
+            try:
+                with global_compiler_lock:
+                    os.kill(os.getpid(), signum)
+                    time.sleep(0.3)
+                    print("left the compiler", flush=True)
+                time.sleep(5)
+                print("not interrupted")
+            except KeyboardInterrupt:
+                print("interrupted after", flush=True)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:4] == ["left the compiler", "interrupted after"] * 2, r.stdout
+
+
 def test_interrupted_run_leaves_no_output(tmp_path):
     """SIGINT and SIGTERM in the middle of a run: exit 130, no output, no partial file."""
     np.save(tmp_path / "big.npy", np.ones(24 << 20, np.float32))  # 96 MiB, read in 1 MiB pieces
@@ -306,7 +334,7 @@ def test_interrupted_run_leaves_no_output(tmp_path):
                 "1",
             ],
             cwd=tmp_path,
-            env=ENV,
+            env={**ENV, "PYTHONFAULTHANDLER": "1"},  # a crash shows where it happened
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

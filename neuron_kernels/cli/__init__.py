@@ -30,6 +30,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,10 +42,24 @@ from .progress import compile_notice
 __all__ = ["main"]
 
 
+def _in_compiler() -> bool:
+    """Whether this thread is inside numba's compiler (compiling a kernel or loading one from the
+    cache), which holds its lock throughout."""
+    lock = sys.modules.get("numba.core.compiler_lock")
+    return lock is not None and bool(lock.global_compiler_lock.is_locked())
+
+
 def _stop(signum: int, frame: Any) -> None:
-    """SIGINT or SIGTERM: stop the run. Objects the interrupt leaves half-built (a kernel in
-    mid-compile, a cache file being written) fail in their finalisers as the stack unwinds and at
-    exit; the run is over and its output removed, so they are not reported."""
+    """SIGINT or SIGTERM: stop the run. Not inside numba's compiler: an exception raised there can
+    leave native objects (LLVM modules, a library being finalised) half-built, whose release may
+    crash the process; the signal is sent again 20 ms later, until the compiler is left. Python
+    objects the interrupt leaves half-built (a cache file being written) fail in their finalisers as
+    the stack unwinds and at exit; the run is over and its output removed, so they are not reported."""
+    if _in_compiler():
+        again = threading.Timer(0.02, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
     sys.unraisablehook = _ignore
     raise KeyboardInterrupt
 
