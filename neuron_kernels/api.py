@@ -13,7 +13,7 @@ Every block format goes through :func:`quantize` / :func:`fake_quantize` / :func
 same with each family's options and defaults. They build a
 :class:`~neuron_kernels.blocks.scheme.Scheme`, which validates itself, and allocate; the kernels
 compute. Given a Dask array, they return lazy results
-(:mod:`neuron_kernels.lazy.blocks`: a ``LazyBlockArray``, a Dask array of values, a delayed
+(:mod:`neuron_kernels.lazy.block_arrays`: a ``LazyBlockArray``, a Dask array of values, a delayed
 ``QuantizationStats``).
 """
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .blocks.scheme import FakeMXOptions, MXOptions, NVFP4Options, SchemeOptions
-    from .lazy.blocks import LazyBlockArray
+    from .lazy.block_arrays import LazyBlockArray
 
 __all__ = [
     "cast",
@@ -137,7 +137,7 @@ def _job(x: Any, scheme: Scheme, family: tuple[tuple[str, ...], str]) -> tuple[n
 
 
 def _lazy_job(x: Any, scheme: Scheme, family: tuple[tuple[str, ...], str]) -> BlockJob:
-    from .lazy.blocks import as_dask
+    from .lazy.block_arrays import as_dask
 
     x = as_dask(x, "block quantisation")
     return scheme.job(x.ndim, get_format(x.dtype).name, *family)
@@ -148,7 +148,7 @@ def _quantized(x: Any, scheme: Scheme, out: BlockArray | None = None, family: An
     scales if given), or a LazyBlockArray of a Dask array (which has the same interface)."""
 
     def lazy(x: Any) -> Any:
-        from .lazy.blocks import quantize_lazy
+        from .lazy.block_arrays import quantize_lazy
 
         return quantize_lazy(x, _lazy_job(x, scheme, family))
 
@@ -161,7 +161,7 @@ def _quantized(x: Any, scheme: Scheme, out: BlockArray | None = None, family: An
 
 def _fake_quantized(x: Any, scheme: Scheme, out: Any, family: Any = _ALL) -> Any:
     def lazy(x: Any) -> Any:
-        from .lazy.blocks import fake_quantize_lazy
+        from .lazy.block_arrays import fake_quantize_lazy
 
         return fake_quantize_lazy(x, _lazy_job(x, scheme, family))
 
@@ -559,10 +559,10 @@ def quantization_error(x: Any, q: Any) -> Any:
     For an array quantised with a rotation (``rht=``), ``x`` is compared with the dequantised
     values rotated back (the error of the whole round trip). With a Dask array or a
     ``LazyBlockArray`` the result is a ``dask.delayed`` object whose ``.compute()`` gives the
-    statistics (see :func:`neuron_kernels.lazy.blocks.quantization_error_lazy`)."""
+    statistics (see :func:`neuron_kernels.lazy.block_arrays.quantization_error_lazy`)."""
 
     def lazy(x: Any) -> Any:
-        from .lazy.blocks import quantization_error_lazy
+        from .lazy.block_arrays import quantization_error_lazy
 
         return quantization_error_lazy(x, q)
 

@@ -283,7 +283,7 @@ class BlockBenchRow:
     torchao_gbs: float | None = None
     fresh_gbs: float = float("nan")
     #: The kernels' binding that quantised (``specialised``, or ``generic`` and why; see
-    #: :func:`neuron_kernels.kernels.blocks.binding`).
+    #: :func:`neuron_kernels.kernels.block_kernels.binding`).
     binding: str = ""
 
     @property

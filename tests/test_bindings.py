@@ -1,4 +1,4 @@
-"""Which binding of the block kernels a call runs (``neuron_kernels.kernels.blocks.binding``, the
+"""Which binding of the block kernels a call runs (``neuron_kernels.kernels.block_kernels.binding``, the
 label ``neuron-kernels bench`` prints per row): the specialised loops where the source, format,
 block length and rounding are compiled in, the generic shared loops elsewhere. The expectations
 are the rules of docs/performance.md, case by case."""

@@ -1256,8 +1256,8 @@ def test_per_tensor_scale_string_default_is_refused(fmt):
 )
 def test_rows_across_the_grouped_loops_and_runs(dtype, fmt, policy):
     """Rows of 3 x 64 + 1 whole blocks and a partial one: the scale and element loops over runs of
-    64 blocks (kernels/blocks/runs.py) and the policies' groups of up to 64 blocks
-    (kernels/blocks/policies.py) cross their bounds, and the partial block takes the per-block
+    64 blocks (kernels/block_kernels/runs.py) and the policies' groups of up to 64 blocks
+    (kernels/block_kernels/policies.py) cross their bounds, and the partial block takes the per-block
     loops; every rounding, packed and not; all against the reference."""
     length = 193 * nk.BLOCK_FORMATS[fmt].block_size + 5
     x = np.tile(policy_data(3), (1, length // 48 + 1))[:, :length]  # the special blocks among them
@@ -1281,9 +1281,9 @@ def test_rows_across_the_grouped_loops_and_runs(dtype, fmt, policy):
 )
 def test_tiles_across_column_chunks(dtype, fmt, options):
     """Tile kernels (a block axis other than the last, 2-D tiles) work through a row of tiles in
-    chunks of about CHUNK_COLUMNS columns (kernels/blocks/tiles.py): rows of two chunks and an odd
+    chunks of about CHUNK_COLUMNS columns (kernels/block_kernels/tiles.py): rows of two chunks and an odd
     remainder cross their bounds; every output against the reference."""
-    from neuron_kernels.kernels.blocks.tiles import CHUNK_COLUMNS
+    from neuron_kernels.kernels.block_kernels.tiles import CHUNK_COLUMNS
 
     width = 2 * CHUNK_COLUMNS + 35
     x = np.tile(policy_data(5), (1, width // 48 + 1))[:37, :width].copy()

@@ -1,4 +1,4 @@
-"""The source loaders (``neuron_kernels/kernels/sources.py``): the run-time switch ``load`` that the
+"""The source loaders (``neuron_kernels/kernels/loaders.py``): the run-time switch ``load`` that the
 block kernels' shared helpers call gives, for every source kind, what the kind's own loader of the
 table gives (the loader a cast kernel compiles in), bit for bit. The loaders' results themselves
 are checked against ml_dtypes by every cast test."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from neuron_kernels.formats import FORMATS
-from neuron_kernels.kernels import sources as S
+from neuron_kernels.kernels import loaders as S
 from neuron_kernels.kernels.codec import NO_CODEC, codec_of
 
 _rng = np.random.default_rng(7)

@@ -14,8 +14,8 @@ import pytest
 
 import neuron_kernels as nk
 from neuron_kernels.blocks.array import BlockArray
-from neuron_kernels.checkpoints.gguf import NVFP4_SCALED, dequantize_gguf, load_gguf, quantize_gguf
-from neuron_kernels.io.gguf import mxfp4_blocks, mxfp4_codes, nvfp4_blocks, nvfp4_codes, open_gguf
+from neuron_kernels.checkpoints.gguf_convert import NVFP4_SCALED, dequantize_gguf, load_gguf, quantize_gguf
+from neuron_kernels.io.gguf_file import mxfp4_blocks, mxfp4_codes, nvfp4_blocks, nvfp4_codes, open_gguf
 
 from .cli_runner import run
 from .gguf_models import tiny_llama_gguf

@@ -15,7 +15,7 @@ import pytest
 
 import neuron_kernels as nk
 from neuron_kernels.checkpoints.gguf_carry import carry_into_gguf
-from neuron_kernels.io.gguf import open_gguf
+from neuron_kernels.io.gguf_file import open_gguf
 
 from .cli_runner import run
 

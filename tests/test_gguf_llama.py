@@ -91,8 +91,8 @@ def test_llama_cpp_decodes_the_blocks_as_the_package(tmp_path):
     package's dequantisation of the same codes and scales, bit for bit."""
     _llama()
     from neuron_kernels.blocks.array import BlockArray
-    from neuron_kernels.checkpoints.gguf import load_gguf
-    from neuron_kernels.io.gguf import open_gguf
+    from neuron_kernels.checkpoints.gguf_convert import load_gguf
+    from neuron_kernels.io.gguf_file import open_gguf
 
     from .ggml_lib import MXFP4, NVFP4, ggml_decode
 

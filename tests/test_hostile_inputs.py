@@ -25,7 +25,7 @@ import pytest
 
 import neuron_kernels as nk
 from neuron_kernels.io.files import FileFormatError, open_arrays
-from neuron_kernels.io.gguf import open_gguf
+from neuron_kernels.io.gguf_file import open_gguf
 
 from .cli_runner import run
 from .command_checks import fails

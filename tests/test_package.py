@@ -207,7 +207,7 @@ def load(x, source, c):  # pragma: no cover - compiled
 
 
 def test_cache_follows_edits_of_inlined_helpers(tmp_path):
-    """A block kernel (defined in kernels/blocks/rows.py) of float16 input inlines the sources' ``load``:
+    """A block kernel (defined in kernels/block_kernels/rows.py) of float16 input inlines the sources' ``load``:
     after an edit of sources.py that leaves rows.py as it was, the cached kernel must not run the
     old ``load``; after edits of docstrings and comments only, it still comes from the cache."""
     pkg = tmp_path / "site"
@@ -240,7 +240,7 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     again, log = fake_quantize()  # nothing edited: the kernel comes from the cache
     assert again == before
     assert re.search(r"data loaded from .*rows\._row_fake_quantize", log), log
-    kernel_file = pkg / "neuron_kernels" / "kernels" / "blocks" / "rows.py"
+    kernel_file = pkg / "neuron_kernels" / "kernels" / "block_kernels" / "rows.py"
     kernel_stat = kernel_file.stat()
     codec = pkg / "neuron_kernels" / "kernels" / "codec.py"
     # docstrings, comments and blank lines are not code: the cached kernels stay valid

@@ -137,11 +137,11 @@ def test_ggml_quantiser_bytes(rng, fmt):
         import llama_cpp  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the environment
         runtime_missing(f"llama-cpp-python is not installed ({exc})")
-    from neuron_kernels.io import gguf
+    from neuron_kernels.io import gguf_file
 
     from .ggml_lib import MXFP4, NVFP4, ggml_quantize
 
-    ggml_type, blocks = {"mxfp4_e2m1": (MXFP4, gguf.mxfp4_blocks), "nvfp4": (NVFP4, gguf.nvfp4_blocks)}[fmt]
+    ggml_type, blocks = {"mxfp4_e2m1": (MXFP4, gguf_file.mxfp4_blocks), "nvfp4": (NVFP4, gguf_file.nvfp4_blocks)}[fmt]
     for x in (_special(rng), (rng.standard_normal((64, 512)) * 0.02).astype(np.float32)):
         q = nk.quantize(x, fmt, recipe="ggml", pack=False)
         assert q.per_tensor_scale is None
@@ -343,7 +343,7 @@ def test_float32_logarithms_of_the_e8m0_rules():
     subnormals included."""
     from numba import njit
 
-    from neuron_kernels.kernels import recipes as R
+    from neuron_kernels.kernels import recipe_kernels as R
 
     edges = np.concatenate([np.arange(0, 200), np.arange(0x7FF000 - 100, 0x800000)]).astype(np.uint32)
     patterns = (np.arange(0, 255, dtype=np.uint32)[:, None] << np.uint32(23) | edges[None, :]).ravel()[1:]

@@ -33,7 +33,7 @@ from .intrinsics import (
 )
 from .log import compiles, on_compile
 from .options import JIT_OPTIONS, jit, vectorize
-from .sources import KERNEL_SOURCES, PACKAGE_ROOT
+from .source_digest import KERNEL_SOURCES, PACKAGE_ROOT
 from .tiers import CPU_LEVELS, MANIFEST, compiled_root, compiled_tag, compiled_tiers, host_levels, local_cache_only
 
 __all__ = [

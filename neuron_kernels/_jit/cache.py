@@ -13,7 +13,7 @@ from typing import Any
 from numba.core.dispatcher import Dispatcher
 
 from .numba_internals import KeyedCache, dumps
-from .sources import PACKAGE_ROOT, cache_lock, sources_digest
+from .source_digest import PACKAGE_ROOT, cache_lock, sources_digest
 from .tiers import compiled_tiers, tiers_off
 
 #: Where each kernel this process loaded or compiled came from, by qualified name: ``"local"``
@@ -40,7 +40,7 @@ def closure_digest(fn: Callable[..., Any]) -> str:
 
 
 class TolerantCache(KeyedCache):
-    """numba's on-disk cache, keyed on the package's kernel sources as well (see
+    """numba's on-disk cache, keyed on the package's kernel source_digest as well (see
     :data:`~.sources.KERNEL_SOURCES`), and tolerant: an unreadable entry (a corrupted or truncated
     file) is a miss with a warning, not an exception in the user's call: the kernel is recompiled
     and the bad index removed so that the new compilation can be saved."""

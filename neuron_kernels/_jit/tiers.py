@@ -14,7 +14,7 @@ from typing import Any
 
 import numba
 
-from .sources import PACKAGE_ROOT
+from .source_digest import PACKAGE_ROOT
 
 #: The folder of the package's compiled tier (see :func:`compiled_tiers`).
 COMPILED_FOLDER = "_compiled"

@@ -59,7 +59,7 @@ def deliver(out: np.ndarray | None, target: np.ndarray | None, values: np.ndarra
 
 
 class BlockFields:
-    """What a block array in memory and a lazy one (:class:`~neuron_kernels.lazy.blocks.LazyBlockArray`)
+    """What a block array in memory and a lazy one (:class:`~neuron_kernels.lazy.block_arrays.LazyBlockArray`)
     share: the ``layout`` (:class:`~neuron_kernels.blocks.layout.BlockLayout`: format, shape, axis,
     blocks, packing), whose fields each reads as its own, ``per_tensor_scale``, ``rotation``,
     ``codes`` and ``scales``; their size and the start of their repr."""

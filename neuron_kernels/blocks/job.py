@@ -23,7 +23,7 @@ from ..registry import block_kernels
 from .array import BlockArray
 from .inputs import input_array
 from .layout import BlockLayout
-from .recipes import check_finite, ct_global_scale
+from .recipe_options import check_finite, ct_global_scale
 from .rotation import check_length, rotate_array, rotated_amax
 
 __all__ = ["BlockJob", "input_array", "per_tensor_scale_of", "tensor_amax"]
@@ -220,7 +220,7 @@ class BlockJob:
 
     def binding(self, shape: tuple[int, ...], src: Format, quantize: bool = True) -> str:
         """Which binding of the kernels quantises (``quantize`` False: fake-quantises) an array of
-        ``shape`` and dtype ``src`` (see :func:`~neuron_kernels.kernels.blocks.binding`)."""
+        ``shape`` and dtype ``src`` (see :func:`~neuron_kernels.kernels.block_kernels.binding`)."""
         if self.rule is not None:
             return f"recipe {self.recipe}: recipe_rows ({self.rule.scale})"
         row = self.layout(shape).kernel_shapes().row
@@ -238,7 +238,7 @@ class BlockJob:
 
     def error_sums(self, arr: np.ndarray, src: Format) -> np.ndarray | None:
         """The per-row error sums (rows, N_SUMS) of quantising the C-contiguous ``arr``, from one
-        pass that writes no codes (see :func:`~neuron_kernels.kernels.blocks.quantize_error_kernel`);
+        pass that writes no codes (see :func:`~neuron_kernels.kernels.block_kernels.quantize_error_kernel`);
         None where the statistics need the codes: blocks not along the last axis, 2-D blocks, a
         rotation, another rounding than nearest-even."""
         if self.rotation is not None or self.rounding != "nearest_even" or self.block_rows > 1 or self.rule is not None:

@@ -23,7 +23,7 @@ from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError, Un
 from ..formats import BLOCK_FORMATS, BlockFormat
 from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
 from .job import BlockJob
-from .recipes import recipe_options, weight_dtype
+from .recipe_options import recipe_options, weight_dtype
 from .rotation import rotation_signs
 
 __all__ = [

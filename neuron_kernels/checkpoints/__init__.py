@@ -35,8 +35,8 @@ from .convert import (
 from .folder import CONFIG_NAME as CONFIG_NAME
 from .folder import INDEX_NAME as INDEX_NAME
 from .folder import Checkpoint, LinkRefusedError, follow_links, open_checkpoint
-from .gguf import dequantize_gguf, load_gguf, quantize_gguf
 from .gguf_carry import carry_into_gguf
+from .gguf_convert import dequantize_gguf, load_gguf, quantize_gguf
 from .layouts import LAYOUTS, CheckpointLayout, StoredWeight
 from .layouts import Output as Output
 from .layouts import detect_layout as detect_layout

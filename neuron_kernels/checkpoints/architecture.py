@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..io.arrays import FileFormatError
-from .runtime_modules import EXPERT_SPLITS, ExpertSplit, RuntimeModules, runtime_modules
+from .runtime_modules import EXPERT_SPLITS, SPLIT_FOR_METHODS, ExpertSplit, RuntimeModules, runtime_modules
 
 __all__ = [
     "Architecture", "architecture_of", "from_model", "normalise", "TABLE_PATH", "MODULES_SOURCES", "table",
@@ -205,7 +205,8 @@ def _splits(modules: dict[str, Any]) -> dict[str, str]:
     out = {}
     for name, module in modules.items():
         entry = patched.get(type(module).__name__)
-        if entry and any(getattr(m, "value", m) == "compressed-tensors" for m in entry.get("quantization_methods", ())):
+        methods = {getattr(m, "value", m) for m in (entry or {}).get("quantization_methods", ())}
+        if methods & set(SPLIT_FOR_METHODS):
             out[name] = type(module).__name__
     return out
 

@@ -64,7 +64,7 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
     NVFP4's per-tensor scale is the one quantised with when this package wrote the checkpoint,
     else ``1 / weight_global_scale`` in float32."""
     if os.fspath(path).lower().endswith(".gguf"):  # llama.cpp's file: its own reader
-        from .gguf import load_gguf
+        from .gguf_convert import load_gguf
 
         return load_gguf(path, names)
     ckpt, layout = open_any(os.fspath(path))

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidValueError, NotApplicableError
-from ..io.gguf import UINT32, GgufFile, GgufOutput, GgufTensor, byte_pieces, open_gguf
+from ..io.gguf_file import UINT32, GgufFile, GgufOutput, GgufTensor, byte_pieces, open_gguf
 from ..io.outputs import atomic_output
-from .gguf import GGUF_FORMATS, NVFP4_SCALED
+from .gguf_convert import GGUF_FORMATS, NVFP4_SCALED
 from .layouts import open_any, stored_weights
 from .reports import TensorReport
 

@@ -33,7 +33,7 @@ from ..blocks.scheme import DEFAULT, block_job
 from ..errors import InvalidValueError, NotApplicableError
 from ..formats import BLOCK_FORMATS, BlockFormat
 from ..io.arrays import FileFormatError
-from ..io.gguf import (
+from ..io.gguf_file import (
     UINT32,
     GgufFile,
     GgufOutput,

@@ -330,3 +330,8 @@ EXPERT_SPLITS: dict[str, ExpertSplit] = {
         "(SequentialLlama4TextExperts)",
     ),
 }
+
+#: The ``quant_method`` of the checkpoints for which transformers splits a stacked-experts module
+#: into per-expert Linear modules (the ``quantization_methods`` of its entry in
+#: ``MODULES_TO_PATCH_FOR_QUANTIZATION``, transformers 5.25 ``quantizers/base.py``).
+SPLIT_FOR_METHODS = ("compressed-tensors",)

@@ -105,7 +105,8 @@ class ArrayFileKind:
     ``open(path)`` gives its arrays (no data read); ``write(path, items)`` writes
     :class:`OutArray` items piece by piece; ``one_array``: it holds exactly one array;
     ``native_dtypes``: it stores the ml_dtypes types (bfloat16, FP8) as themselves (otherwise as
-    their unsigned-integer codes, see :meth:`stored_dtype`)."""
+    their unsigned-integer codes, see :meth:`stored_dtype`); ``block_file``: it is the package's
+    block file, which holds quantised arrays with their scales (``quantize``'s output)."""
 
     name: str
     suffix: str
@@ -113,6 +114,7 @@ class ArrayFileKind:
     write: Callable[[str, list[OutArray]], None]
     one_array: bool = False
     native_dtypes: bool = False
+    block_file: bool = False
 
     def stored_dtype(self, dtype: Any) -> np.dtype:
         """The dtype an array of ``dtype`` is written with: .npy/.npz cannot describe the

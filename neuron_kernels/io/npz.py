@@ -194,4 +194,4 @@ def _write_npz(path: str, items: list[OutArray]) -> None:
                     m.write(piece)
 
 
-register_file_kind(ArrayFileKind("npz", ".npz", _npz_entries, _write_npz))
+register_file_kind(ArrayFileKind("npz", ".npz", _npz_entries, _write_npz, block_file=True))

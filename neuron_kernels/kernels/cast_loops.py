@@ -15,9 +15,9 @@ import numpy as np
 from .._jit import f32_from_bits, jit, u32_shl
 from .codec import E8M0, STOCHASTIC, Codec, encode, encode_e8m0
 from .hashing import random_bits
+from .loaders import SOURCE_F64_SPLIT, SOURCE_INT, loader
 from .narrowing import f64_rest
-from .nibbles import nibble, nibble_pair
-from .sources import SOURCE_F64_SPLIT, SOURCE_INT, loader
+from .nibble_kernels import nibble, nibble_pair
 
 __all__ = ["Store", "storer", "make_cast_kernel", "copy_items", "look_up_items"]
 

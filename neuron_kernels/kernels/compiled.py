@@ -94,9 +94,9 @@ def _make_entry(source: Format, target: Format) -> Callable[[np.ndarray, np.ndar
             table = tables.get(key_)
             if table is None:
                 table = tables[key_] = _table(s_el, t_el, *key_)
-            from . import casts
+            from . import cast_loops
 
-            casts.look_up_items(view_in(src), table, view_out(dst))
+            cast_loops.look_up_items(view_in(src), table, view_out(dst))
             return
         key = stream_key(options.seed or 0)
         kernel_for(options)(view_in(src), view_out(dst), key, start)
@@ -148,8 +148,8 @@ def _plan(
     """What computes ``source -> target`` for one rounding mode and saturation: ``("copy", ())``
     (items moved as they are, or integers converted), ``("pack", ())`` / ``("unpack", ())`` (4-bit
     codes in and out of bytes, bits unchanged), or ``("codec", (src_kind, src_codec, tgt_kind,
-    tgt_codec, mode, saturate, layout))``: the arguments of :func:`~.casts.make_cast_kernel`."""
-    from . import casts, codec, sources
+    tgt_codec, mode, saturate, layout))``: the arguments of :func:`~.cast_loops.make_cast_kernel`."""
+    from . import cast_loops, codec, loaders
 
     if s_el.name == t_el.name and not saturate:
         # The same values in another container: move the bits (NaN payloads included).
@@ -163,31 +163,31 @@ def _plan(
         # to a float32 target, numpy's conversion; to a narrower one, one rounding of the integer
         # (ml_dtypes 0.7.0), through float32 rounded to odd
         narrower = not (t_el.float32_values or t_el.float64_items)
-        src_kind, src_codec = (sources.SOURCE_INT_ODD if narrower else sources.SOURCE_INT), codec.NO_CODEC
+        src_kind, src_codec = (loaders.SOURCE_INT_ODD if narrower else loaders.SOURCE_INT), codec.NO_CODEC
     elif s_el.float32_items:
-        src_kind, src_codec = sources.SOURCE_F32, codec.NO_CODEC
+        src_kind, src_codec = loaders.SOURCE_F32, codec.NO_CODEC
     elif s_el.float64_items:
         # Every mode rounds the float64 value once (as ml_dtypes 0.7.0 and numpy's float16 do),
         # which rounding to float32 "to odd" first preserves. Stochastic rounding needs every bit
         # below the target's ulp (to 2^-32 of it), which a float32 rounded to odd loses.
-        src_kind = sources.SOURCE_F64_SPLIT if rounding == "stochastic" else sources.SOURCE_F64_ODD
+        src_kind = loaders.SOURCE_F64_SPLIT if rounding == "stochastic" else loaders.SOURCE_F64_ODD
         src_codec = codec.NO_CODEC
         if target.float64_items:
             return "copy", ()
     else:
-        src_kind, src_codec = sources.source_of_codes(s_el), codec.codec_of(s_el)
+        src_kind, src_codec = loaders.source_of_codes(s_el), codec.codec_of(s_el)
     if t_el.float32_values:
-        tgt_kind, tgt_codec = casts.TARGET_F32, codec.NO_CODEC
+        tgt_kind, tgt_codec = cast_loops.TARGET_F32, codec.NO_CODEC
     elif t_el.float64_items:
-        tgt_kind, tgt_codec = casts.TARGET_F64, codec.NO_CODEC
+        tgt_kind, tgt_codec = cast_loops.TARGET_F64, codec.NO_CODEC
     else:
-        tgt_kind, tgt_codec = casts.TARGET_CODES, codec.codec_of(t_el)
+        tgt_kind, tgt_codec = cast_loops.TARGET_CODES, codec.codec_of(t_el)
     layout = (
-        casts.UNPACK_NIBBLES
+        cast_loops.UNPACK_NIBBLES
         if fp4_in and not fp4_out
-        else casts.PACK_NIBBLES
+        else cast_loops.PACK_NIBBLES
         if fp4_out and not fp4_in
-        else casts.ELEMENTWISE
+        else cast_loops.ELEMENTWISE
     )
     if fp4_in and fp4_out:
         return "copy", ()
@@ -204,12 +204,16 @@ def _build(
     rounding: str,
     saturate: bool,
 ) -> Any:
-    from . import casts, nibbles
+    from . import cast_loops, nibble_kernels
 
     how, args = _plan(source, target, s_el, t_el, fp4_in, fp4_out, rounding, saturate)
     if how == "codec":
-        return casts.make_cast_kernel(*args)
-    return {"copy": casts.copy_items, "pack": nibbles.pack_nibbles, "unpack": nibbles.unpack_nibbles}[how]
+        return cast_loops.make_cast_kernel(*args)
+    return {
+        "copy": cast_loops.copy_items,
+        "pack": nibble_kernels.pack_nibbles,
+        "unpack": nibble_kernels.unpack_nibbles,
+    }[how]
 
 
 def _ufunc_dtype(fmt: Format) -> str:

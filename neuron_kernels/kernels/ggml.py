@@ -2,13 +2,13 @@
 one pass: a block of ``block`` elements is its ``block // group`` scale bytes, then each group of
 ``group`` elements as ``group // 2`` bytes, byte ``j`` holding element ``j`` of the group in its
 low nibble and element ``j + group // 2`` in its high one (``block_mxfp4``: 32 elements, one
-group of 32; ``block_nvfp4``: 64 elements, four groups of 16). :mod:`neuron_kernels.io.gguf`
+group of 32; ``block_nvfp4``: 64 elements, four groups of 16). :mod:`neuron_kernels.io.gguf_file`
 has the numpy inverse and the layouts' description."""
 
 from __future__ import annotations
 
 from .._jit import jit
-from .nibbles import nibble_pair
+from .nibble_kernels import nibble_pair
 
 __all__ = ["ggml_blocks"]
 

@@ -17,10 +17,10 @@ import numpy as np
 
 from .._parallel import PARALLEL_MIN_ELEMENTS, get_num_threads, read_only, run_tasks
 from ..formats import FORMATS, BlockFormat
-from . import blocks as K
+from . import block_kernels as K
 from . import codec as C
-from .blocks.spec import element_of, source_of, vector_length
-from .recipes import RecipeSpec, element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
+from .block_kernels.spec import element_of, source_of, vector_length
+from .recipe_kernels import RecipeSpec, element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
 
 __all__ = [
     "N_SUMS",
@@ -38,7 +38,7 @@ __all__ = [
     "row_error_sums",
 ]
 
-#: The error sums of a row, as the kernels store them (see :mod:`.blocks.errors`).
+#: The error sums of a row, as the kernels store them (see :mod:`.block_kernels.error_sums`).
 N_SUMS = K.N_SUMS
 input_view = K.input_view
 error_fold = K.error_sums

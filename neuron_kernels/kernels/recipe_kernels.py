@@ -20,10 +20,10 @@ import numpy as np
 from .._jit import f32_bits, f32_from_bits, jit, u32_and
 from ..recipes import ELEMENT_RULES, SCALE_RULES, ZERO_SIGNS
 from . import codec as C
-from .blocks.elements import load_value, nearest_even
-from .blocks.runs import pair_bytes
-from .blocks.scales import row_amax
-from .blocks.spec import Element
+from .block_kernels.elements import load_value, nearest_even
+from .block_kernels.runs import pair_bytes
+from .block_kernels.scales import row_amax
+from .block_kernels.spec import Element
 
 __all__ = ["RecipeSpec", "recipe_rows", "recipe_amax", "recipe_scales", "rule_id", "element_id", "zero_id"]
 

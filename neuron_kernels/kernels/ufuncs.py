@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from .._jit import f32_bits, f32_from_bits, vectorize
-from .casts import Store, storer
+from .cast_loops import Store, storer
 from .codec import Codec
-from .sources import loader
+from .loaders import loader
 
 __all__ = ["make_cast_ufunc", "make_copy_ufunc"]
 

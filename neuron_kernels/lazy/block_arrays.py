@@ -350,7 +350,7 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
     x = da.asarray(x).rechunk(q.chunks)
     codes, scales = q.codes, q.scales
     if by_rows(q):
-        from ..kernels.blocks import N_SUMS  # the error sums of a row, as the kernels store them
+        from ..kernels.block_kernels import N_SUMS  # the error sums of a row, as the kernels store them
 
         last = x.ndim - 1
         if len(q.chunks[last]) > 1:

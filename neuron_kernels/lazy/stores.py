@@ -176,7 +176,7 @@ def open_quantized(path: str, name: str | None = None) -> Any:
     :func:`quantize_to_zarr`, as a :class:`~.blocks.LazyBlockArray`."""
     zarr = require("zarr", "a Zarr store")
     da = require("dask.array", "a Zarr store")
-    from .blocks import LazyBlockArray
+    from .block_arrays import LazyBlockArray
 
     root = zarr.open_group(path, mode="r")
     group = root if name is None or name == "" else root[name]

@@ -125,8 +125,8 @@ def _safetensors(path: str, slot: Slot, work: str) -> None:
 
 
 def _gguf(path: str, slot: Slot, work: str) -> None:
-    from neuron_kernels.checkpoints.gguf import load_gguf
-    from neuron_kernels.io.gguf import open_gguf
+    from neuron_kernels.checkpoints.gguf_convert import load_gguf
+    from neuron_kernels.io.gguf_file import open_gguf
 
     def read() -> None:
         header = open_gguf(path)
@@ -221,7 +221,7 @@ def _reads_back(output: str) -> list[tuple[str, tuple[int, ...]]]:
     from neuron_kernels.checkpoints.layouts import open_any
     from neuron_kernels.io.blockfile import read_block_file
     from neuron_kernels.io.files import open_arrays
-    from neuron_kernels.io.gguf import open_gguf
+    from neuron_kernels.io.gguf_file import open_gguf
 
     if output.endswith(".gguf"):
         return [(t.name, t.shape) for t in open_gguf(output).tensors.values()]

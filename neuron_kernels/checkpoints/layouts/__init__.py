@@ -19,7 +19,7 @@ import os
 
 from ...io.files import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
-from . import compressed_tensors, finegrained_fp8, gptoss, modelopt, npz
+from . import compressed_tensors, finegrained_fp8, gptoss, modelopt, npz_layout
 from .records import CheckpointLayout, Output, StoredWeight, Weight
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
 #: Every checkpoint layout, by the name ``--layout`` takes.
 LAYOUTS: dict[str, CheckpointLayout] = {
     layout.name: layout
-    for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz.LAYOUT, modelopt.LAYOUT, finegrained_fp8.LAYOUT)
+    for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz_layout.LAYOUT, modelopt.LAYOUT, finegrained_fp8.LAYOUT)
 }
 
 #: The layout a checkpoint folder is written in where none is chosen (``--layout``).

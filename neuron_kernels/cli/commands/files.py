@@ -27,7 +27,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ...io.files import array_file_kind, atomic_output
     from ...io.stream import quantize_file
 
-    if array_file_kind(args.output, "output").name != "npz":
+    if not array_file_kind(args.output, "output").block_file:
         raise UsageError(f"OUTPUT must be a .npz file (the package's block file), not {args.output!r}")
     if args.require_exact or args.no_stats:
         flag = "--require-exact" if args.require_exact else "--no-stats"

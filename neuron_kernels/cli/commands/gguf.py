@@ -1,5 +1,5 @@
 """``quantize`` and ``dequantize`` of GGUF files (llama.cpp's), GGUF in and GGUF out
-(:mod:`neuron_kernels.checkpoints.gguf`)."""
+(:mod:`neuron_kernels.checkpoints.gguf_convert`)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _check_paths(args: argparse.Namespace, what: str) -> None:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ...checkpoints.gguf import GGUF_FORMATS, quantize_gguf
+    from ...checkpoints.gguf_convert import GGUF_FORMATS, quantize_gguf
 
     if getattr(args, "template", None) is not None:
         return _carry(args)
@@ -121,7 +121,7 @@ def _carry(args: argparse.Namespace) -> int:
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
-    from ...checkpoints.gguf import dequantize_gguf
+    from ...checkpoints.gguf_convert import dequantize_gguf
 
     _check_paths(args, "dequantised")
     dtype = args.dtype or "float32"

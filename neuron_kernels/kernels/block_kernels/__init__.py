@@ -46,16 +46,16 @@ Modules, one per job:
   per block and candidate, each summed in the shared loop's order), the specialised binding of
   :func:`~.rows._row_scales` for nearest-even rounding of float32 and 16-bit sources;
 - :mod:`.hadamard`: the random Hadamard rotation of a 16-element group;
-- :mod:`.rotation`: the kernels of the rotation and of the rotated input's amax (the row kernels
+- :mod:`.rotated`: the kernels of the rotation and of the rotated input's amax (the row kernels
   of the rotated input are :mod:`.rows`' own, which rotate each run of blocks into a scratch row
   first);
-- :mod:`.errors`: the error statistics, every element folded by one helper;
+- :mod:`.error_sums`: the error statistics, every element folded by one helper;
 - :mod:`.factories`: the public kernels, one compiled closure per specialisation.
 """
 
-from .errors import N_SUMS, error_sums, quantize_error_kernel, row_error_kernel
+from .error_sums import N_SUMS, error_sums, quantize_error_kernel, row_error_kernel
 from .factories import binding, dequantize_kernel, fake_quantize_kernel, finite_amax_kernel, quantize_kernel
-from .rotation import rotate_kernel, rotated_amax_kernel
+from .rotated import rotate_kernel, rotated_amax_kernel
 from .spec import PACK_COLS, PACK_ROWS, PLAIN, input_view, policy_id, scale_mode_id
 
 __all__ = [

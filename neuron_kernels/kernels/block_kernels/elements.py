@@ -9,9 +9,9 @@ import numpy as np
 
 from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_and, u32_or, u32_shl, u32_shr, u32_sub
 from .. import codec as C
-from .. import sources as S
+from .. import loaders as S
 from ..codec import NEAREST_EVEN
-from ..sources import SOURCE_BF16, SOURCE_F32  # bare names: numba prunes branches on them
+from ..loaders import SOURCE_BF16, SOURCE_F32  # bare names: numba prunes branches on them
 from .spec import BY_DIVISION, BY_E8M0, BY_POW2
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..._jit import f32_from_bits, jit
 from ...formats import BlockFormat
 from .. import codec as C
-from ..nibbles import nibble
+from ..nibble_kernels import nibble
 from .elements import dequantized, element_value, load_value, scaled
 from .rows import row_scales, scale_scratch
 from .scales import multiplier

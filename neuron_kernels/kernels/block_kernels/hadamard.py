@@ -1,5 +1,5 @@
 """The random Hadamard rotation of one 16-element group (:func:`rotate_group`): what the rotation
-kernels (:mod:`.rotation`) and the row kernels of the rotated input (:mod:`.rows`) compute."""
+kernels (:mod:`.rotated`) and the row kernels of the rotated input (:mod:`.rows`) compute."""
 
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ import numpy as np
 
 from ..._jit import jit, u32_amax_abs, u32_and
 from .. import codec as C
-from .. import sources as S
+from .. import loaders as S
 from ..hashing import random_bits
-from ..nibbles import nibble, nibble_pair, put_nibble
-from ..sources import SOURCE_F32  # a bare name: numba prunes branches on it
+from ..loaders import SOURCE_F32  # a bare name: numba prunes branches on it
+from ..nibble_kernels import nibble, nibble_pair, put_nibble
 from .elements import dequantized, element_code, element_value, load_value, scaled, stream
 from .hadamard import rotate_group
 from .policies import GROUP, MAX_SIZE, group_scratch, grouped_scales, groups_policies
@@ -31,7 +31,7 @@ from .spec import BY_E4M3, FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Sour
 @jit(inline="always")
 def _decoded_amax(m, src):  # pragma: no cover - compiled
     """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
-    of 16-bit sources are decoded once, after the reduction), the source known at run time. A
+    of 16-bit loaders are decoded once, after the reduction), the source known at run time. A
     kernel's own reduction (:func:`_row_amax`) decodes with :func:`~.elements._load`."""
     return m if src.kind == SOURCE_F32 else S.load(m, src.kind, src.codec)
 

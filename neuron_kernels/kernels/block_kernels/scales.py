@@ -9,7 +9,7 @@ import numpy as np
 
 from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_amax_abs, u32_and, u32_or, u32_shl, u32_shr, u32_sub
 from .. import codec as C
-from .. import sources as S
+from .. import loaders as S
 from ..hashing import random_bits
 from .elements import dequantized, is_fixed_point, load_value, scaled, stream
 from .spec import (

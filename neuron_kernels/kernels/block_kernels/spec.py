@@ -13,7 +13,7 @@ from ..._parallel import read_only
 from ...formats import FORMATS, BlockFormat
 from ...modes import FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
 from .. import codec as C
-from .. import sources as S
+from .. import loaders as S
 
 #: Scale-mode ids, bound by name: an id is the mode's index in ``modes.SCALE_MODES``.
 FLOOR, CEIL, EVEN, RCEIL, NEURON, NEAREST, DIVIDE, RECIPROCAL, POW2 = (

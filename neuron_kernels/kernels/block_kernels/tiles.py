@@ -11,7 +11,7 @@ import numpy as np
 from ..._jit import f32_bits, jit, u32_and
 from .. import codec as C
 from ..hashing import random_bits
-from ..nibbles import nibble, nibble_pair, put_nibble
+from ..nibble_kernels import nibble, nibble_pair, put_nibble
 from .elements import dequantized, element_code, element_value, load_value, scaled, stream
 from .scales import candidate, multiplier, policy_scale, scale_byte, tile_error
 from .spec import BY_DIVISION, FOUR_SIX_MAE, PACK_COLS, PACK_NONE, Element, Scale, Source, flags
