@@ -28,7 +28,7 @@ class BuildPyWithCompiledTier(build_py):
             return
         sys.path.insert(0, os.path.abspath(self.build_lib))
         try:
-            from neuron_kernels.warmup import build_compiled_tier
+            from neuron_kernels.tools.warmup import build_compiled_tier
 
             dest = os.path.join(self.build_lib, "neuron_kernels", "_compiled")
             for level in _levels():

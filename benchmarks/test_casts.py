@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import STOCHASTIC_PAIRS, default_pairs, peer_of
+from neuron_kernels.tools.bench import STOCHASTIC_PAIRS, default_pairs, peer_of
 
 from .conftest import SIZES, float32_input
 

@@ -1,7 +1,7 @@
 """Block-format (MX, NVFP4) quantise / dequantise / fake-quantise throughput, with the copy baseline
 and the peers in the same run.
 
-The cases are ``neuron_kernels.bench.BLOCK_CASES``: every MX format (floor scale), NVFP4 with its
+The cases are ``neuron_kernels.tools.bench.BLOCK_CASES``: every MX format (floor scale), NVFP4 with its
 per-tensor scale from the amax or given, its four-over-six and MSE-search policies and the random
 Hadamard rotation. The peers, ``numpy_reference_quantize`` / ``numpy_reference_nvfp4``, are
 straightforward numpy + ml_dtypes implementations (what one writes without this package); torchao's
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import (
+from neuron_kernels.tools.bench import (
     BLOCK_CASES,
     GIVEN,
     SOURCE,

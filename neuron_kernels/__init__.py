@@ -4,6 +4,7 @@ Importing the package compiles nothing and does not import numba; each kernel is
 loaded from the on-disk cache) the first time it runs.
 """
 
+from ._compat import find_moved_modules
 from ._parallel import get_num_threads, set_num_threads
 from .api import (
     block_matmul,
@@ -22,7 +23,7 @@ from .api import (
 )
 from .autograd import torch_fake_quantize
 from .blocks import BlockArray, BlockLayout, QuantizationStats, rotate
-from .casting import auto_cast, pack_x4, unpack_x4
+from .casting import pack_x4, unpack_x4
 from .checkpoints import load_checkpoint, open_checkpoint
 from .checkpoints.state_dict import dequantize_state_dict, quantize_state_dict
 from .dtypes import FormatInfo, as_dtype, canonical_name, format_info
@@ -37,9 +38,10 @@ from .errors import (
 )
 from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS, BlockFormat, Format, NKDType
 from .io import load_blocks, save_blocks
-from .io.files import FileFormatError
-from .neuron import NcMatmulMxOperand, from_nc_matmul_mx, to_nc_matmul_mx
-from .promotion import (
+from .io.arrays import FileFormatError
+from .neuron.auto_cast import auto_cast
+from .neuron.operands import NcMatmulMxOperand, from_nc_matmul_mx, to_nc_matmul_mx
+from .neuron.promotion import (
     NoPromotionPathError,
     Promotion,
     can_merge_type,
@@ -136,6 +138,9 @@ __all__ = [
     "to_nc_matmul_mx",
     "unpack_x4",
 ]
+
+
+find_moved_modules()
 
 
 def __getattr__(name: str) -> object:

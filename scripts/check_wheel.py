@@ -47,7 +47,7 @@ def main() -> int:
 
     imported = time.perf_counter() - start
     from neuron_kernels import _jit
-    from neuron_kernels.warmup import COMPILED_SOURCES, run_task, warmup_tasks
+    from neuron_kernels.tools.warmup import COMPILED_SOURCES, run_task, warmup_tasks
 
     problems = []
     here = os.path.dirname(os.path.abspath(neuron_kernels.__file__))

@@ -60,7 +60,7 @@ _PEER = (
 def make_llama(folder: Path, layers: int, hidden: int, intermediate: int, vocab: int) -> None:
     """A bfloat16 Llama checkpoint of random weights (standard deviation 0.02), written tensor by
     tensor (bounded memory)."""
-    from neuron_kernels.io.files import SafetensorsWriter, TensorSpec
+    from neuron_kernels.io.safetensors import SafetensorsWriter, TensorSpec
 
     folder.mkdir(parents=True)
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.bench import (
+from neuron_kernels.tools.bench import (
     BLOCK_CASES,
     BenchRow,
     BlockBenchRow,
@@ -24,7 +24,13 @@ from neuron_kernels.bench import (
     numpy_reference_quantize,
     synthetic_input,
 )
-from neuron_kernels.plots import PlotUnavailable, bench_chart, error_histogram, relative_errors, require_matplotlib
+from neuron_kernels.tools.plots import (
+    PlotUnavailable,
+    bench_chart,
+    error_histogram,
+    relative_errors,
+    require_matplotlib,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -195,7 +201,7 @@ def test_a_format_the_installed_ml_dtypes_lacks_has_no_peer(pair, monkeypatch):
     table sees it then: codes in uint8), the bench measures the package and prints no peer."""
     import dataclasses
 
-    from neuron_kernels import bench
+    from neuron_kernels.tools import bench
 
     lacking = dataclasses.replace(bench.get_format("float8_e5m3fnu"), numpy_name=None, container="uint8")
     real = bench.get_format
@@ -262,7 +268,7 @@ def test_plot_unavailable_without_matplotlib(tmp_path, monkeypatch, mx_rows):
 def test_plots_module_does_not_import_matplotlib():
     # A process of its own: which modules an import loads shows in a new interpreter only.
     r = subprocess.run(
-        [sys.executable, "-c", "import sys, neuron_kernels.plots; print('matplotlib' in sys.modules)"],
+        [sys.executable, "-c", "import sys, neuron_kernels.tools.plots; print('matplotlib' in sys.modules)"],
         capture_output=True,
         text=True,
         cwd=ROOT,

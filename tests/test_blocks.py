@@ -993,7 +993,7 @@ def test_one_pass_error_sums_equal_statistics_of_the_codes(fmt, dtype):
     statistics, for every scale mode and policy of each format: specials, saturating and flushed
     elements, and a short last block."""
     from neuron_kernels.blocks.stats import ErrorStats
-    from neuron_kernels.io.stream import POLICIES
+    from neuron_kernels.io.file_jobs import POLICIES
 
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((6, 77)) * np.exp2(rng.integers(-30, 30, (6, 1)))).astype(F32)

@@ -14,8 +14,8 @@ import pytest
 
 import neuron_kernels as nk
 from neuron_kernels.blocks.scheme import block_job
-from neuron_kernels.io.files import open_arrays
-from neuron_kernels.io.stream import quantized_pieces
+from neuron_kernels.io.arrays import open_arrays
+from neuron_kernels.io.file_jobs import quantized_pieces
 
 from .block_checks import F32, assert_bits, block_binades, nvfp4_data, pack_along, reference
 

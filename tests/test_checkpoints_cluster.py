@@ -14,7 +14,7 @@ import os
 import pytest
 
 from neuron_kernels.checkpoints import quantize_checkpoint
-from neuron_kernels.io.files import FileFormatError
+from neuron_kernels.io.arrays import FileFormatError
 
 from .checkpoint_helpers import write_safetensors
 from .cli_runner import run

@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 import neuron_kernels as nk
 from neuron_kernels.checkpoints import GPTOSS_NOT_CONVERTED, expert_decision
-from neuron_kernels.io.files import FileFormatError
+from neuron_kernels.io.arrays import FileFormatError
 
 from .checkpoint_helpers import BF16, bits, decode_gptoss, read_dir
 from .cli_runner import run

@@ -27,7 +27,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.checkpoints.folder import open_checkpoint
 from neuron_kernels.checkpoints.layouts import LAYOUTS
-from neuron_kernels.io.files import FileFormatError
+from neuron_kernels.io.arrays import FileFormatError
 
 from .checkpoint_helpers import read_dir, write_safetensors
 from .cli_runner import run

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.io.files import NpyWriter
+from neuron_kernels.io.npy import NpyWriter
 
 from .helpers import child_env
 from .memory import REPORT_PEAK

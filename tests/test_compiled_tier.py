@@ -22,7 +22,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels._jit import CPU_LEVELS, MANIFEST, compiled_tag, host_levels
 from neuron_kernels.errors import InvalidValueError
-from neuron_kernels.warmup import build_compiled_tier
+from neuron_kernels.tools.warmup import build_compiled_tier
 
 from .helpers import child_env
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.io.files import FileFormatError, open_arrays
+from neuron_kernels.io.arrays import FileFormatError, open_arrays
 from neuron_kernels.io.gguf_file import open_gguf
 
 from .cli_runner import run

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from neuron_kernels.io.files import SafetensorsWriter, TensorSpec, read_safetensors_header
+from neuron_kernels.io.safetensors import SafetensorsWriter, TensorSpec, read_safetensors_header
 
 #: Item sizes 1, 2, 4 and 8 in an order, and with lengths, that would leave every wider tensor
 #: misaligned if they were laid out as given.
@@ -44,7 +44,7 @@ def test_safetensors_tensors_are_aligned_to_their_item_size(tmp_path, order):
 
 def test_file_kinds_register_themselves(tmp_path, monkeypatch):
     from neuron_kernels.io import arrays
-    from neuron_kernels.io.files import ARRAY_FILES, ArrayEntry, ArrayFileKind, array_file_kind, open_arrays
+    from neuron_kernels.io.arrays import ARRAY_FILES, ArrayEntry, ArrayFileKind, array_file_kind, open_arrays
 
     assert list(ARRAY_FILES) == [".npy", ".npz", ".safetensors"]
     monkeypatch.setattr(arrays, "ARRAY_FILES", dict(ARRAY_FILES))

@@ -68,7 +68,7 @@ def test_the_earlier_block_array_forms_warn_and_give_the_same_array():
 
 
 def test_renamed_functions_warn_and_are_the_new_ones():
-    from neuron_kernels import bench
+    from neuron_kernels.tools import bench
 
     with pytest.warns(DeprecationWarning, match="MXArray is now BlockArray"):
         assert nk.MXArray is nk.BlockArray
@@ -81,6 +81,35 @@ def test_renamed_functions_warn_and_are_the_new_ones():
         assert bench.format_mx_table is bench.format_block_table
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         bench.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("neuron_kernels.promotion", "neuron_kernels.neuron.promotion"),
+        ("neuron_kernels.bench", "neuron_kernels.tools.bench"),
+        ("neuron_kernels.plots", "neuron_kernels.tools.plots"),
+        ("neuron_kernels.warmup", "neuron_kernels.tools.warmup"),
+    ],
+)
+def test_moved_modules_import_under_their_old_names_with_a_warning(old, new):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+
+
+def test_the_neuron_operands_keep_their_old_module_with_a_warning():
+    from neuron_kernels import neuron
+    from neuron_kernels.neuron import operands
+
+    with pytest.warns(DeprecationWarning, match="neuron_kernels.neuron.to_nc_matmul_mx is now"):
+        assert neuron.to_nc_matmul_mx is operands.to_nc_matmul_mx
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        neuron.nothing  # noqa: B018
 
 
 def test_the_options_are_declared_once():

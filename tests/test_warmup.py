@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
-from neuron_kernels.warmup import describe, run_task, warmup, warmup_tasks
+from neuron_kernels.tools.warmup import describe, run_task, warmup, warmup_tasks
 
 from .helpers import child_env
 

@@ -6,7 +6,7 @@ first needed, so ``import neuron_kernels`` stays cheap and compiles nothing.
 
 - :mod:`.options`: ``jit`` and ``vectorize`` with the package's options;
 - :mod:`.intrinsics`: 32-bit integer and bit-pattern intrinsics;
-- :mod:`.sources`: the digest of the kernel sources in every cache key, and the cache's file lock;
+- :mod:`.source_digest`: the digest of the kernel sources in every cache key, and the cache's file lock;
 - :mod:`.cache`: the tolerant on-disk cache, which also looks in the compiled tiers;
 - :mod:`.tiers`: the compiled tiers the wheel carries;
 - :mod:`.log`: the count of compiles, their subscribers and the one-time notice;

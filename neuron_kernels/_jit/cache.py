@@ -41,7 +41,7 @@ def closure_digest(fn: Callable[..., Any]) -> str:
 
 class TolerantCache(KeyedCache):
     """numba's on-disk cache, keyed on the package's kernel source_digest as well (see
-    :data:`~.sources.KERNEL_SOURCES`), and tolerant: an unreadable entry (a corrupted or truncated
+    :data:`~.source_digest.KERNEL_SOURCES`), and tolerant: an unreadable entry (a corrupted or truncated
     file) is a miss with a warning, not an exception in the user's call: the kernel is recompiled
     and the bad index removed so that the new compilation can be saved."""
 

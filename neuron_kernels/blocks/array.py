@@ -1,10 +1,10 @@
 """The block-format array (MX, NVFP4, FP8 with float scales): codes, scales, per-tensor scale, blocks;
 and dequantisation.
 
-One container for every block format: :class:`BlockArray` (``neuron_kernels.MXArray``, its earlier
-name, still gives it, with a DeprecationWarning). It
-validates its fields on construction (the kernels trust them), dequantises itself, gives its codes
-as element dtypes or Neuron's packed containers. The package's file of block arrays is I/O
+One container for every block format: :class:`BlockArray` (``MXArray``, its earlier name, still
+gives it from the top level, with a DeprecationWarning). It validates its fields on construction
+(the kernels trust them), dequantises itself, gives its codes as element dtypes or Neuron's packed
+containers. The package's file of block arrays is I/O
 (:mod:`neuron_kernels.io.blockfile`: ``save_blocks`` / ``load_blocks``).
 """
 

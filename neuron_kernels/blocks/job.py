@@ -201,7 +201,7 @@ class BlockJob:
         )
 
     def _by_recipe(self, arr: np.ndarray, src: Format, codes: np.ndarray, scales: np.ndarray) -> None:
-        """The codes and scales of ``arr`` by the recipe's rule (:mod:`.recipes`)."""
+        """The codes and scales of ``arr`` by the recipe's rule (:mod:`.recipe_options`)."""
         rule = self.rule
         assert rule is not None
         check_finite(block_kernels().amax_pattern(arr, src.name, False), self.recipe)

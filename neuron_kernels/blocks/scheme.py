@@ -93,7 +93,7 @@ class Scheme:
         return self._job(ndim, formats, what)
 
     def _recipe_job(self, ndim: int, dtype: Any, formats: tuple[str, ...], what: str) -> BlockJob:
-        """A producer's recipe (:mod:`.recipes`) fixes the options of its arithmetic: those given
+        """A producer's recipe (:mod:`.recipe_options`) fixes the options of its arithmetic: those given
         too are refused; the rest (blocks, axis, packing) are checked as without one."""
         own = block_format(self.format, formats, what)
         left = (DEFAULT, None, False, "nearest_even", "amax", own.block_size)  # defaults, and family functions' own

@@ -14,7 +14,7 @@ processed in bounded memory. One module per job:
   (transformers' MXFP4, the layout of the gpt-oss checkpoints), ``npz`` (the package's own file
   of block arrays, :mod:`neuron_kernels.io.blockfile`), ``modelopt`` (NVIDIA ModelOpt's NVFP4,
   MXFP8 and FP8, read only), ``fp8`` (fine-grained FP8, read only);
-- :mod:`.gguf`: GGUF files, llama.cpp's (:func:`quantize_gguf` to MXFP4 or NVFP4 blocks,
+- :mod:`.gguf_convert`: GGUF files, llama.cpp's (:func:`quantize_gguf` to MXFP4 or NVFP4 blocks,
   :func:`dequantize_gguf`, :func:`load_gguf`) and :mod:`.gguf_carry` (a quantised checkpoint
   carried into GGUF, :func:`carry_into_gguf`);
 - :mod:`.convert`: :func:`quantize_checkpoint` (from a plain checkpoint or a quantised one of any

@@ -3,8 +3,8 @@
 :func:`quantize_checkpoint` writes each quantised weight as its layout's tensors and copies
 everything else bit for bit; :func:`dequantize_checkpoint` writes a plain checkpoint back;
 :func:`load_checkpoint` reads one into memory. Shards are written by
-:class:`neuron_kernels.io.files.SafetensorsWriter`, one tensor piece at a time; outputs are written
-under a temporary name and renamed when complete (:func:`neuron_kernels.io.files.atomic_output`).
+:class:`neuron_kernels.io.safetensors.SafetensorsWriter`, one tensor piece at a time; outputs are written
+under a temporary name and renamed when complete (:func:`neuron_kernels.io.outputs.atomic_output`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from ..blocks.scheme import DEFAULT, Scheme, scheme_of
 from ..casting import cast
 from ..dtypes import get_format
 from ..formats import BLOCK_FORMATS, INPUT_DTYPES, WHOLE
+from ..io.arrays import ArrayEntry, FileFormatError
 from ..io.blockfile import BlockFileWriter
-from ..io.files import ArrayEntry, FileFormatError, TensorSpec
-from ..io.stream import Progress, entry_amax, quantized_pieces, transposed_pieces
+from ..io.file_jobs import Progress, entry_amax, quantized_pieces, transposed_pieces
+from ..io.safetensors import TensorSpec
 from ..recipes import RECIPES
 from .architecture import Architecture, architecture_of, transformers_available
 from .cluster import write_on_cluster
@@ -56,7 +57,7 @@ def load_checkpoint(path: str | os.PathLike[str], names: Any = None) -> dict[str
     gpt-oss's expert parameters are [E, out, in] blocks), a numpy array for every other tensor.
 
     ``path``: a checkpoint folder or ``.safetensors`` file in any layout of :data:`LAYOUTS` (or
-    plain), the package's ``.npz`` file, or a GGUF file (:func:`~.gguf.load_gguf`). ``names``:
+    plain), the package's ``.npz`` file, or a GGUF file (:func:`~.gguf_convert.load_gguf`). ``names``:
     only these names (an iterable). Keys are
     the weights' names (``NAME.weight``; ``NAME`` for gpt-oss's experts) and the other tensors'.
     The FP8 layouts' weights come as block arrays of ``fp8_block``, ``fp8_channel`` or ``fp8_tensor``

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..blocks.job import per_tensor_scale_of
 from ..formats import BLOCK_FORMATS
-from ..io.files import ArrayEntry
+from ..io.arrays import ArrayEntry
 from .architecture import architecture_of
 from .experts import split_experts
 from .layouts import StoredWeight, open_any, stored_weights

@@ -6,7 +6,7 @@ What is checked, per weight and over the checkpoint:
 
 - structure: the layout's reader (:mod:`.layouts`) accepts every tensor (all parts of each weight,
   dtypes and shapes that fit, no tensor a weight does not claim), and the shards agree with their
-  index (else the checkpoint is unreadable: :class:`~neuron_kernels.io.files.FileFormatError`);
+  index (else the checkpoint is unreadable: :class:`~neuron_kernels.io.arrays.FileFormatError`);
 - modules: what is stored against the decisions the command makes for each module (the model's
   modules and the runtimes' own rules, :mod:`.architecture`) and against what the config has the
   runtime quantise on load: a Linear the config quantises stored plain, a module the config
@@ -44,7 +44,7 @@ from ..blocks.scheme import block_job
 from ..blocks.stats import quantization_error
 from ..casting import cast
 from ..formats import FORMATS
-from ..io.files import ArrayEntry, FileFormatError
+from ..io.arrays import ArrayEntry, FileFormatError
 from .architecture import Architecture, architecture_of, normalise
 from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
@@ -647,7 +647,7 @@ def _repair_ignore(layout: CheckpointLayout, finding: Finding, arch: Architectur
 def _drop_tensors(ckpt: Checkpoint, dropped: set[str], dst: str) -> None:
     """The shards of ``dst`` that hold a tensor of ``dropped`` written again without it (the other
     tensors' bytes copied from ``ckpt``'s shards, the metadata kept), and the index updated."""
-    from ..io.files import SafetensorsWriter, TensorSpec, read_safetensors_header
+    from ..io.safetensors import SafetensorsWriter, TensorSpec, read_safetensors_header
 
     for shard in sorted({ckpt.tensors[n].path for n in dropped}):
         _, metadata, entries = read_safetensors_header(shard)

@@ -7,7 +7,7 @@ compressed-tensors checkpoint, and vLLM reads such a checkpoint's experts per ex
 (:data:`~.runtime_modules.EXPERT_SPLITS`); a plain checkpoint, and the other layouts' runtimes,
 hold them stacked. :func:`split_experts` gives the per-expert weights of a plain checkpoint's
 stacked parameters and :func:`stack_experts` the stacked parameters of per-expert weights, both
-as :class:`~neuron_kernels.io.files.ArrayEntry` read piece by piece, one expert in memory at a
+as :class:`~neuron_kernels.io.arrays.ArrayEntry` read piece by piece, one expert in memory at a
 time, so that every conversion streams as it does for any tensor.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io.files import ArrayEntry, FileFormatError
+from ..io.arrays import ArrayEntry, FileFormatError
 from .architecture import Architecture
 from .runtime_modules import ExpertSplit
 

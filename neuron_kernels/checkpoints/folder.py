@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..io.files import ArrayEntry, FileFormatError, read_safetensors_header
+from ..io.arrays import ArrayEntry, FileFormatError
+from ..io.safetensors import read_safetensors_header
 from ..io.untrusted import parse_json
 from .configs import FILE_FIELDS, check_fields
 
@@ -178,7 +179,7 @@ def write_json(path: str, content: Any) -> None:
 
 
 def _shard_entries(path: str, shown: str) -> tuple[dict[str, ArrayEntry], dict[str, str]]:
-    from ..io.files import ARRAY_FILES
+    from ..io.arrays import ARRAY_FILES
 
     if not os.path.isfile(path):
         raise FileFormatError(f"{shown}: missing (named by the checkpoint, not found)")

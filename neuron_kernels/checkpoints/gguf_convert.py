@@ -33,6 +33,7 @@ from ..blocks.scheme import DEFAULT, block_job
 from ..errors import InvalidValueError, NotApplicableError
 from ..formats import BLOCK_FORMATS, BlockFormat
 from ..io.arrays import FileFormatError
+from ..io.file_jobs import quantized_pieces, resolved_job
 from ..io.gguf_file import (
     UINT32,
     GgufFile,
@@ -46,7 +47,6 @@ from ..io.gguf_file import (
     open_gguf,
 )
 from ..io.outputs import atomic_output
-from ..io.stream import quantized_pieces, resolved_job
 from .reports import TensorReport, pipelined_stats
 
 __all__ = [

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..blocks.array import BlockArray
 from ..blocks.stats import ErrorStats, QuantizationStats
-from ..io.stream import Progress
+from ..io.file_jobs import Progress
 
 __all__ = ["TensorReport", "exact_stats", "pipelined_stats"]
 

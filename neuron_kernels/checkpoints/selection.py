@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..formats import INPUT_DTYPES
-from ..io.files import ArrayEntry
+from ..io.arrays import ArrayEntry
 from .architecture import Architecture, normalise
 from .architecture import fused_groups as _fused_groups
 from .runtime_modules import GENERIC

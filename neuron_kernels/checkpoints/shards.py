@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..io.files import SafetensorsWriter, TensorSpec
+from ..io.safetensors import SafetensorsWriter, TensorSpec
 from .folder import INDEX_NAME, PTS_KEY, write_json
 
 __all__ = ["Item", "Shard", "Tally", "shards_of", "write_index", "write_shard", "write_shards"]

@@ -21,7 +21,7 @@ from ..dtypes import get_format
 from ..errors import InvalidTypeError
 from ..formats import INPUT_DTYPES
 from ..interop import from_torch, is_torch, to_torch
-from ..io.files import ArrayEntry, FileFormatError
+from ..io.arrays import ArrayEntry, FileFormatError
 from .architecture import from_model
 from .convert import plan_quantization, stored_weights
 from .folder import Checkpoint

@@ -120,7 +120,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(description: str) -> argparse.ArgumentParser:
     """The ``neuron-kernels`` parser; the subcommand's name is the ``command`` of the arguments."""
     from ..formats import BLOCK_FORMATS
-    from ..io.stream import POLICIES
+    from ..io.file_jobs import POLICIES
     from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, ROUNDING_MODES, SCALE_MODES, SCALE_SEARCHES
     from ..recipes import RECIPES
 

@@ -13,10 +13,10 @@ __all__ = ["compile_notice", "progress_bar", "warm"]
 
 
 def warm(args: argparse.Namespace, tasks: list[Any], what: str) -> None:
-    """Compile what a command will need first, on every core (see :mod:`neuron_kernels.warmup`),
+    """Compile what a command will need first, on every core (see :mod:`neuron_kernels.tools.warmup`),
     saying so on a terminal when it compiles anything; what the compiled tier holds is loaded
     from it."""
-    from ..warmup import warmup
+    from ..tools.warmup import warmup
 
     shown = not getattr(args, "quiet", False) and sys.stderr.isatty()
 

@@ -36,7 +36,9 @@ from ..blocks.array import BlockArray
 from ..blocks.layout import BlockLayout
 from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BLOCK_FORMATS, FORMATS
-from .files import ArrayEntry, FileFormatError, NpzWriter, atomic_output, open_arrays
+from .arrays import ArrayEntry, FileFormatError, open_arrays
+from .npz import NpzWriter
+from .outputs import atomic_output
 from .untrusted import parse_json
 
 __all__ = ["FILE_VERSION", "StoredBlocks", "read_block_file", "BlockFileWriter", "save_blocks", "load_blocks"]

@@ -1,9 +1,9 @@
 """The generic encoder and decoder: float32 bit patterns <-> the codes of every float format.
 
 One encoder and one decoder, written once over the parameters of the format table and
-specialised per (source, target, rounding, saturate) by :func:`~.casts.make_cast_kernel`, which
+specialised per (source, target, rounding, saturate) by :func:`~.cast_loops.make_cast_kernel`, which
 closes over plain ints only (so every specialisation is cached on disk on its own). Where the
-float32 patterns come from is :mod:`.sources`; the random bits of stochastic rounding are
+float32 patterns come from is :mod:`.loaders`; the random bits of stochastic rounding are
 :mod:`.hashing`'s.
 
 Encoding (float32 pattern ``u`` -> code), for a target with ``M`` mantissa bits and bias ``B``::

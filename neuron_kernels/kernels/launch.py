@@ -1,6 +1,6 @@
 """The launcher of the block kernels: what the block containers ask for (quantise, fake-quantise,
 dequantise, error sums, a producer's recipe, the rotation, an amax), its kernel found or compiled
-(:mod:`.blocks`, :mod:`.recipes`) and its tasks scheduled on the package's threads.
+(:mod:`.block_kernels`, :mod:`.recipe_kernels`) and its tasks scheduled on the package's threads.
 
 The containers (:mod:`neuron_kernels.blocks`) say what to compute: a job (the validated options
 of a :class:`~neuron_kernels.blocks.job.BlockJob`, read by attribute), an input, an output; they
@@ -176,7 +176,7 @@ def error_sums(job: Any, lay: Any, arr: np.ndarray, src: str) -> np.ndarray:
 
 def binding(job: Any, row: bool, src: str, quantize: bool) -> str:
     """Which binding of the kernels quantises (``quantize`` False: fake-quantises) for ``job``
-    (see :func:`~.blocks.binding`)."""
+    (see :func:`~.block_kernels.binding`)."""
     return K.binding(src, job.fmt, job.rounding, job.block_size, row, _policy(job) != K.PLAIN, quantize)
 
 

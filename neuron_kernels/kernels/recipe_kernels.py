@@ -196,7 +196,7 @@ _KPOS = np.array([1, 2, 3, 4, 6, 8, 12], np.float32)
 @jit(inline="always")
 def _code(x, v, elements, zero, el, qc):  # pragma: no cover - compiled
     """The code of the float32 ``x`` under its block's ``v`` by the element rule ``elements``
-    (``el``: the element's :class:`~.blocks.spec.Element`). ggml's arg-min over the 16 codes is
+    (``el``: the element's :class:`~.block_kernels.spec.Element`). ggml's arg-min over the 16 codes is
     taken over the 7 non-zero ones of ``x``'s sign against the zero code (a code of the other sign
     is never nearer, and the lower index wins a tie: the +0 code is index 0); ``|k * v - x|`` is
     ``|k * v - |x||`` for the negative codes, exactly. Otherwise the quotient (``x / v``, or ``x *
@@ -289,7 +289,7 @@ def recipe_rows(spec: RecipeSpec, vlen: int, pack: bool) -> Any:
     ``r // tile_rows``. ``g``: the global scale. The blocks hold finite values only (the caller
     checks). ``vlen``: the block length compiled in (16, 32 or 64, the format's own, where the
     source has the vector amax; 0: none), whose element loops have a constant trip count, so that
-    they unroll and vectorise, as :mod:`.blocks.runs` explains. Per row: the scales first, then the
+    they unroll and vectorise, as :mod:`.block_kernels.runs` explains. Per row: the scales first, then the
     codes one per byte, then (``pack``) paired."""
     p = spec
     v16, v32, v64 = (vlen if vlen == n else 0 for n in (16, 32, 64))

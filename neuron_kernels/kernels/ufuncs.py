@@ -9,8 +9,8 @@ ufunc keyword (``out=``, ``where=``, broadcasting, ``__array_ufunc__`` objects s
 - out: the target's codes in the same way (uint8 / uint16), float32 for float32, tfloat32 and
   float32r, float64, or the integer dtype.
 
-The scalar function is the codec's loader then its storer (:func:`~.sources.loader`,
-:func:`~.casts.storer`), the very functions the array kernels run, specialised by the same
+The scalar function is the codec's loader then its storer (:func:`~.loaders.loader`,
+:func:`~.cast_loops.storer`), the very functions the array kernels run, specialised by the same
 constants (:func:`make_cast_ufunc`), so every ufunc gives the array kernel's bits. Stochastic
 rounding needs an element's index in the whole array, which a ufunc does not see: it has no ufunc.
 Each ufunc is built on its first use (``@vectorize`` costs 0.05-0.1 s even when cached) and kept.
@@ -73,7 +73,7 @@ def make_cast_ufunc(
     saturate: bool,
 ) -> np.ufunc:
     """The ufunc ``out_dtype(in_dtype)`` of a cast whose array kernel is
-    :func:`~.casts.make_cast_kernel` ``(source, src_codec, target, dst_codec, mode, saturate)``
+    :func:`~.cast_loops.make_cast_kernel` ``(source, src_codec, target, dst_codec, mode, saturate)``
     (any mode but stochastic). float32 items are bitcast to the patterns the codec takes (and
     float32 results back); other items go in and out as they are."""
     how = Store(source, target, dst_codec, mode, bool(saturate))

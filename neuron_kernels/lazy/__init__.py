@@ -8,8 +8,8 @@ come here when they are given a lazy array; nothing here is imported before that
 - :mod:`.chunks`: chunks aligned to blocks, and the pieces of a chunk that are contiguous in the
   whole array (the C-order offsets stochastic rounding depends on);
 - :mod:`.casts`: ``cast`` of lazy arrays (the registry's ufuncs, or the array kernel chunk by chunk);
-- :mod:`.blocks`: quantise / dequantise / fake-quantise / error statistics of Dask arrays, and
-  :class:`~.blocks.LazyBlockArray`;
+- :mod:`.block_arrays`: quantise / dequantise / fake-quantise / error statistics of Dask arrays, and
+  :class:`~.block_arrays.LazyBlockArray`;
 - :mod:`.stores`: Zarr stores in and out of the block formats, and the Dask scheduler of a job (an
   existing cluster, or a local one).
 """
@@ -60,6 +60,6 @@ def is_dask(x: Any) -> bool:
 
 
 def is_lazy_blocks(q: Any) -> bool:
-    """Whether ``q`` is a :class:`~.blocks.LazyBlockArray`."""
+    """Whether ``q`` is a :class:`~.block_arrays.LazyBlockArray`."""
     module = sys.modules.get(__name__ + ".blocks")
     return module is not None and isinstance(q, module.LazyBlockArray)

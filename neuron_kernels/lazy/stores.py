@@ -6,7 +6,7 @@
   ``codes`` (uint8: Zarr has no FP8 / FP4 / E8M0 types), ``scales`` (their raw bytes, uint8) and
   the format, block layout, per-tensor scale and statistics in the group's attributes; written
   under a temporary name and renamed when complete (never a partial store under the final name);
-- :func:`open_quantized`: a group written so, as a :class:`~.blocks.LazyBlockArray` (``compute()``
+- :func:`open_quantized`: a group written so, as a :class:`~.block_arrays.LazyBlockArray` (``compute()``
   gives the ml_dtypes-typed BlockArray);
 - :func:`scheduler`: the Dask scheduler of a job: an existing cluster (``--scheduler ADDRESS``), a
   local one of N worker processes (``--workers N``), or Dask's threads in this process.
@@ -23,7 +23,8 @@ from typing import Any
 from ..blocks.layout import BlockLayout
 from ..blocks.stats import QuantizationStats
 from ..errors import ClusterError
-from ..io.files import FileFormatError, atomic_output
+from ..io.arrays import FileFormatError
+from ..io.outputs import atomic_output
 from . import require
 
 __all__ = ["ZARR_SUFFIX", "is_zarr", "open_zarr_arrays", "quantize_to_zarr", "open_quantized", "scheduler"]
@@ -173,7 +174,7 @@ def quantize_to_zarr(
 
 def open_quantized(path: str, name: str | None = None) -> Any:
     """The quantised array ``name`` (``None``: the store's only one) of a Zarr store written by
-    :func:`quantize_to_zarr`, as a :class:`~.blocks.LazyBlockArray`."""
+    :func:`quantize_to_zarr`, as a :class:`~.block_arrays.LazyBlockArray`."""
     zarr = require("zarr", "a Zarr store")
     da = require("dask.array", "a Zarr store")
     from .block_arrays import LazyBlockArray

@@ -83,7 +83,7 @@ _CONFIG = {
 
 
 def _write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-    from neuron_kernels.io.files import SafetensorsWriter, TensorSpec
+    from neuron_kernels.io.safetensors import SafetensorsWriter, TensorSpec
 
     specs = [TensorSpec(k, v.dtype, v.shape) for k, v in tensors.items()]
     with SafetensorsWriter(path, specs, {"format": "pt"}) as w:

@@ -111,7 +111,7 @@ def _read_all(entries: list) -> None:
 
 
 def _safetensors(path: str, slot: Slot, work: str) -> None:
-    from neuron_kernels.io.files import open_arrays
+    from neuron_kernels.io.arrays import open_arrays
 
     if _ours(lambda: _read_all(open_arrays(path))):
         import safetensors
@@ -144,7 +144,7 @@ def _gguf(path: str, slot: Slot, work: str) -> None:
 
 
 def _numpy(path: str, slot: Slot, work: str) -> None:
-    from neuron_kernels.io.files import open_arrays
+    from neuron_kernels.io.arrays import open_arrays
 
     entries: list = []
 
@@ -219,8 +219,8 @@ def _cli(args: list[str], cwd: str) -> _Run:
 def _reads_back(output: str) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every array of a command's output, read with the package's readers."""
     from neuron_kernels.checkpoints.layouts import open_any
+    from neuron_kernels.io.arrays import open_arrays
     from neuron_kernels.io.blockfile import read_block_file
-    from neuron_kernels.io.files import open_arrays
     from neuron_kernels.io.gguf_file import open_gguf
 
     if output.endswith(".gguf"):
@@ -273,7 +273,7 @@ def _dequantize(path: str, slot: Slot, work: str) -> None:
 
 def _cast(path: str, slot: Slot, work: str) -> None:
     from neuron_kernels.errors import NeuronKernelsError
-    from neuron_kernels.io.files import open_arrays
+    from neuron_kernels.io.arrays import open_arrays
 
     name = os.path.basename(path)
     out = "out" + os.path.splitext(name)[1]

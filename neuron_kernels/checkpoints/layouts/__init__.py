@@ -4,7 +4,7 @@ One module per layout, each holding its :class:`~.records.CheckpointLayout` reco
 
 - :mod:`.compressed_tensors`: ``compressed-tensors`` (vLLM, transformers);
 - :mod:`.gptoss`: ``mxfp4`` (transformers' MXFP4, the layout of the gpt-oss checkpoints);
-- :mod:`.npz`: ``npz``, the package's own file of block arrays;
+- :mod:`.npz_layout`: ``npz``, the package's own file of block arrays;
 - :mod:`.modelopt`: ``modelopt`` (NVIDIA ModelOpt's NVFP4, MXFP8 and FP8 read; its FP8 per
   channel and per block written);
 - :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8).
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from ...io.files import FileFormatError
+from ...io.arrays import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
 from . import compressed_tensors, finegrained_fp8, gptoss, modelopt, npz_layout
 from .records import CheckpointLayout, Output, StoredWeight, Weight

@@ -27,7 +27,8 @@ import numpy as np
 
 from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS, BlockFormat
-from ...io.files import ArrayEntry, FileFormatError, TensorSpec
+from ...io.arrays import ArrayEntry, FileFormatError
+from ...io.safetensors import TensorSpec
 from ..folder import Checkpoint
 from ..runtimes import LARGEST_DIVISOR, expert_notes
 from ..selection import module_decision

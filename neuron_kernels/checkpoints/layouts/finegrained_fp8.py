@@ -21,7 +21,8 @@ from typing import Any
 
 from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
-from ...io.files import ArrayEntry, FileFormatError, TensorSpec
+from ...io.arrays import ArrayEntry, FileFormatError
+from ...io.safetensors import TensorSpec
 from ..folder import Checkpoint
 from ..runtimes import partial_blocks_notes
 from ..selection import module_decision

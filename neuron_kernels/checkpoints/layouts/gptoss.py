@@ -12,7 +12,8 @@ from typing import Any
 
 from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
-from ...io.files import ArrayEntry, FileFormatError, TensorSpec
+from ...io.arrays import ArrayEntry, FileFormatError
+from ...io.safetensors import TensorSpec
 from ..folder import Checkpoint
 from ..selection import GPTOSS_EXPERTS, GPTOSS_NOT_CONVERTED, expert_decision, is_expert
 from .records import (

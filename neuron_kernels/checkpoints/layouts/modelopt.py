@@ -47,7 +47,8 @@ import numpy as np
 
 from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
-from ...io.files import ArrayEntry, FileFormatError, TensorSpec
+from ...io.arrays import ArrayEntry, FileFormatError
+from ...io.safetensors import TensorSpec
 from ..folder import Checkpoint, json_file
 from ..selection import module_decision
 from .records import (

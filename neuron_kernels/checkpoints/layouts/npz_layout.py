@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 from ...formats import BLOCK_FORMATS
+from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.blockfile import read_block_file
-from ...io.files import ArrayEntry, FileFormatError
 from ..folder import Checkpoint
 from ..selection import module_decision
 from .records import CheckpointLayout, StoredWeight

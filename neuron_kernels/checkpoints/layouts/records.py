@@ -20,8 +20,9 @@ from ...blocks.exact import mx_extremes
 from ...blocks.layout import BlockLayout
 from ...casting import cast
 from ...formats import BLOCK_FORMATS, FORMATS, WHOLE, BlockFormat
-from ...io.files import ArrayEntry, FileFormatError, TensorSpec
-from ...io.stream import decoded_pieces
+from ...io.arrays import ArrayEntry, FileFormatError
+from ...io.file_jobs import decoded_pieces
+from ...io.safetensors import TensorSpec
 from ..folder import Checkpoint
 from ..runtimes import LARGEST_MULTIPLIER
 from ..selection import fused_groups, tensor_decision

@@ -16,7 +16,7 @@ __all__ = ["cmd_bench", "cmd_warmup"]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ...bench import BLOCK_CASES, bench_blocks, bench_casts, default_cases, format_block_table, format_table
+    from ...tools.bench import BLOCK_CASES, bench_blocks, bench_casts, default_cases, format_block_table, format_table
 
     if args.plot:
         check_png(args.plot, force=True)
@@ -44,7 +44,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             json.dump({"casts": [r.as_dict() for r in rows], "mx": [r.as_dict() for r in mx_rows]}, fh, indent=2)
         os.replace(tmp, args.json)
     if args.plot:
-        from ...plots import bench_chart
+        from ...tools.plots import bench_chart
 
         bench_chart(rows, mx_rows, args.plot)
         print(f"chart written to {args.plot}")
@@ -52,7 +52,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
-    from ...warmup import WARMUP_SOURCES, warmup, warmup_tasks
+    from ...tools.warmup import WARMUP_SOURCES, warmup, warmup_tasks
 
     formats = args.formats.split(",") if args.formats else None
     if args.build_compiled:
@@ -80,7 +80,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 def _status(tasks: list[Any]) -> int:
     """``warmup --status``: each task's kernels and where they came from."""
     from ..._jit import compiled_tiers
-    from ...warmup import describe, task_origins
+    from ...tools.warmup import describe, task_origins
 
     tiers = compiled_tiers()
     print("compiled tier: " + (", ".join(f"{level} ({folder})" for level, folder, _ in tiers) or "none for this host"))
@@ -96,7 +96,7 @@ def _status(tasks: list[Any]) -> int:
 
 def _build_compiled(args: argparse.Namespace, formats: list[str] | None) -> int:
     """``warmup --build-compiled DIR``: a compiled tier for ``--level``."""
-    from ...warmup import COMPILED_SOURCES, build_compiled_tier, warmup_tasks
+    from ...tools.warmup import COMPILED_SOURCES, build_compiled_tier, warmup_tasks
 
     sources = args.sources.split(",") if args.sources else list(COMPILED_SOURCES)
     manifest = build_compiled_tier(args.build_compiled, args.level, warmup_tasks(formats, sources), args.jobs)

@@ -12,12 +12,12 @@ __all__ = ["check_png", "error_plot"]
 
 
 def check_png(path: str, force: bool) -> None:
-    from ...io.files import check_output_path
+    from ...io.outputs import check_output_path
 
     if not path.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG image; give a file name ending in .png, not {path!r}")
     check_output_path(path, force)
-    from ...plots import require_matplotlib
+    from ...tools.plots import require_matplotlib
 
     require_matplotlib()
 
@@ -28,8 +28,8 @@ def error_plot(args: argparse.Namespace, entry: Any, rows: list[Any]) -> None:
     import numpy as np
 
     from ...api import fake_quantize
-    from ...io.stream import POLICIES
-    from ...plots import error_histogram, relative_errors
+    from ...io.file_jobs import POLICIES
+    from ...tools.plots import error_histogram, relative_errors
 
     best: dict[str, tuple[str, str]] = {}
     for label, fmt, mode, policy, _ in rows:  # rows are best first within an array

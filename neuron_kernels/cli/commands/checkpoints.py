@@ -18,7 +18,7 @@ __all__ = ["cmd_dequantize", "cmd_quantize"]
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ...checkpoints import quantize_checkpoint
     from ...checkpoints.layouts import open_any
-    from ...io.files import atomic_output
+    from ...io.outputs import atomic_output
     from ...lazy.stores import scheduler
 
     layout = _checked_layout(args)
@@ -55,7 +55,7 @@ def _checked_layout(args: argparse.Namespace) -> Any:
     """The layout to write, once the options that do not fit a checkpoint conversion are refused."""
     from ...checkpoints import LAYOUTS
     from ...checkpoints.layouts import DEFAULT_LAYOUT
-    from ...io.files import check_output_path
+    from ...io.outputs import check_output_path
 
     if args.name is not None:
         raise UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
@@ -145,7 +145,7 @@ def _where(args: argparse.Namespace) -> str:
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
     from ...checkpoints import dequantize_checkpoint
-    from ...io.files import atomic_output
+    from ...io.outputs import atomic_output
 
     if args.name is not None:
         raise UsageError("--name picks an array of a file; a checkpoint is dequantised whole")

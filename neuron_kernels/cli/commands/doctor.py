@@ -39,7 +39,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from ...checkpoints.doctor import check_checkpoint, repair_checkpoint
-    from ...io.files import atomic_output
+    from ...io.outputs import atomic_output
 
     checkup = check_checkpoint(args.input, args.chunk_mb << 20)
     repairs = []

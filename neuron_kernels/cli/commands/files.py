@@ -17,15 +17,16 @@ __all__ = ["cmd_cast", "cmd_dequantize", "cmd_error", "cmd_quantize"]
 
 
 def _entries(args: argparse.Namespace) -> list[Any]:
-    from ...io.files import open_arrays
-    from ...io.stream import select_arrays
+    from ...io.arrays import open_arrays
+    from ...io.file_jobs import select_arrays
 
     return select_arrays(open_arrays(args.input), args.name)
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ...io.files import array_file_kind, atomic_output
-    from ...io.stream import quantize_file
+    from ...io.arrays import array_file_kind
+    from ...io.file_jobs import quantize_file
+    from ...io.outputs import atomic_output
 
     if not array_file_kind(args.output, "output").block_file:
         raise UsageError(f"OUTPUT must be a .npz file (the package's block file), not {args.output!r}")
@@ -66,8 +67,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
     from ...io.blockfile import read_block_file
-    from ...io.files import atomic_output
-    from ...io.stream import dequantize_file
+    from ...io.file_jobs import dequantize_file
+    from ...io.outputs import atomic_output
 
     args.dtype = args.dtype or "float32"
     stored = read_block_file(args.input)
@@ -91,7 +92,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
 
 def _stored_note(dtype_name: str, output: str) -> str:
     from ...dtypes import get_format
-    from ...io.stream import stored_dtype
+    from ...io.file_jobs import stored_dtype
 
     dtype = get_format(dtype_name).result_dtype
     stored = stored_dtype(dtype, output)
@@ -99,8 +100,8 @@ def _stored_note(dtype_name: str, output: str) -> str:
 
 
 def cmd_cast(args: argparse.Namespace) -> int:
-    from ...io.files import atomic_output
-    from ...io.stream import cast_file
+    from ...io.file_jobs import cast_file
+    from ...io.outputs import atomic_output
 
     entries = _entries(args)
     with (
@@ -130,7 +131,7 @@ _ERROR_COLUMNS = tuple(c for c in STATS_COLUMNS if c != "MSE")
 
 def cmd_error(args: argparse.Namespace) -> int:
     from ...formats import BLOCK_FORMATS
-    from ...io.stream import error_table
+    from ...io.file_jobs import error_table
 
     if args.plot:
         check_png(args.plot, args.force)

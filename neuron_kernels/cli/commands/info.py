@@ -10,7 +10,7 @@ __all__ = ["cmd_formats", "cmd_promote"]
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from ...promotion import explain_promotion, promotion_table
+    from ...neuron.promotion import explain_promotion, promotion_table
 
     if args.table:
         print(promotion_table())

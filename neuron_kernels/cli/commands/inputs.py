@@ -30,7 +30,7 @@ def _zarr_job(args: argparse.Namespace) -> bool:
 def _checkpoint_input(args: argparse.Namespace) -> bool:
     """Whether a command works on a checkpoint (a folder, a layout asked for, or an output that is
     no array file) rather than on array files."""
-    from ...io.files import ARRAY_FILES
+    from ...io.arrays import ARRAY_FILES
 
     output = getattr(args, "output", "") or ""
     return (

@@ -16,12 +16,12 @@ rounding mode and the layout are compiled in.
 
 Flags. A helper that branches on the format (e8m0 or e4m3fn scales, the rounding mode,
 fixed-point elements, the source kind) takes the decision as an argument of its own
-(:func:`~.spec._flags`). A kernel passes constants of its closure, so numba drops the branches not
+(:func:`~.spec.flags`). A kernel passes constants of its closure, so numba drops the branches not
 taken before typing them and compiles only the kernel's own path (it cannot see through a field
 of a tuple constant); the shared scale loops pass the run-time fields and serve every format.
 
 Elements. MX (e8m0 scales): an element is ``x * (1 / X)``, a product by a power of two, exact
-where it matters (see :func:`~.elements._nearest_even`). NVFP4 (e4m3fn scales ``s``): ``x * (1 / s)``
+where it matters (see :func:`~.elements.nearest_even`). NVFP4 (e4m3fn scales ``s``): ``x * (1 / s)``
 single-level, ``x * ((1 / pts) / s)`` two-level, each operation rounded to float32, as torchao's
 ``nvfp4_quantize`` computes it (torchao 0.18 and later; earlier releases divided). The result is
 encoded with saturation, under ``nearest_even`` by float arithmetic of its own, in the other
@@ -44,7 +44,7 @@ Modules, one per job:
   length;
 - :mod:`.policies`: the scale policies evaluated for up to 64 blocks at once (one float64 lane
   per block and candidate, each summed in the shared loop's order), the specialised binding of
-  :func:`~.rows._row_scales` for nearest-even rounding of float32 and 16-bit sources;
+  :func:`~.rows.row_scales` for nearest-even rounding of float32 and 16-bit sources;
 - :mod:`.hadamard`: the random Hadamard rotation of a 16-element group;
 - :mod:`.rotated`: the kernels of the rotation and of the rotated input's amax (the row kernels
   of the rotated input are :mod:`.rows`' own, which rotate each run of blocks into a scratch row

@@ -1,7 +1,7 @@
 """The elements of a block: the scaled value (:func:`_scaled`), its code under the rounding mode
 (:func:`_code`; :func:`_nearest_even` in float arithmetic), the value a code or a scaled element
 comes back as (:func:`_value`, :func:`_dequantized`) and the source loader (:func:`_load`). 4-bit
-codes two per byte are :mod:`..nibbles`'s."""
+codes two per byte are :mod:`..nibble_kernels`'s."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def stream(key):  # pragma: no cover - compiled
 
 @jit(inline="always")
 def load_value(x, kind, codec):  # pragma: no cover - compiled
-    """:func:`~..sources.load`, with float32 patterns and bfloat16 codes read in place: a kernel of
+    """:func:`~..loaders.load`, with float32 patterns and bfloat16 codes read in place: a kernel of
     either source compiles no loader."""
     if kind == SOURCE_F32:
         return x

@@ -2,7 +2,7 @@
 binding of the policies' scale loop, for the kernels users train and quantise with (rounding to
 nearest even, float32 and 16-bit float sources, blocks of at most :data:`MAX_SIZE`).
 
-The shared loop (:func:`~.rows._row_scales`) sums the error of one block under one candidate
+The shared loop (:func:`~.rows.row_scales`) sums the error of one block under one candidate
 scale at a time, element after element, in float64: a chain of dependent additions with the
 format's constants read at run time. Here ``GROUP`` consecutive blocks are evaluated together.
 Their values are laid out element-major (``values[i, g]``: element ``i`` of block ``g``), and
@@ -10,8 +10,8 @@ candidate ``k`` of block ``g`` accumulates in lane ``g`` of ``sums[k]``. Each la
 block's errors from its first element to its last, starting at 0.0, exactly as the shared loop
 does, so every sum is the same float64 number and every choice is the same. But the ``GROUP``
 chains are independent, so they are one vector addition per element and candidate. The
-candidates themselves come from the same helpers (:func:`~.scales._candidate`,
-:func:`~.scales._multiplier`), so the choice is bit for bit the shared loop's; blocks past the
+candidates themselves come from the same helpers (:func:`~.scales.candidate`,
+:func:`~.scales.multiplier`), so the choice is bit for bit the shared loop's; blocks past the
 last whole group, partial blocks and longer blocks go to the shared loop."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def grouped_scales(source: Source, el: Element, sc: Scale, vlens: tuple[int, int
     """``scales(xr, j, ng, size, mode, policy, pts, out, scratch)``: the scale bytes of the
     ``ng`` (at most ``GROUP``) whole blocks ``[j, j + ng)`` of the row ``xr`` (``size`` <= :data:`MAX_SIZE`) under the
     policy ``policy`` (not ``PLAIN``) into ``out[j:]``, the source, element and scale format
-    compiled in (``vlens``: the vector lengths of the amax, see :func:`~.rows._row_amax`)."""
+    compiled in (``vlens``: the vector lengths of the amax, see :func:`~.rows.row_amax`)."""
     kind, codec, scaling = source.kind, source.codec, sc.scaling
     fixed = el.codec.specials == C.FIXED
     v16, v32, v64 = vlens

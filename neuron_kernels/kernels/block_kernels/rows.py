@@ -32,7 +32,7 @@ from .spec import BY_E4M3, FOUR_SIX_MAE, PLAIN, SEARCH_MSE, Element, Scale, Sour
 def _decoded_amax(m, src):  # pragma: no cover - compiled
     """The float32 |pattern| of the largest magnitude code ``m`` of a vector reduction (the codes
     of 16-bit loaders are decoded once, after the reduction), the source known at run time. A
-    kernel's own reduction (:func:`_row_amax`) decodes with :func:`~.elements._load`."""
+    kernel's own reduction (:func:`_row_amax`) decodes with :func:`~.elements.load_value`."""
     return m if src.kind == SOURCE_F32 else S.load(m, src.kind, src.codec)
 
 

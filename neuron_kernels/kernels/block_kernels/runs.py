@@ -69,7 +69,7 @@ def _multipliers(sc: Scale) -> Any:
 
     @jit(inline="always")
     def multipliers(sr, j0, n, pts, muls, steps):  # pragma: no cover - compiled
-        """The multipliers and scales (:func:`~.scales._multiplier`) of blocks ``[j0, j0 + n)``."""
+        """The multipliers and scales (:func:`~.scales.multiplier`) of blocks ``[j0, j0 + n)``."""
         first = np.uint64(j0)  # unsigned indices: a signed one costs a wraparound check per lane
         for b in range(n):
             mul, step = multiplier(np.uint32(sr[first + np.uint64(b)]), pts, sc, scaling)

@@ -145,7 +145,7 @@ def multiplier(byte, pts, sc, scaling):  # pragma: no cover - compiled
     """(What an element is multiplied by before encoding, the scale of the dequantised values),
     in float32: MX, (1 / X, X) = (2^(127 - byte), 2^(byte - 127)); NVFP4, (1 / s, s) single-level
     and ((1 / pts) / s, pts * s) two-level, torchao's order of operations; float scales, (s, s)
-    (elements divided by s, :func:`~.elements._scaled`), or (m, 1 / m) of the reciprocal rule's
+    (elements divided by s, :func:`~.elements.scaled`), or (m, 1 / m) of the reciprocal rule's
     multiplier. NaN for a NaN block."""
     if scaling == BY_DIVISION or scaling == BY_POW2:
         s = f32_from_bits(byte)

@@ -87,7 +87,7 @@ class Element(NamedTuple):
 
     ``top``: the largest element; ``min_normal`` the smallest normal, ``magic`` a float whose ulp is
     the smallest subnormal, ``rebias`` ``(127 - B) << M`` (mod 2^32): the constants of
-    :func:`~.elements._nearest_even`. ``nan_code``: the code of every element of a NaN block.
+    :func:`~.elements.nearest_even`. ``nan_code``: the code of every element of a NaN block.
     """
 
     codec: C.Codec

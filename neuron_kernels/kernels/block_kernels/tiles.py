@@ -89,7 +89,7 @@ def _tile_tasks(source: Source, el: Element, sc: Scale, quantize: bool, pack: in
     each row ``i`` of tiles ``x[a, r0:r1, :]`` of the tasks ``[t0, t1)``, the scale bytes of its
     tiles (:func:`_tile_scales`, or :func:`_tile_plain_scales` in kernels without scale policies),
     then each of its elements with its tile's multiplier and scale of dequantised values
-    (:func:`~.scales._multiplier`; the scale is NaN in a block holding a NaN or an infinity) and its
+    (:func:`~.scales.multiplier`; the scale is NaN in a block holding a NaN or an infinity) and its
     stochastic bits: ``quantize``, its code into ``dst`` (``pack``: ``PACK_*``) and the scale bytes
     into ``scales[a, i]``; else its dequantised value into ``dst`` (``scales`` not used). One body
     for both, the branch not taken pruned: numba's inlining of a closure per element cost a third

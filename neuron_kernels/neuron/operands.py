@@ -65,12 +65,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .blocks import nibbles
-from .blocks.array import BlockArray
-from .blocks.layout import BlockLayout
-from .casting import pack_x4, unpack_x4
-from .errors import InvalidTypeError, InvalidValueError
-from .formats import FORMATS, MX_FORMATS, BlockFormat
+from ..blocks import nibbles
+from ..blocks.array import BlockArray
+from ..blocks.layout import BlockLayout
+from ..casting import pack_x4, unpack_x4
+from ..errors import InvalidTypeError, InvalidValueError
+from ..formats import FORMATS, MX_FORMATS, BlockFormat
 
 __all__ = [
     "NC_MATMUL_MX_FORMATS",

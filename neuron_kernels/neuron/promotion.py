@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DTypeLike, as_dtype
-from .errors import InvalidTypeError, NeuronKernelsError
-from .formats import FORMATS, NKDType
+from ..dtypes import DTypeLike, as_dtype
+from ..errors import InvalidTypeError, NeuronKernelsError
+from ..formats import FORMATS, NKDType
 
 __all__ = [
     "NoPromotionPathError",

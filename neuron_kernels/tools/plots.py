@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import InvalidValueError, NeuronKernelsError
+from ..errors import InvalidValueError, NeuronKernelsError
 
 if TYPE_CHECKING:
     from .bench import BenchRow, BlockBenchRow

@@ -50,13 +50,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .api import cast, fake_quantize, quantization_error, quantize
-from .blocks.job import input_array
-from .blocks.nibbles import pack
-from .blocks.scheme import block_job
-from .dtypes import get_format
-from .errors import InvalidValueError
-from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS
+from ..api import cast, fake_quantize, quantization_error, quantize
+from ..blocks.job import input_array
+from ..blocks.nibbles import pack
+from ..blocks.scheme import block_job
+from ..dtypes import get_format
+from ..errors import InvalidValueError
+from ..formats import BLOCK_FORMATS, FORMATS, MX_FORMATS
 
 __all__ = [
     "BenchRow",
@@ -563,6 +563,6 @@ def format_block_table(rows: list[BlockBenchRow]) -> str:
 
 
 def __getattr__(name: str) -> Any:
-    from ._compat import renamed
+    from .._compat import renamed
 
     return renamed(__name__, name, globals())

@@ -25,9 +25,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
-from .dtypes import get_format
-from .errors import InvalidValueError
-from .formats import BLOCK_FORMATS, INPUT_DTYPES
+from ..dtypes import get_format
+from ..errors import InvalidValueError
+from ..formats import BLOCK_FORMATS, INPUT_DTYPES
 
 __all__ = [
     "WARMUP_SOURCES",
@@ -50,7 +50,7 @@ _KINDS = ("cast", "quantize", "fake_quantize", "error")
 
 
 def _cast_targets(source: str) -> list[str]:
-    from .registry import supported_casts
+    from ..registry import supported_casts
 
     return [k.target for k in supported_casts() if k.source == source and k.target != source]
 
@@ -106,8 +106,8 @@ def run_task(task: Task) -> None:
     elif kind == "fake_quantize":
         nk.fake_quantize(_sample(source, (2, 64)), fmt)
     elif kind == "error":
-        from .blocks.inputs import input_array
-        from .blocks.scheme import block_job
+        from ..blocks.inputs import input_array
+        from ..blocks.scheme import block_job
 
         arr, src = input_array(_sample(source, (2, 64)))
         arr.setflags(write=False)  # as the error table reads files: memory-mapped, read-only
@@ -118,7 +118,7 @@ def run_task(task: Task) -> None:
 
 def _run_tasks(tasks: list[Task]) -> int:
     """Run ``tasks`` in this process; how many kernels they compiled."""
-    from ._jit import compiles
+    from .._jit import compiles
 
     before = compiles()
     for task in tasks:
@@ -142,7 +142,7 @@ def warmup(
     what the compiled tier holds (code for a CPU level; the host's own may be faster, and the
     local cache takes precedence). Without it (a command readying its kernels before it starts),
     what the tier holds is loaded from it."""
-    from ._jit import local_cache_only
+    from .._jit import local_cache_only
 
     if not host_tuned:
         return _warmup(list(tasks), processes, progress)
@@ -206,8 +206,8 @@ def build_compiled_tier(
     import sys
     import tempfile
 
-    from ._jit import CPU_LEVELS, MANIFEST, PACKAGE_ROOT, compiled_tag
-    from ._jit.numba_internals import cache_subpath
+    from .._jit import CPU_LEVELS, MANIFEST, PACKAGE_ROOT, compiled_tag
+    from .._jit.numba_internals import cache_subpath
 
     if level not in CPU_LEVELS:
         raise InvalidValueError(f"unknown CPU level {level!r}; accepted: {', '.join(CPU_LEVELS)}")
@@ -222,7 +222,7 @@ def build_compiled_tier(
         script = (
             "import json, sys\n"
             "from neuron_kernels._jit.numba_internals import host_magic\n"
-            "from neuron_kernels.warmup import warmup\n"
+            "from neuron_kernels.tools.warmup import warmup\n"
             "tasks = [tuple(t) for t in json.loads(sys.argv[1])]\n"
             "compiled, _ = warmup(tasks, None if sys.argv[2] == 'None' else int(sys.argv[2]))\n"
             "magic = list(host_magic())\n"
@@ -268,7 +268,7 @@ def task_origins(tasks: Sequence[Task]) -> list[tuple[Task, dict[str, str]]]:
     """Each task with where the kernels its calls use come from in this process (kernel name:
     ``"local"``, ``"compiled x86-64-vN"`` or ``"jit"``), the calls made in task order: a kernel
     neither cache has is compiled on the way, as a first call would."""
-    from ._jit import ORIGINS
+    from .._jit import ORIGINS
 
     result = []
     for task in tasks:

@@ -2,7 +2,7 @@
 
 An array is processed in pieces of about ``chunk_bytes`` (:class:`neuron_kernels.blocks.layout.Pieces`: whole
 rows of the array seen as (outer, block axis, inner), or whole blocks within one row), each read
-through :mod:`neuron_kernels.io.files` and written as soon as it is computed, so that peak memory is
+through :mod:`neuron_kernels.io.arrays` and written as soon as it is computed, so that peak memory is
 a few pieces whatever the file size. The results equal the in-memory functions' bit for bit,
 stochastic rounding included: its random bits are keyed on each element's index in the whole
 array.
@@ -27,8 +27,8 @@ from ..blocks.stats import ErrorStats, QuantizationStats
 from ..dtypes import get_format
 from ..errors import InvalidValueError
 from ..formats import BLOCK_FORMATS, INPUT_DTYPES
+from .arrays import ArrayEntry, FileFormatError, OutArray, array_file_kind, open_arrays
 from .blockfile import BlockFileWriter, StoredBlocks, read_block_file
-from .files import ArrayEntry, FileFormatError, OutArray, array_file_kind, open_arrays
 
 __all__ = [
     "select_arrays",
@@ -160,7 +160,7 @@ def quantize_file(
     **options: Any,
 ) -> dict[str, QuantizationStats]:
     """Quantise every array of ``src`` (or the one called ``name``) into the block file ``dst``
-    (already a temporary path: see :func:`neuron_kernels.io.files.atomic_output`).
+    (already a temporary path: see :func:`neuron_kernels.io.outputs.atomic_output`).
 
     ``options`` are those of :func:`neuron_kernels.quantize`. Returns the error statistics of
     each array. A ``.npy`` input gives a single-array file; ``.npz`` and ``.safetensors`` inputs
@@ -243,7 +243,7 @@ def _scale_view(raw: np.ndarray, scale_dtype: str | None) -> np.ndarray:
 
 def stored_dtype(dtype: Any, path: str) -> np.dtype:
     """The dtype an array of ``dtype`` is written with to ``path`` (see
-    :meth:`neuron_kernels.io.files.ArrayFileKind.stored_dtype`)."""
+    :meth:`neuron_kernels.io.arrays.ArrayFileKind.stored_dtype`)."""
     return array_file_kind(path, "output").stored_dtype(dtype)
 
 
