@@ -119,13 +119,24 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(description: str) -> argparse.ArgumentParser:
     """The ``neuron-kernels`` parser; the subcommand's name is the ``command`` of the arguments."""
-    from ..formats import BLOCK_FORMATS
-    from ..io.file_jobs import POLICIES
-    from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, ROUNDING_MODES, SCALE_MODES, SCALE_SEARCHES
-    from ..recipes import RECIPES
-
     p = _Parser(prog="neuron-kernels", description=description)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _bench_command(sub)
+    _quantize_command(sub)
+    _dequantize_command(sub)
+    _cast_command(sub)
+    _error_command(sub)
+    _warmup_command(sub)
+    _check_commands(sub)
+    _info_commands(sub)
+    return p
+
+
+#: What the file commands read.
+_ARRAYS = ".npy, .npz or .safetensors file"
+
+
+def _bench_command(sub: Any) -> None:
     b = sub.add_parser("bench", help="throughput of every compiled cast and block format on a built-in array")
     b.add_argument("--size", type=parse_size, default=64 << 20, help="elements (default 64Mi)")
     b.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per measurement (default 5)")
@@ -133,15 +144,19 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs neuron_kernels[plot])")
     b.add_argument("--quiet", action="store_true", help="no progress messages")
 
+
+def _quantize_command(sub: Any) -> None:
+    """``quantize``: its input and output, then the options of a checkpoint conversion, of the
+    scheme (:func:`_scheme_options`) and of where it runs."""
     from ..checkpoints import DEFAULT_MAX_SHARD_BYTES, LAYOUTS
     from ..checkpoints.layouts import DEFAULT_LAYOUT, WRITABLE
+    from ..formats import BLOCK_FORMATS
 
-    arrays = ".npy, .npz or .safetensors file"
     q = _file_command(
         sub,
         "quantize",
         "quantise the arrays of a file (to the package's .npz file) or a checkpoint (to a layout runtimes load)",
-        arrays + ", a checkpoint folder of .safetensors shards, a GGUF file (.gguf), or a Zarr store (.zarr)",
+        _ARRAYS + ", a checkpoint folder of .safetensors shards, a GGUF file (.gguf), or a Zarr store (.zarr)",
         "the block file to write (.npz), the checkpoint folder to write, the GGUF file (.gguf; docs/gguf.md), "
         "or the Zarr store (.zarr)",
     )
@@ -198,6 +213,30 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         help="carry a quantised checkpoint folder's NVFP4 / MXFP4 weights into a GGUF OUTPUT without re-quantising, "
         "the metadata, names and other tensors from this GGUF file of the same model (docs/gguf.md)",
     )
+    _scheme_options(q)
+    q.add_argument(
+        "--workers",
+        type=_positive_int,
+        metavar="N",
+        help="run a Zarr job or a checkpoint conversion on a local Dask cluster of N worker processes "
+        "(needs neuron_kernels[dask])",
+    )
+    q.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run a Zarr job or a checkpoint conversion on the Dask cluster at ADDRESS (tcp://host:8786; its "
+        "workers must see the input and output paths; needs neuron_kernels[dask])",
+    )
+    _shard_option(q, DEFAULT_MAX_SHARD_BYTES)
+    _links_option(q)
+
+
+def _scheme_options(q: argparse.ArgumentParser) -> None:
+    """The options of a block quantisation (the fields of :class:`~neuron_kernels.blocks.scheme.Scheme`
+    that :func:`scheme_from_args` reads by name)."""
+    from ..modes import BLOCK_ROUNDING_MODES, FOUR_OVER_SIX, SCALE_MODES, SCALE_SEARCHES
+    from ..recipes import RECIPES
+
     _block_options(q)
     q.add_argument("--block-shape", type=_block_shape, metavar="RxC", help="2-D tiles over the last two axes")
     q.add_argument("--scale-mode", default=None, choices=list(SCALE_MODES), help="default: the format's")
@@ -221,21 +260,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         help="quantise as this producer does, bit for bit (docs/recipes.md); it fixes the scale rule, rounding "
         "and per-tensor scale (default: the package's own rules)",
     )
-    q.add_argument(
-        "--workers",
-        type=_positive_int,
-        metavar="N",
-        help="run a Zarr job or a checkpoint conversion on a local Dask cluster of N worker processes "
-        "(needs neuron_kernels[dask])",
-    )
-    q.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        help="run a Zarr job or a checkpoint conversion on the Dask cluster at ADDRESS (tcp://host:8786; its "
-        "workers must see the input and output paths; needs neuron_kernels[dask])",
-    )
-    _shard_option(q, DEFAULT_MAX_SHARD_BYTES)
-    _links_option(q)
+
+
+def _dequantize_command(sub: Any) -> None:
+    from ..checkpoints import DEFAULT_MAX_SHARD_BYTES
 
     d = _file_command(
         sub,
@@ -253,11 +281,15 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     _shard_option(d, DEFAULT_MAX_SHARD_BYTES)
     _links_option(d)
 
+
+def _cast_command(sub: Any) -> None:
+    from ..modes import ROUNDING_MODES
+
     c = _file_command(
         sub,
         "cast",
         "cast the arrays of a file to another dtype",
-        arrays,
+        _ARRAYS,
         ".npy (one array), .npz or .safetensors",
     )
     c.add_argument("--to", required=True, metavar="DTYPE", help="target dtype (see `neuron-kernels formats`)")
@@ -265,11 +297,17 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     c.add_argument("--saturate", action="store_true", help="clamp overflow to the largest finite value")
     c.add_argument("--seed", type=int, help="seed of stochastic rounding")
 
+
+def _error_command(sub: Any) -> None:
+    from ..formats import BLOCK_FORMATS
+    from ..io.file_jobs import POLICIES
+    from ..modes import SCALE_MODES
+
     e = _file_command(
         sub,
         "error",
         "every block format x scale mode x policy on the arrays of a file, best first",
-        arrays,
+        _ARRAYS,
         None,
     )
     e.add_argument("--formats", help=f"comma-separated subset of {','.join(BLOCK_FORMATS)}")
@@ -278,6 +316,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     _block_options(e)
     e.add_argument("--plot", metavar="FILE.png", help="histogram of relative errors (needs neuron_kernels[plot])")
 
+
+def _warmup_command(sub: Any) -> None:
     w = sub.add_parser("warmup", help="compile the common kernels ahead of their first use, on every core")
     w.add_argument("--formats", help="comma-separated block formats and cast targets (default: all)")
     w.add_argument("--sources", help="comma-separated source dtypes (default: float32,bfloat16)")
@@ -295,6 +335,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     )
     w.add_argument("--level", default="x86-64-v3", help="the CPU level of --build-compiled (default x86-64-v3)")
 
+
+def _check_commands(sub: Any) -> None:
+    """``check`` (and ``--repair``) and ``diff``: what a checkpoint holds, against its runtime's rules
+    or another checkpoint."""
     c = sub.add_parser(
         "check",
         help="what would make a quantised checkpoint's runtime refuse it or load it wrong (exit 0 clean, 1 findings, "
@@ -313,10 +357,11 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     df.add_argument("--chunk-mb", type=_positive_int, default=64, metavar="MB", help="memory for a piece (default 64)")
     _links_option(df)
 
+
+def _info_commands(sub: Any) -> None:
     pr = sub.add_parser("promote", help="promote_type of two dtypes, or the whole grid")
     pr.add_argument("a", nargs="?")
     pr.add_argument("b", nargs="?")
     pr.add_argument("--explain", action="store_true", help="say which rule decided")
     pr.add_argument("--table", action="store_true", help="print the whole promotion grid")
     sub.add_parser("formats", help="the format table, finfo-style")
-    return p
