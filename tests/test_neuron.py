@@ -9,10 +9,10 @@ of the arrays, and clear errors for arrays and operands that do not fit.
 import ml_dtypes
 import numpy as np
 import pytest
-from neuron_kernels.neuron.operands.operands import NC_MATMUL_MX_FORMATS, nc_matmul_mx_scale_partitions
 
 import neuron_kernels as nk
 from neuron_kernels import BlockArray, BlockLayout
+from neuron_kernels.neuron.operands import NC_MATMUL_MX_FORMATS, nc_matmul_mx_scale_partitions
 
 from .reference_blocks import neuron_quantize_mx_ref, neuron_scale_tile_ref
 from .reference_mx import pack_fp4_ref, unpack_fp4_ref

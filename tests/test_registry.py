@@ -10,11 +10,11 @@ import textwrap
 import ml_dtypes
 import numpy as np
 import pytest
-from neuron_kernels.neuron.operands.promotion import grid_dtypes
 
 import neuron_kernels as nk
 from neuron_kernels import registry
 from neuron_kernels.formats import FORMATS
+from neuron_kernels.neuron.promotion import grid_dtypes
 
 from .helpers import BASE, BF16, F32, WRONG_DTYPES, WRONG_IDS, assert_same_bits, ml_cast, native
 from .reference import pack_lanes, round_float32_to_mbits

@@ -87,65 +87,96 @@ def carry_into_gguf(
     the module docstring). Returns a report per weight of the checkpoint not carried and per
     tensor of the output: ``converted`` (carried, bytes copied) or ``kept`` (with the reason)."""
     checkpoint, template, dst = os.fspath(checkpoint), os.fspath(template), os.fspath(dst)
+    if fmt is not None and fmt not in GGUF_FORMATS:
+        raise NotApplicableError(f"GGUF stores {' and '.join(GGUF_FORMATS)} blocks; got format {fmt!r}")
     tpl = open_gguf(template)
-    gguf_name = _name_map(tpl)
-    arch = tpl.architecture
-    heads = tpl.count(f"{arch}.attention.head_count", 0)
-    kv_heads = tpl.count(f"{arch}.attention.head_count_kv", heads) or heads
     ckpt, layout = open_any(checkpoint)
     if layout is None:
         raise NotApplicableError(f"{checkpoint}: holds no quantised weight to carry (quantize the GGUF file instead)")
-    carried: dict[str, tuple[list[Any], np.ndarray | None]] = {}  # GGUF name -> (block arrays, row order)
-    inputs: dict[str, list[float | None]] = {}  # GGUF name -> its activations' per-tensor scales
-    notes: list[TensorReport] = []
-    wanted = fmt
-    if wanted is not None and wanted not in GGUF_FORMATS:
-        raise NotApplicableError(f"GGUF stores {' and '.join(GGUF_FORMATS)} blocks; got format {wanted!r}")
-    experts: dict[str, dict[int, Any]] = {}  # merged name (experts.PROJ.weight) -> expert -> weight
-    for w in stored_weights(ckpt, layout):
-        fmt = w.layout.fmt
-        if (
-            fmt not in GGUF_FORMATS
-            or (wanted is not None and fmt != wanted)
-            or w.transpose
-            or w.layout.block_rows != 1
-            or len(w.layout.shape) != 2
-        ):
-            why = (
-                f"{fmt} weights are not carried ("
-                + (f"only {wanted}" if wanted else f"GGUF holds {' and '.join(GGUF_FORMATS)} blocks along rows")
-                + "); the template's tensor kept"
-            )
-            notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", why))
-            continue
-        spec = GGUF_FORMATS[fmt]
-        if w.layout.shape[-1] % spec.block or w.layout.block_size != spec.format.block_size:
-            raise InvalidValueError(
-                f"{checkpoint}[{w.name}]: blocks of {w.layout.block_size} over rows of {w.layout.shape[-1]} are not "
-                f"ggml's {spec.ggml_type} blocks ({spec.block} elements, a scale per {spec.format.block_size})"
-            )
-        expert = _EXPERT.fullmatch(w.name)
-        if expert is not None:  # stacked with the layer's other experts, as llama.cpp stores them
-            experts.setdefault(f"{expert[1]}.experts.{expert[3]}.weight", {})[int(expert[2])] = w
-            continue
-        target = gguf_name(w.name)
-        if target is None or target not in tpl.tensors:
-            notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", f"the template has no tensor for {w.name}"))
-            continue
-        tensor = _template_tensor(checkpoint, w.name, tpl, target, w.layout.shape)
-        ba = w.block_array()
-        carried[target] = ([ba], _row_order(checkpoint, w.name, ba.dequantize(), tensor, heads, kv_heads))
-        inputs[target] = [_input_scale(ckpt.tensors, w.dropped)]
-    for merged, by_index in experts.items():
-        target = gguf_name(merged)
+    carry = _Carry(checkpoint, ckpt, tpl)
+    notes = carry.weights(stored_weights(ckpt, layout), fmt)
+    plan, reports = _plan(tpl, carry.carried, carry.inputs)
+    file_type = {GGUF_FORMATS[arrays[0].fmt].file_type for arrays, _ in carry.carried.values()}
+    changes = {"general.file_type": (file_type.pop(), UINT32)} if len(file_type) == 1 else {}
+    _write(dst, force, (checkpoint, template), tpl, changes, plan, progress or (lambda n: None))
+    return notes + reports
+
+
+#: One tensor of the output: the template's tensor copied (its record), or None and the payload
+#: written (a per-tensor scale's values, or the block arrays of a weight and its row order).
+_Planned = tuple[GgufTensor | None, str, tuple[int, ...], str, Any]
+
+
+class _Carry:
+    """The weights of a checkpoint matched with the tensors of a GGUF template: ``carried`` (GGUF
+    name -> the block arrays and their row order) and ``inputs`` (GGUF name -> the activations'
+    per-tensor scales)."""
+
+    def __init__(self, checkpoint: str, ckpt: Any, tpl: Any) -> None:
+        self.checkpoint, self.ckpt, self.tpl = checkpoint, ckpt, tpl
+        self.gguf_name = _name_map(tpl)
+        arch = tpl.architecture
+        self.heads = tpl.count(f"{arch}.attention.head_count", 0)
+        self.kv_heads = tpl.count(f"{arch}.attention.head_count_kv", self.heads) or self.heads
+        self.carried: dict[str, tuple[list[Any], np.ndarray | None]] = {}
+        self.inputs: dict[str, list[float | None]] = {}
+
+    def weights(self, stored: Any, wanted: str | None) -> list[TensorReport]:
+        """Match every stored weight (of format ``wanted``, if given); the reports of those kept."""
+        checkpoint, tpl, gguf_name = self.checkpoint, self.tpl, self.gguf_name
+        heads, kv_heads = self.heads, self.kv_heads
+        carried, inputs, ckpt = self.carried, self.inputs, self.ckpt
+        notes: list[TensorReport] = []
+        experts: dict[str, dict[int, Any]] = {}  # merged name (experts.PROJ.weight) -> expert -> weight
+        for w in stored:
+            fmt = w.layout.fmt
+            if (
+                fmt not in GGUF_FORMATS
+                or (wanted is not None and fmt != wanted)
+                or w.transpose
+                or w.layout.block_rows != 1
+                or len(w.layout.shape) != 2
+            ):
+                why = (
+                    f"{fmt} weights are not carried ("
+                    + (f"only {wanted}" if wanted else f"GGUF holds {' and '.join(GGUF_FORMATS)} blocks along rows")
+                    + "); the template's tensor kept"
+                )
+                notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", why))
+                continue
+            spec = GGUF_FORMATS[fmt]
+            if w.layout.shape[-1] % spec.block or w.layout.block_size != spec.format.block_size:
+                raise InvalidValueError(
+                    f"{checkpoint}[{w.name}]: blocks of {w.layout.block_size} over rows of {w.layout.shape[-1]} "
+                    f"are not ggml's {spec.ggml_type} blocks ({spec.block} elements, a scale per "
+                    f"{spec.format.block_size})"
+                )
+            expert = _EXPERT.fullmatch(w.name)
+            if expert is not None:  # stacked with the layer's other experts, as llama.cpp stores them
+                experts.setdefault(f"{expert[1]}.experts.{expert[3]}.weight", {})[int(expert[2])] = w
+                continue
+            target = gguf_name(w.name)
+            if target is None or target not in tpl.tensors:
+                why = f"the template has no tensor for {w.name}"
+                notes.append(TensorReport(w.name, w.layout.shape, fmt, "kept", why))
+                continue
+            tensor = _template_tensor(checkpoint, w.name, tpl, target, w.layout.shape)
+            ba = w.block_array()
+            carried[target] = ([ba], _row_order(checkpoint, w.name, ba.dequantize(), tensor, heads, kv_heads))
+            inputs[target] = [_input_scale(ckpt.tensors, w.dropped)]
+        for merged, by_index in experts.items():
+            notes += self._experts(merged, by_index)
+        return notes
+
+    def _experts(self, merged: str, by_index: dict[int, Any]) -> list[TensorReport]:
+        """The experts of one layer, stacked as llama.cpp stores them."""
+        checkpoint, tpl, ckpt = self.checkpoint, self.tpl, self.ckpt
+        target = self.gguf_name(merged)
         first = next(iter(by_index.values()))
         shape = (len(by_index), *first.layout.shape)
         if target is None or target not in tpl.tensors:
-            for w in by_index.values():
-                notes.append(
-                    TensorReport(w.name, w.layout.shape, w.layout.fmt, "kept", f"the template has no {merged}")
-                )
-            continue
+            why = f"the template has no {merged}"
+            return [TensorReport(w.name, w.layout.shape, w.layout.fmt, "kept", why) for w in by_index.values()]
         if sorted(by_index) != list(range(len(by_index))) or len({w.layout.fmt for w in by_index.values()}) > 1:
             raise InvalidValueError(
                 f"{checkpoint}: the experts of {merged} are not experts 0 to {len(by_index) - 1} of one format"
@@ -154,10 +185,17 @@ def carry_into_gguf(
         arrays = [by_index[e].block_array() for e in range(len(by_index))]
         values = np.stack([ba.dequantize() for ba in arrays])
         _row_order(checkpoint, merged, values, tensor, 0, 0)  # as they are: experts are not rotary
-        carried[target] = (arrays, None)
-        inputs[target] = [_input_scale(ckpt.tensors, by_index[e].dropped) for e in range(len(by_index))]
+        self.carried[target] = (arrays, None)
+        self.inputs[target] = [_input_scale(ckpt.tensors, by_index[e].dropped) for e in range(len(by_index))]
+        return []
+
+
+def _plan(
+    tpl: Any, carried: dict[str, tuple[list[Any], np.ndarray | None]], inputs: dict[str, list[float | None]]
+) -> tuple[list[_Planned], list[TensorReport]]:
+    """The output's tensors in the template's order: each kept, or carried with its scales."""
     reports: list[TensorReport] = []
-    plan: list[tuple[GgufTensor | None, str, tuple[int, ...], str, Any]] = []
+    plan: list[_Planned] = []
     for name, t in tpl.tensors.items():
         scale_of = name[: -len("scale")] + "weight" if name.endswith(".scale") else None
         input_of = name[: -len("input_scale")] + "weight" if name.endswith(".input_scale") else None
@@ -190,10 +228,20 @@ def carry_into_gguf(
         how = "codes and scales re-laid" + (" (rows in llama.cpp's rotary order)" if order is not None else "")
         how += f" ({len(arrays)} experts stacked)" if len(t.shape) == 3 else ""
         reports.append(TensorReport(name, t.shape, spec.ggml_type, "converted", how, outputs=outputs))
-    file_type = {GGUF_FORMATS[arrays[0].fmt].file_type for arrays, _ in carried.values()}
-    changes = {"general.file_type": (file_type.pop(), UINT32)} if len(file_type) == 1 else {}
-    tick = progress or (lambda n: None)
-    with atomic_output(dst, force, (checkpoint, template)) as tmp, GgufOutput(tmp, tpl, changes) as out:
+    return plan, reports
+
+
+def _write(
+    dst: str,
+    force: bool,
+    sources: tuple[str, str],
+    tpl: Any,
+    changes: dict[str, Any],
+    plan: list[_Planned],
+    tick: Callable[[int], None],
+) -> None:
+    """Write the planned tensors into ``dst``, whole or not at all."""
+    with atomic_output(dst, force, sources) as tmp, GgufOutput(tmp, tpl, changes) as out:
         for _, name, shape, kind, _ in plan:
             out.add(name, shape, kind)
         out.begin()
@@ -208,7 +256,6 @@ def carry_into_gguf(
                 arrays, order = payload
                 for ba in arrays:
                     out.write(_blocks_of(ba, order))
-    return notes + reports
 
 
 def _input_scale(tensors: dict[str, Any], parts: tuple[str, ...]) -> float | None:

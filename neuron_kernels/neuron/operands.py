@@ -236,43 +236,8 @@ def from_nc_matmul_mx(
     """
     bfmt = _check_format(fmt)
     _check_offset(scale_offset)
-    x4 = bfmt.x4
-    assert x4 is not None
-    container = FORMATS[x4].result_dtype
-    if not isinstance(data, np.ndarray) or not isinstance(scales, np.ndarray):
-        raise InvalidTypeError("from_nc_matmul_mx: data and scales must be numpy arrays")
-    if data.dtype.newbyteorder("=") != container:
-        raise InvalidTypeError(
-            f"from_nc_matmul_mx: {fmt} data must be {x4} containers ({container}), got dtype {data.dtype}"
-        )
-    if scales.dtype not in (np.dtype(np.uint8), bfmt.scale_format.result_dtype):
-        raise InvalidTypeError(
-            f"from_nc_matmul_mx: scales must be e8m0 bytes (uint8 or {bfmt.scale}), got dtype {scales.dtype}"
-        )
-    if not isinstance(pack, (bool, np.bool_)):
-        raise InvalidTypeError(f"from_nc_matmul_mx: pack must be True or False, got {pack!r}")
-    if block_shape is not None and (not isinstance(block_shape, (tuple, list)) or tuple(block_shape) != SBUF_TILE):
-        raise InvalidValueError(
-            f"from_nc_matmul_mx: block_shape must be None (blocks of 32 along K) or (8, 4), got {block_shape!r}"
-        )
-    if data.ndim not in (2, 3) or scales.ndim != data.ndim:
-        raise InvalidValueError(
-            f"from_nc_matmul_mx: data and scales must both be [T, P, F] (or [P, F]), got shapes "
-            f"{data.shape} and {scales.shape}"
-        )
-    data3 = data.reshape((1,) * (3 - data.ndim) + data.shape)
-    scales3 = scales.view(np.uint8).reshape((1,) * (3 - scales.ndim) + scales.shape)
+    data3, scales3, x4 = _operand_tiles(data, scales, bfmt, pack, block_shape, scale_offset)
     tiles, partitions, free = data3.shape
-    if tiles < 1 or free < 1:
-        raise InvalidValueError(f"from_nc_matmul_mx: data holds no operand (shape {data.shape})")
-    _check_partitions(partitions)
-    # With one quadrant and offset 0 the scale tile may be the compact [4, F] (the deep dive's
-    # "oversize optional"); otherwise it has the data's partitions.
-    compact_rows = QUADRANT // GROUP_PARTITIONS if partitions == QUADRANT and scale_offset == 0 else partitions
-    if scales3.shape not in ((tiles, partitions, free), (tiles, compact_rows, free)):
-        raise InvalidValueError(
-            f"from_nc_matmul_mx: scales must have the shape of data {data.shape}, got {scales.shape}"
-        )
     rows = nc_matmul_mx_scale_partitions(partitions, scale_offset)
     logical = scales3[:, rows, :]
     lanes_last = unpack_x4(data3, x4).view(np.uint8).reshape(tiles, partitions, free, LANES)
@@ -303,6 +268,51 @@ def from_nc_matmul_mx(
         "from_nc_matmul_mx",
         rotation=rotation,
     )
+
+
+def _operand_tiles(
+    data: Any, scales: Any, bfmt: BlockFormat, pack: Any, block_shape: Any, scale_offset: int
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """:func:`from_nc_matmul_mx`'s inputs checked: the data and scale tiles as ``[T, P, F]`` (the
+    scales as bytes) and the name of the format's x4 container."""
+    x4 = bfmt.x4
+    assert x4 is not None
+    container = FORMATS[x4].result_dtype
+    if not isinstance(data, np.ndarray) or not isinstance(scales, np.ndarray):
+        raise InvalidTypeError("from_nc_matmul_mx: data and scales must be numpy arrays")
+    if data.dtype.newbyteorder("=") != container:
+        raise InvalidTypeError(
+            f"from_nc_matmul_mx: {bfmt.name} data must be {x4} containers ({container}), got dtype {data.dtype}"
+        )
+    if scales.dtype not in (np.dtype(np.uint8), bfmt.scale_format.result_dtype):
+        raise InvalidTypeError(
+            f"from_nc_matmul_mx: scales must be e8m0 bytes (uint8 or {bfmt.scale}), got dtype {scales.dtype}"
+        )
+    if not isinstance(pack, (bool, np.bool_)):
+        raise InvalidTypeError(f"from_nc_matmul_mx: pack must be True or False, got {pack!r}")
+    if block_shape is not None and (not isinstance(block_shape, (tuple, list)) or tuple(block_shape) != SBUF_TILE):
+        raise InvalidValueError(
+            f"from_nc_matmul_mx: block_shape must be None (blocks of 32 along K) or (8, 4), got {block_shape!r}"
+        )
+    if data.ndim not in (2, 3) or scales.ndim != data.ndim:
+        raise InvalidValueError(
+            f"from_nc_matmul_mx: data and scales must both be [T, P, F] (or [P, F]), got shapes "
+            f"{data.shape} and {scales.shape}"
+        )
+    data3 = data.reshape((1,) * (3 - data.ndim) + data.shape)
+    scales3 = scales.view(np.uint8).reshape((1,) * (3 - scales.ndim) + scales.shape)
+    tiles, partitions, free = data3.shape
+    if tiles < 1 or free < 1:
+        raise InvalidValueError(f"from_nc_matmul_mx: data holds no operand (shape {data.shape})")
+    _check_partitions(partitions)
+    # With one quadrant and offset 0 the scale tile may be the compact [4, F] (the deep dive's
+    # "oversize optional"); otherwise it has the data's partitions.
+    compact_rows = QUADRANT // GROUP_PARTITIONS if partitions == QUADRANT and scale_offset == 0 else partitions
+    if scales3.shape not in ((tiles, partitions, free), (tiles, compact_rows, free)):
+        raise InvalidValueError(
+            f"from_nc_matmul_mx: scales must have the shape of data {data.shape}, got {scales.shape}"
+        )
+    return data3, scales3, x4
 
 
 def _check_format(fmt: Any) -> BlockFormat:
