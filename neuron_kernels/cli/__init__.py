@@ -49,6 +49,10 @@ def _in_compiler() -> bool:
     return lock is not None and bool(lock.global_compiler_lock.is_locked())
 
 
+#: The signals to be sent again once numba's compiler is left (cancelled when the run ends first).
+_AGAIN: list[threading.Timer] = []
+
+
 def _stop(signum: int, frame: Any) -> None:
     """SIGINT or SIGTERM: stop the run. Not inside numba's compiler: an exception raised there can
     leave native objects (LLVM modules, a library being finalised) half-built, whose release may
@@ -58,6 +62,7 @@ def _stop(signum: int, frame: Any) -> None:
     if _in_compiler():
         again = threading.Timer(0.02, os.kill, (os.getpid(), signum))
         again.daemon = True
+        _AGAIN[:] = [t for t in _AGAIN if t.is_alive()] + [again]
         again.start()
         return
     sys.unraisablehook = _ignore
@@ -100,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-kernels {args.command}: interrupted; no output written", file=sys.stderr)
         return 130
     finally:
+        for again in _AGAIN:  # the run ended before a deferred signal was sent again: it came too late
+            again.cancel()
+        _AGAIN.clear()
         for signum, handler in previous.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler)
