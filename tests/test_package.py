@@ -57,7 +57,7 @@ def codec_functions_compiled(tmp_path, *steps: str) -> list[str]:
     lines = "\n".join(f"{step}\nprint(','.join(used()) or '-')" for step in steps)
     r = run_python(
         "import ml_dtypes, numpy as np, neuron_kernels as nk\n"
-        "from neuron_kernels.kernels import codec as C, narrowing as N, sources as S\n"
+        "from neuron_kernels.kernels import codec as C, narrowing as N, loaders as S\n"
         "used = lambda: sorted(f.py_func.__name__ for f in (C.decode, C.encode, C.encode_e8m0, S.load,\n"
         "    N.f64_rest, N.f64_to_f32_odd, N.f64_to_f32_truncated, S.f16_to_f32) if f.signatures)\n" + lines,
         env={"NUMBA_CACHE_DIR": str(tmp_path)},
@@ -207,8 +207,8 @@ def load(x, source, c):  # pragma: no cover - compiled
 
 
 def test_cache_follows_edits_of_inlined_helpers(tmp_path):
-    """A block kernel (defined in kernels/block_kernels/rows.py) of float16 input inlines the sources' ``load``:
-    after an edit of sources.py that leaves rows.py as it was, the cached kernel must not run the
+    """A block kernel (defined in kernels/block_kernels/rows.py) of float16 input inlines the loaders'
+    ``load``: after an edit of loaders.py that leaves rows.py as it was, the cached kernel must not run the
     old ``load``; after edits of docstrings and comments only, it still comes from the cache."""
     pkg = tmp_path / "site"
     shutil.copytree(
@@ -239,7 +239,7 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     assert min(before) > 0
     again, log = fake_quantize()  # nothing edited: the kernel comes from the cache
     assert again == before
-    assert re.search(r"data loaded from .*rows\._row_fake_quantize", log), log
+    assert re.search(r"data loaded from .*rows\.row_fake_quantize", log), log
     kernel_file = pkg / "neuron_kernels" / "kernels" / "block_kernels" / "rows.py"
     kernel_stat = kernel_file.stat()
     codec = pkg / "neuron_kernels" / "kernels" / "codec.py"
@@ -250,9 +250,9 @@ def test_cache_follows_edits_of_inlined_helpers(tmp_path):
     codec.write_text("# a comment\n" + codec.read_text().replace("Code of the float32", "The code of the float32", 1))
     unchanged, log = fake_quantize()
     assert unchanged == before
-    assert re.search(r"data loaded from .*rows\._row_fake_quantize", log), log
-    sources = pkg / "neuron_kernels" / "kernels" / "sources.py"
-    sources.write_text(sources.read_text() + _DOUBLING_LOAD)
+    assert re.search(r"data loaded from .*rows\.row_fake_quantize", log), log
+    loaders = pkg / "neuron_kernels" / "kernels" / "loaders.py"
+    loaders.write_text(loaders.read_text() + _DOUBLING_LOAD)
     assert kernel_file.stat().st_mtime_ns == kernel_stat.st_mtime_ns
     after, log = fake_quantize()
     assert after == [2 * v for v in before], log  # powers of two scale MX blocks exactly

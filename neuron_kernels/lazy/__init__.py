@@ -61,5 +61,5 @@ def is_dask(x: Any) -> bool:
 
 def is_lazy_blocks(q: Any) -> bool:
     """Whether ``q`` is a :class:`~.block_arrays.LazyBlockArray`."""
-    module = sys.modules.get(__name__ + ".blocks")
+    module = sys.modules.get(__name__ + ".block_arrays")
     return module is not None and isinstance(q, module.LazyBlockArray)
