@@ -19,8 +19,8 @@ form of NVFP4, whose ``input_global_scale`` is the activations' (dropped with th
 from __future__ import annotations
 
 import contextlib
-import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -145,38 +145,80 @@ def _ct_detect(ckpt: Checkpoint) -> bool:
     return qc is not None and qc.get("quant_method") == "compressed-tensors"
 
 
-def _ct_format(ckpt: Checkpoint) -> str:
+@dataclass(frozen=True)
+class _Group:
+    """One of a config's ``config_groups``: its name, its ``targets``, the package's name of its
+    format (a block format, or ``float-quantized``) and its ``weights`` arguments."""
+
+    name: str
+    targets: tuple[str, ...]
+    format: str
+    weights: dict[str, Any]
+
+
+def _ct_groups(ckpt: Checkpoint) -> list[_Group]:
+    """The config's groups in their order, each with its format: its own ``format``, else the top
+    level's (compressed-tensors writes one in every group of a ``mixed-precision`` checkpoint, and
+    vLLM reads a group's own first)."""
     qc = ckpt.quantization_config or {}
-    if not isinstance(qc.get("config_groups") or {}, dict):
+    groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict):
         raise FileFormatError(f"{ckpt.path}: quantization_config.config_groups is not an object of groups")
-    named = [qc.get("format")] + [
-        g.get("format") for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) and g.get("format")
-    ]
-    formats = {f if f is None or isinstance(f, str) else repr(f) for f in named}
-    formats.discard(None)
-    formats.discard("mixed-precision")
+    top = qc.get("format")
     known = {v: k for k, v in _CT_FORMATS.items()} | {_FLOAT_QUANTIZED: _FLOAT_QUANTIZED}
-    if len(formats) != 1 or next(iter(formats)) not in known:
-        raise FileFormatError(
-            f"{ckpt.path}: compressed-tensors format {sorted(map(str, formats))} is not one this package reads "
-            f"({', '.join(known)})"
-        )
-    return known[next(iter(formats))]
+    found = []
+    for name, g in groups.items():
+        if not isinstance(g, dict):
+            raise FileFormatError(f"{ckpt.path}: quantization_config.config_groups.{name} is not an object")
+        fmt = g.get("format") or top
+        if fmt == "mixed-precision":
+            raise FileFormatError(
+                f"{ckpt.path}: config group {name!r} has no format of its own, and the top level's is mixed-precision "
+                f"(compressed-tensors writes one in every group of such a checkpoint; vLLM needs it)"
+            )
+        if not isinstance(fmt, str) or fmt not in known:
+            raise FileFormatError(
+                f"{ckpt.path}: compressed-tensors format {fmt!r} of config group {name!r} is not one this package "
+                f"reads ({', '.join(known)})"
+            )
+        targets = g.get("targets") or []
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise FileFormatError(f"{ckpt.path}: config_groups.{name}.targets is not a list of strings")
+        weights = g.get("weights")
+        found.append(_Group(str(name), tuple(targets), known[fmt], weights if isinstance(weights, dict) else {}))
+    if not found:
+        raise FileFormatError(f"{ckpt.path}: a compressed-tensors config with no config_groups quantises nothing")
+    return found
+
+
+def _ct_group_of(module: str, groups: list[_Group], ignore: Any) -> _Group | None:
+    """The group compressed-tensors gives ``module`` (a Linear's name), by its own precedence
+    (compressed-tensors 0.20.1 ``utils/match.py`` and ``lifecycle/apply.py``): ignored, none; a
+    target string in two groups is the later group's; of the targets that match, exact names
+    first, then ``re:`` expressions (matched from the start) in the order of their strings, then
+    class names (``Linear``); the first wins."""
+    if _ct_matches(module, ignore):
+        return None
+    by_target: dict[str, _Group] = {}
+    for g in groups:
+        for t in g.targets:
+            by_target[t] = g
+    exact = [t for t in by_target if not t.startswith("re:") and t == module]
+    regex = sorted(t for t in by_target if t.startswith("re:") and _ct_matches(module, [t]))
+    classes = [t for t in by_target if t == "Linear"]
+    for t in exact + regex + classes:
+        return by_target[t]
+    return None
 
 
 #: compressed-tensors' FP8 format (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK), read only.
 _FLOAT_QUANTIZED = "float-quantized"
 
 
-def _ct_fp8_block(ckpt: Checkpoint, rows: int, cols: int) -> tuple[tuple[int, int], str]:
-    """The block of one ``weight_scale`` entry of an FP8 weight of [rows, cols], by the config's
-    ``strategy`` (tensor, channel, block of ``block_structure``, group of ``group_size``), and the
-    block format that holds it."""
-    groups = [g for g in ((ckpt.quantization_config or {}).get("config_groups") or {}).values() if isinstance(g, dict)]
-    weights = [g.get("weights") for g in groups if isinstance(g.get("weights"), dict)]
-    if len({json.dumps(w, sort_keys=True) for w in weights}) != 1:
-        raise FileFormatError(f"{ckpt.path}: float-quantized with {len(weights)} different weight schemes; one is read")
-    w = weights[0]
+def _ct_fp8_block(ckpt: Checkpoint, w: dict[str, Any], rows: int, cols: int) -> tuple[tuple[int, int], str]:
+    """The block of one ``weight_scale`` entry of an FP8 weight of [rows, cols], by its group's
+    ``weights`` (``w``: strategy tensor, channel, block of ``block_structure``, group of
+    ``group_size``), and the block format that holds it."""
     if w.get("num_bits") != 8 or w.get("type") != "float":
         raise FileFormatError(
             f"{ckpt.path}: float-quantized weights of {w.get('num_bits')} bits, {w.get('type')}; 8-bit float is read"
@@ -196,28 +238,48 @@ def _ct_fp8_block(ckpt: Checkpoint, rows: int, cols: int) -> tuple[tuple[int, in
     )
 
 
-def _ct_fp8_weights(ckpt: Checkpoint) -> list[Weight]:
+def _ct_fp8_weights(ckpt: Checkpoint, modules: dict[str, _Group]) -> list[Weight]:
     t = ckpt.tensors
     found: list[Weight] = []
-    for base, scale, codes in scales_and_codes(ckpt, "weight_scale"):
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale", "weight", modules):
         name = f"{base}.weight_scale"
         rows, cols = codes.shape[-2:] if len(codes.shape) >= 2 else (0, 0)
-        block, fmt = _ct_fp8_block(ckpt, rows, cols)
+        block, fmt = _ct_fp8_block(ckpt, modules[base].weights, rows, cols)
         parts = (f"{base}.weight", name) + tuple(f"{base}.{p}" for p in ("input_scale",) if f"{base}.{p}" in t)
         found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, "fp8 (float-quantized)", fmt))
-    _ct_check_rest(ckpt, {p for w in found for p in w.parts}, 1)
     return found
 
 
 def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
-    fmt = _ct_format(ckpt)
-    if fmt == _FLOAT_QUANTIZED:
-        return _ct_fp8_weights(ckpt)
+    """Every quantised weight, each read in the format of the group compressed-tensors gives its
+    module (:func:`_ct_group_of`): one format, or several (``mixed-precision``)."""
+    groups = _ct_groups(ckpt)
+    ignore = (ckpt.quantization_config or {}).get("ignore")
+    by_format: dict[str, dict[str, _Group]] = {}
+    for name in ckpt.tensors:
+        if not name.endswith(".weight_scale"):
+            continue
+        module = name[: -len(".weight_scale")]
+        group = _ct_group_of(module, groups, ignore)
+        if group is None:
+            raise FileFormatError(
+                f"{ckpt.path}: {name} is stored, but no config group quantises {module} (it matches no target, or "
+                f"an ignore entry); a runtime would not load it"
+            )
+        by_format.setdefault(group.format, {})[module] = group
+    found: list[Weight] = []
+    for fmt, modules in by_format.items():
+        found += _ct_fp8_weights(ckpt, modules) if fmt == _FLOAT_QUANTIZED else _ct_block_weights(ckpt, fmt, modules)
+    _ct_check_rest(ckpt, {p for w in found for p in w.parts})
+    return found
+
+
+def _ct_block_weights(ckpt: Checkpoint, fmt: str, modules: dict[str, _Group]) -> list[Weight]:
     bf = BLOCK_FORMATS[fmt]
     t = ckpt.tensors
     exact = ckpt.exact_scales
     found: list[Weight] = []
-    for base, scale, codes in scales_and_codes(ckpt, "weight_scale", _ct_codes(bf)):
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale", _ct_codes(bf), modules):
         name, codes_name = f"{base}.weight_scale", f"{base}.{_ct_codes(bf)}"
         if not codes.shape:
             raise FileFormatError(f"{codes.where}: a 0-d tensor cannot hold block codes")
@@ -242,7 +304,6 @@ def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
             parts.append(iname)
         weight = f"{base}.weight"
         found.append(StoredWeight(weight, layout, pts, uint8_view(codes), uint8_view(scale), tuple(parts), weight))
-    _ct_check_rest(ckpt, {p for w in found for p in w.parts}, bf.block_size)
     return found
 
 
@@ -286,7 +347,7 @@ def _ct_matches(module: str, patterns: Any) -> bool | None:
     return None if undecided else False
 
 
-def _ct_check_rest(ckpt: Checkpoint, claimed: set[str], block_size: int) -> None:
+def _ct_check_rest(ckpt: Checkpoint, claimed: set[str]) -> None:
     """Refuse quantisation tensors that no quantised weight claims: a runtime would not load them
     (an unexpected key). Whether the config quantises what is stored plain, and the reverse, is
     judged from the model's modules by :func:`_ct_quantises` (the doctor)."""

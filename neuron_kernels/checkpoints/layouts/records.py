@@ -409,15 +409,18 @@ def uint8_view(entry: ArrayEntry, shape: tuple[int, ...] | None = None) -> Array
 
 
 def scales_and_codes(
-    ckpt: Checkpoint, scale_suffix: str, codes_suffix: str = "weight"
+    ckpt: Checkpoint, scale_suffix: str, codes_suffix: str = "weight", modules: Any = None
 ) -> Iterator[tuple[str, ArrayEntry, ArrayEntry]]:
-    """``(module, scale, codes)`` for each tensor ``MODULE.<scale_suffix>`` of the checkpoint, with
-    the tensor ``MODULE.<codes_suffix>`` beside it; a scale without its codes is refused."""
+    """``(module, scale, codes)`` for each tensor ``MODULE.<scale_suffix>`` of the checkpoint (of the
+    ``modules`` given, if any), with the tensor ``MODULE.<codes_suffix>`` beside it; a scale without
+    its codes is refused."""
     t = ckpt.tensors
     for name, scale in t.items():
         if not name.endswith(f".{scale_suffix}"):
             continue
         module = name[: -len(scale_suffix) - 1]
+        if modules is not None and module not in modules:
+            continue
         codes = t.get(f"{module}.{codes_suffix}")
         if codes is None:
             raise FileFormatError(f"{ckpt.path}: {name} has no {module}.{codes_suffix} beside it")
