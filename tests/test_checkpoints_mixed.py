@@ -137,3 +137,46 @@ def test_compressed_tensors_precedence_exact_then_regex_then_class(mixed, tmp_pa
     (moved / "config.json").write_text(json.dumps(config))
     got = load_checkpoint(moved)
     assert {v.fmt for k, v in got.items() if ".self_attn." in k and not isinstance(v, np.ndarray)} == {"fp8_channel"}
+
+
+@pytest.fixture(scope="module")
+def with_kv_scales(tmp_path_factory):
+    """The command's FP8 checkpoint with the KV-cache scales llm-compressor's FP8 KV-cache recipes
+    add (``self_attn.k_scale`` / ``v_scale``, one float32 each) and their ``kv_cache_scheme``."""
+    tmp = tmp_path_factory.mktemp("kv")
+    out = _one(tmp, "fp8_channel", "*.self_attn.*")
+    path = str(out / "model.safetensors")
+    _, metadata, _ = read_safetensors_header(path)
+    tensors = {k: np.array(v) for k, v in load_file(path).items()}  # copies: the file is rewritten
+    scales = {"model.layers.0.self_attn.k_scale": 0.0123, "model.layers.0.self_attn.v_scale": 0.0456}
+    tensors.update({k: np.array(v, np.float32).reshape(()) for k, v in scales.items()})
+    save_file(tensors, path + ".new", metadata)
+    Path(path + ".new").replace(path)
+    config = _config(out)
+    kv = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False}
+    config["quantization_config"]["kv_cache_scheme"] = kv
+    (out / "config.json").write_text(json.dumps(config))
+    return out, scales
+
+
+def test_kv_cache_scales_are_read_checked_and_carried(with_kv_scales, tmp_path):
+    out, scales = with_kv_scales
+    got = load_checkpoint(out)
+    assert {k: got[k].item() for k in scales} == {k: float(np.float32(v)) for k, v in scales.items()}
+    r = run("check", out, cwd=tmp_path, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run("quantize", out, tmp_path / "nv", "--format", "nvfp4", "--no-stats", cwd=tmp_path)
+    converted = load_checkpoint(tmp_path / "nv")
+    for name in scales:  # carried bit for bit, and declared as vLLM reads them
+        np.testing.assert_array_equal(converted[name].view(np.uint32), got[name].view(np.uint32))
+    kv = _config(tmp_path / "nv")["quantization_config"]["kv_cache_scheme"]
+    assert kv == {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False}
+    assert run("check", tmp_path / "nv", cwd=tmp_path, check=False).returncode == 0
+
+
+def test_a_plain_checkpoint_drops_the_kv_cache_scales_and_says_so(with_kv_scales, tmp_path):
+    out, scales = with_kv_scales
+    r = run("dequantize", out, tmp_path / "plain", cwd=tmp_path)
+    for name in scales:
+        assert f"{name} (float32, ()) dropped: a KV-cache scale" in r.stdout
+    assert not set(scales) & set(load_checkpoint(tmp_path / "plain"))

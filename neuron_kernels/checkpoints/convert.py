@@ -36,7 +36,7 @@ from .cluster import write_on_cluster
 from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
-from .layouts.records import FOREIGN_PARTS
+from .layouts.records import FOREIGN_PARTS, KV_SCALES
 from .reports import TensorReport, exact_stats, pipelined_stats
 from .selection import fused_groups, ignored_modules, module_decision
 from .shards import Item, Tally, shards_of, write_shards
@@ -740,6 +740,10 @@ def dequantize_checkpoint(
             continue
         if w is None:
             entry = ckpt.tensors[name]
+            if name.rpartition(".")[2] in KV_SCALES:
+                why = "a KV-cache scale: a plain checkpoint quantises no KV cache"
+                reports.append(TensorReport(name, entry.shape, entry.dtype.name, "dropped", why))
+                continue
             items.append(_copy_item(name, entry, progress, chunk_bytes))
             reports.append(_report_kept(name, entry, "not quantised"))
             continue

@@ -18,8 +18,9 @@ __all__ = ["TensorReport", "exact_stats", "pipelined_stats"]
 @dataclass
 class TensorReport:
     """What happened to one tensor: ``action`` is ``quantised``, ``converted`` (a quantised weight
-    written into another layout as its bytes), ``dequantised`` or ``kept``; ``reason`` why it was
-    kept, or how it was converted; ``stats`` the error of a quantised one; ``fused_with``: the shards
+    written into another layout as its bytes), ``dequantised``, ``kept`` or ``dropped`` (a tensor
+    the output cannot hold, a KV-cache scale in a plain checkpoint); ``reason`` why it was kept or
+    dropped, or how it was converted; ``stats`` the error of a quantised one; ``fused_with``: the shards
     of its fused layer (itself included) whose per-tensor scale it shares, if any."""
 
     name: str

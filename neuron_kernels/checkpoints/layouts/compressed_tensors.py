@@ -19,6 +19,7 @@ form of NVFP4, whose ``input_global_scale`` is the activations' (dropped with th
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from ..folder import Checkpoint
 from ..runtimes import LARGEST_DIVISOR, expert_notes
 from ..selection import module_decision
 from .records import (
+    KV_SCALES,
     CheckpointLayout,
     Output,
     StoredWeight,
@@ -96,7 +98,7 @@ def _ct_fp8_group(fmt: str) -> dict[str, Any]:
 
 def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
     if fmt in _CT_FP8:
-        return _ct_document(_FLOAT_QUANTIZED, _ct_fp8_group(fmt), ignore)
+        return _ct_document(_FLOAT_QUANTIZED, _ct_fp8_group(fmt), ignore, _kv_cache_scheme(kept))
     bf = BLOCK_FORMATS[fmt]
     weights = {
         "num_bits": bf.element_bits,
@@ -118,17 +120,29 @@ def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) 
         "output_activations": None,
         "format": _CT_FORMATS[fmt],
     }
-    return _ct_document(_CT_FORMATS[fmt], group, ignore)
+    return _ct_document(_CT_FORMATS[fmt], group, ignore, _kv_cache_scheme(kept))
 
 
-def _ct_document(fmt: str, group: dict[str, Any], ignore: list[str]) -> dict[str, Any]:
+def _kv_cache_scheme(kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any] | None:
+    """The ``kv_cache_scheme`` the KV-cache scales carried into the checkpoint need, or None where
+    none is carried: FP8, per tensor (one scale each) or per head ([heads, 1, 1]), the schemes
+    vLLM's compressed-tensors KV-cache method reads (``CompressedTensorsKVCacheMethod``); without
+    it vLLM drops the scales and runs the KV cache at a scale of 1."""
+    shapes = {e.shape for name, e in kept if name.rpartition(".")[2] in ("k_scale", "v_scale")}
+    if not shapes:
+        return None
+    strategy = "tensor" if all(math.prod(s) == 1 for s in shapes) else "attn_head"
+    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False}
+
+
+def _ct_document(fmt: str, group: dict[str, Any], ignore: list[str], kv: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "quant_method": "compressed-tensors",
         "format": fmt,
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
         "ignore": ignore,
-        "kv_cache_scheme": None,
+        "kv_cache_scheme": kv,
         "global_compression_ratio": None,
     }
 
@@ -352,7 +366,7 @@ def _ct_check_rest(ckpt: Checkpoint, claimed: set[str]) -> None:
     (an unexpected key). Whether the config quantises what is stored plain, and the reverse, is
     judged from the model's modules by :func:`_ct_quantises` (the doctor)."""
     for name in ckpt.tensors:
-        if name in claimed:
+        if name in claimed or name.rpartition(".")[2] in KV_SCALES:
             continue
         if name.rpartition(".")[2] in _CT_PARTS:
             raise FileFormatError(

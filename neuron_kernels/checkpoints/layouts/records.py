@@ -34,6 +34,7 @@ __all__ = [
     "scaled_weight",
     "FP8_CODES",
     "FOREIGN_PARTS",
+    "KV_SCALES",
     "Output",
     "uint8_view",
     "expect_tensor",
@@ -241,6 +242,12 @@ def _largest_magnitudes(tiles: np.ndarray) -> np.ndarray:
 #: The last name components of the tensors of quantised layouts the package does not read (GPTQ,
 #: AWQ): a checkpoint holding one is refused like one of a layout it reads without its config.
 FOREIGN_PARTS = ("qweight", "scales", "qzeros")
+
+#: The KV cache's scales (and the queries' under attention quantisation): tensors of an attention
+#: module, not of a quantised weight (compressed-tensors' ``...self_attn.k_scale`` [1] or [heads, 1,
+#: 1], a multiplier), which vLLM loads into its attention layer (``maybe_remap_kv_scale_name`` in
+#: vllm/model_executor/model_loader/weight_utils.py: ``.self_attn.k_scale`` -> ``.attn.k_scale``).
+KV_SCALES = ("k_scale", "v_scale", "q_scale")
 
 #: The dtype of the FP8 layouts' codes, and those of their scales.
 FP8_CODES = FORMATS["float8_e4m3fn"].result_dtype

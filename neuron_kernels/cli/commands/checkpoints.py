@@ -171,7 +171,14 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
             progress=progress,
         )
     done = [r for r in reports if r.action == "dequantised"]
-    print(f"{args.output}: {len(done)} weight(s) dequantised to {dtype}, {len(reports) - len(done)} tensor(s) copied")
+    dropped = [r for r in reports if r.action == "dropped"]
+    copied = len(reports) - len(done) - len(dropped)
+    print(
+        f"{args.output}: {len(done)} weight(s) dequantised to {dtype}, {copied} tensor(s) copied"
+        + (f", {len(dropped)} dropped" if dropped else "")
+    )
     for r in done:
         print(f"  {r.name} ({r.dtype}, {r.shape}) -> {', '.join(r.outputs)}" + (f" {r.reason}" if r.reason else ""))
+    for r in dropped:
+        print(f"  {r.name} ({r.dtype}, {r.shape}) dropped: {r.reason}")
     return 0
