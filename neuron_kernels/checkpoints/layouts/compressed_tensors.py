@@ -180,11 +180,21 @@ def _ct_groups(ckpt: Checkpoint) -> list[_Group]:
         raise FileFormatError(f"{ckpt.path}: quantization_config.config_groups is not an object of groups")
     top = qc.get("format")
     known = {v: k for k, v in _CT_FORMATS.items()} | {_FLOAT_QUANTIZED: _FLOAT_QUANTIZED}
+    if top is not None and top != "mixed-precision" and (not isinstance(top, str) or top not in known):
+        raise FileFormatError(
+            f"{ckpt.path}: compressed-tensors format {top!r} is not one this package reads "
+            f"({', '.join(known)}, or mixed-precision with one of them in each config group)"
+        )
     found = []
     for name, g in groups.items():
         if not isinstance(g, dict):
             raise FileFormatError(f"{ckpt.path}: quantization_config.config_groups.{name} is not an object")
         fmt = g.get("format") or top
+        if top not in (None, "mixed-precision") and fmt != top:
+            raise FileFormatError(
+                f"{ckpt.path}: config group {name!r} has format {fmt!r} under a top-level format {top!r}; a "
+                f"checkpoint of several formats says mixed-precision at the top level"
+            )
         if fmt == "mixed-precision":
             raise FileFormatError(
                 f"{ckpt.path}: config group {name!r} has no format of its own, and the top level's is mixed-precision "
@@ -266,7 +276,9 @@ def _ct_fp8_weights(ckpt: Checkpoint, modules: dict[str, _Group]) -> list[Weight
 
 def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
     """Every quantised weight, each read in the format of the group compressed-tensors gives its
-    module (:func:`_ct_group_of`): one format, or several (``mixed-precision``)."""
+    module (:func:`_ct_group_of`): one format, or several (``mixed-precision``). A weight stored
+    quantised in a module no group quantises is read in the one format of a checkpoint of one (the
+    doctor reports the config); in a checkpoint of several, its format is unknown: refused."""
     groups = _ct_groups(ckpt)
     ignore = (ckpt.quantization_config or {}).get("ignore")
     by_format: dict[str, dict[str, _Group]] = {}
@@ -275,6 +287,8 @@ def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
             continue
         module = name[: -len(".weight_scale")]
         group = _ct_group_of(module, groups, ignore)
+        if group is None and len({g.format for g in groups}) == 1:
+            group = groups[0]  # of the one format there is; the doctor says its config does not quantise it
         if group is None:
             raise FileFormatError(
                 f"{ckpt.path}: {name} is stored, but no config group quantises {module} (it matches no target, or "
