@@ -259,7 +259,7 @@ class Pieces:
         r0, r1, l0, l1 = cut
         if lay.two_d:
             _, rows, width = self._shape3()
-            whole = r0 % rows == 0 and (r1 - r0) % rows == 0
+            whole = rows > 0 and r0 % rows == 0 and (r1 - r0) % rows == 0  # no rows: one empty piece
             shape = ((r1 - r0) // rows, rows, width) if whole else (1, r1 - r0, width)
             return BlockLayout(lay.fmt, shape, 2, lay.block_size, lay.block_rows, lay.packed)
         _, _, inner = self._shape3()
@@ -293,7 +293,7 @@ class Pieces:
         nb = lay.scales_shape[lay.axis]
         if lay.two_d:
             nrt, rows = lay.scales_shape[-2], lay.shape[-2]
-            matrix, row = divmod(r0, rows)
+            matrix, row = divmod(r0, rows) if rows else (0, 0)  # no rows: one empty piece at 0
             start = (matrix * nrt + row // lay.block_rows) * nb
         else:
             start = (r0 * nb + l0 // lay.block_size) * inner
