@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from neuron_kernels.checkpoints import load_checkpoint
+from neuron_kernels.checkpoints.targets import Refused, ct_group, vllm_group
 from neuron_kernels.io.arrays import FileFormatError, open_arrays
 from neuron_kernels.io.safetensors import SafetensorsWriter, TensorSpec, read_safetensors_header
 
@@ -180,3 +181,231 @@ def test_a_plain_checkpoint_drops_the_kv_cache_scales_and_says_so(with_kv_scales
     for name in scales:
         assert f"{name} (float32, ()) dropped: a KV-cache scale" in r.stdout
     assert not set(scales) & set(load_checkpoint(tmp_path / "plain"))
+
+
+# ---- writing several schemes -------------------------------------------------------------------------
+
+ATTENTION_FP8 = ("--format", "nvfp4", "--scheme", "*.self_attn.*=fp8_channel")
+
+
+def test_the_command_writes_one_scheme_per_module(tmp_path):
+    """``--scheme`` beside ``--format``: each weight in its module's format, the same codes and scales
+    as the one-format checkpoints give it; a group per format, each with its own ``format`` and
+    targets naming its modules alone; the doctor finds nothing; the summary says the formats."""
+    r = run("quantize", TINY_LLAMA, tmp_path / "out", *ATTENTION_FP8, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "nvfp4 (3), fp8_channel (4): 7 tensor(s)" in r.stdout.splitlines()[0]
+    assert "dequantize=True" in r.stdout  # transformers' dequantising loader reads one group: said
+    got = load_checkpoint(tmp_path / "out")
+    by_nvfp4 = load_checkpoint(_one(tmp_path, "nvfp4", "*.mlp.*"))
+    by_fp8 = load_checkpoint(_one(tmp_path, "fp8_channel", "*.self_attn.*"))
+    for name, value in got.items():
+        _same(value, (by_fp8 if ".self_attn." in name else by_nvfp4)[name])
+    qc = _config(tmp_path / "out")["quantization_config"]
+    assert qc["format"] == "mixed-precision"
+    formats = {g["format"]: g["targets"] for g in qc["config_groups"].values()}
+    assert formats == {
+        "nvfp4-pack-quantized": [rf"re:model\.layers\.\d+\.mlp\.{p}_proj$" for p in ("down", "gate", "up")],
+        "float-quantized": [rf"re:model\.layers\.\d+\.self_attn\.{p}_proj$" for p in "koqv"],
+    }
+    assert run("check", tmp_path / "out", cwd=tmp_path, check=False).returncode == 0
+
+
+def test_a_recipe_file_reads_as_llm_compressor_writes_it(tmp_path):
+    """A recipe of llm-compressor's shape (stages, a QuantizationModifier, config_groups with its
+    targets and ignore) and the same groups as JSON give the checkpoint ``--scheme`` gives."""
+    recipe = {"quant_stage": {"quant_modifiers": {"QuantizationModifier": {
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "attention": {"targets": ["re:.*self_attn.*"], "weights": {
+                "num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}},
+            "mlp": {"targets": ["Linear"], "weights": {
+                "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}},
+        },
+    }}}}  # fmt: skip
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    r = run("quantize", TINY_LLAMA, tmp_path / "recipe", "--recipe-file", "recipe.json", "--no-stats", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run("quantize", TINY_LLAMA, tmp_path / "scheme", *ATTENTION_FP8, "--no-stats", cwd=tmp_path)
+    a, b = load_checkpoint(tmp_path / "recipe"), load_checkpoint(tmp_path / "scheme")
+    assert set(a) == set(b)
+    for name in a:
+        _same(a[name], b[name])
+    groups = _config(tmp_path / "recipe")["quantization_config"]["config_groups"]
+    attention = next(g for g in groups.values() if g["format"] == "float-quantized")
+    assert attention["input_activations"] == recipe["quant_stage"]["quant_modifiers"]["QuantizationModifier"][
+        "config_groups"]["attention"]["input_activations"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--format", "nvfp4", "--scheme", "*.self_attn.q_proj=fp8_channel"),
+         "one fused layer in the runtimes, which need one scheme for all its shards"),
+        (("--format", "fp8_block", "--scheme", "*.self_attn.*=fp8_channel", "--layout", "modelopt"),
+         "the modelopt layout holds one scheme per checkpoint"),
+        (("--scheme", "*.mlp.*"), "give PATTERN=FORMAT"),
+        (("--scheme", "*.mlp.*=nvfp5"), "'nvfp5' is not a block format"),
+        (("--scheme", "*.mlp.*=nvfp4,colour=red"), "'colour=red' is not option=value"),
+        (("--scheme", "*.mlp.*=nvfp4,scale_dtype=bfloat16"), "--scheme '*.mlp.*=nvfp4,scale_dtype=bfloat16': "),
+        ((), "--format is required"),
+        (("--scheme", "*.mlp.*=nvfp4", "--recipe-file", "r.yaml"), "not both"),
+    ],
+)  # fmt: skip
+def test_schemes_that_cannot_be_written_are_refused_in_one_line(tmp_path, options, message):
+    r = run("quantize", TINY_LLAMA, tmp_path / "out", *options, cwd=tmp_path, check=False)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "recipe, message",
+    [
+        ("scheme: NVFP4\ntargets: [Linear]\n", "needs calibration data (NVFP4A16 quantises the weights only)"),
+        ("scheme: FP8\n", "static per-tensor activation scales"),
+        ("scheme: W4A16\n", "not one this package writes"),
+        ("scheme: FP8_DYNAMIC\nkv_cache_scheme: {num_bits: 8, type: float}\n", "kv_cache_scheme needs calibration"),
+        ("config_groups:\n  g: {targets: [Linear], weights: {num_bits: 4, type: int, strategy: group, "
+         "group_size: 128}}\n", "not a scheme this package writes"),
+        ("config_groups:\n  g: {targets: [Linear], weights: {num_bits: 8, type: float, strategy: channel}, "
+         "input_activations: {num_bits: 8, type: float, strategy: tensor, dynamic: false}}\n", "static scales"),
+        ("stages: [1, 2]\n", "no config_groups or scheme found"),
+        ("scheme: [unclosed\n", "not YAML"),
+    ],
+)  # fmt: skip
+def test_recipes_that_need_calibration_or_other_formats_are_refused(tmp_path, recipe, message):
+    (tmp_path / "r.yaml").write_text(recipe)
+    r = run("quantize", TINY_LLAMA, tmp_path / "out", "--recipe-file", "r.yaml", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_scheme_takes_its_own_options_and_an_unchanged_module_is_copied(tmp_path, mixed):
+    """``--scheme PATTERN=FORMAT,option=value``: the option applies to that group's weights; converting
+    the mixed checkpoint with its attention's scheme unchanged copies those weights' bytes."""
+    r = run("quantize", TINY_LLAMA, tmp_path / "f32", "--format", "nvfp4", "--scheme",
+            "*.self_attn.*=fp8_channel,scale_dtype=float32", "--no-stats", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got = load_checkpoint(tmp_path / "f32")
+    assert got["model.layers.0.self_attn.q_proj.weight"].scales.dtype == np.float32
+    out, _, _ = mixed
+    r = run("quantize", out, tmp_path / "mx", "--format", "mxfp8_e4m3", "--scheme", "*.self_attn.*=fp8_channel",
+            cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("bytes copied from compressed-tensors") == 4
+    before, after = load_checkpoint(out), load_checkpoint(tmp_path / "mx")
+    for name in before:
+        if ".self_attn." in name and name.endswith("_proj.weight"):
+            _same(before[name], after[name])
+        elif name.endswith("_proj.weight"):
+            assert after[name].fmt == "mxfp8_e4m3"
+
+
+# ---- the doctor on schemes ----------------------------------------------------------------------------
+
+
+def test_the_doctor_names_a_module_the_two_runtimes_read_differently(mixed, tmp_path):
+    """ROCmFPX #79's mistake: the FP8 group (first in the config) also claims down_proj, which the
+    NVFP4 group's expression matches too. compressed-tensors takes the expressions in string order
+    (``re:.*mlp.*`` first: NVFP4, as stored); vLLM takes the first target in config order (FP8)."""
+    out, _, _ = mixed
+    bad = tmp_path / "overlap"
+    shutil.copytree(out, bad)
+    config = _config(bad)
+    groups = config["quantization_config"]["config_groups"]
+    groups["group_0"]["targets"] = [r"re:.*self_attn.*", r"re:.*mlp\.down_proj"]
+    groups["group_1"]["targets"] = [r"re:.*mlp.*"]
+    (bad / "config.json").write_text(json.dumps(config))
+    assert load_checkpoint(bad)["model.layers.0.mlp.down_proj.weight"].fmt == "nvfp4"  # compressed-tensors' group
+    r = run("check", bad, "--json", cwd=tmp_path, check=False)
+    assert r.returncode == 1
+    order = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "scheme-order"]
+    assert [f["tensors"] for f in order] == [["model.layers.0.mlp.down_proj.weight"]]
+    assert "group 'group_1'" in order[0]["message"] and "vLLM group 'group_0'" in order[0]["message"]
+
+
+def test_the_doctor_finds_unused_targets_and_scales_that_cannot_be_right(with_kv_scales, tmp_path):
+    out, scales = with_kv_scales
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    config = _config(bad)
+    config["quantization_config"]["config_groups"]["group_0"]["targets"] += ["model.layers.7.self_attn.q_proj"]
+    (bad / "config.json").write_text(json.dumps(config))
+    path = str(bad / "model.safetensors")
+    _, metadata, _ = read_safetensors_header(path)
+    tensors = {k: np.array(v) for k, v in load_file(path).items()}
+    tensors["model.layers.0.self_attn.k_scale"] = np.array(-0.5, np.float32)
+    save_file(tensors, path + ".new", metadata)
+    Path(path + ".new").replace(path)
+    r = run("check", bad, "--json", cwd=tmp_path, check=False)
+    found = {(f["severity"], f["kind"]): f["message"] for f in json.loads(r.stdout)["findings"]}
+    assert "model.layers.7.self_attn.q_proj" in found["warning", "scheme-unused"]
+    assert "a scale of -0.5" in found["error", "kv-scale"]
+    tensors["model.layers.0.self_attn.k_scale"] = tensors["model.layers.0.self_attn.v_scale"] = np.array(1, np.float32)
+    save_file(tensors, path + ".new", metadata)
+    Path(path + ".new").replace(path)
+    r = run("check", bad, "--json", cwd=tmp_path, check=False)
+    found = {(f["severity"], f["kind"]): f["message"] for f in json.loads(r.stdout)["findings"]}
+    assert "all 2 KV-cache and activation scales are exactly 1.0" in found["warning", "kv-scale"]
+
+
+# ---- matching as each runtime matches (neuron_kernels/checkpoints/targets.py) ---------------------------
+# Expected groups worked out by hand from the two runtimes' rules: compressed-tensors 0.20.1
+# (utils/match.py: exact names, then re: in string order, then class names; a target in two groups
+# is the later's) and vLLM (compressed_tensors/utils.py find_matched_target: first target in config
+# order by name, then by class name contained, then a fused layer's shards; should_ignore_layer).
+
+QKV = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj")
+
+
+def test_overlapping_expressions_the_two_orders_differ():
+    groups = [(r"re:.*self_attn.*", r"re:.*mlp\.down_proj"), (r"re:.*mlp.*",)]
+    down = "model.layers.0.mlp.down_proj"
+    assert ct_group((down,), groups, []) == 1  # "re:.*mlp.*" < "re:.*mlp\.down_proj" as strings
+    assert vllm_group(down, groups, []) == 0  # the first group's target comes first in config order
+    assert ct_group(("model.layers.0.mlp.up_proj",), groups, []) == vllm_group("model.layers.0.mlp.up_proj",
+                                                                                groups, []) == 1  # fmt: skip
+
+
+def test_a_class_target_takes_a_fused_layer_in_vllm_before_its_shards_names():
+    groups = [("Linear",), QKV]
+    for shard in QKV:
+        assert ct_group((shard,), groups, []) == 1  # exact names before class names
+        assert vllm_group(shard, groups, [], QKV, "model.layers.0.self_attn.qkv_proj") == 0  # QKVParallelLinear
+    assert vllm_group(QKV[0], [QKV], [], QKV, "model.layers.0.self_attn.qkv_proj") == 0  # by every shard's name
+
+
+def test_vllm_refuses_a_fused_layer_ignored_in_part_and_an_moe_of_two_schemes():
+    with pytest.raises(Refused, match="ignored in part"):
+        vllm_group(QKV[0], [("Linear",)], [QKV[0]], QKV, "model.layers.0.self_attn.qkv_proj")
+    assert vllm_group(QKV[0], [("Linear",)], list(QKV), QKV, "model.layers.0.self_attn.qkv_proj") is None
+    probes = tuple(f"model.layers.0.mlp.experts.0.{p}_proj" for p in ("gate", "up", "down"))
+    expert = "model.layers.0.mlp.experts.5.gate_proj"
+    assert vllm_group(expert, [("Linear",)], [], moe_probes=probes) == 0  # FusedMoE added beside Linear
+    with pytest.raises(Refused, match="fused MoE"):
+        vllm_group(expert, [("Linear",), (r"re:.*down_proj$",)], [], moe_probes=probes)
+
+
+def test_schemes_that_change_from_layer_to_layer_keep_the_layers_number(tmp_path):
+    """Layer 0 in FP8, layer 1's down_proj in MXFP8, the rest NVFP4: a module's name with every number
+    as ``\\d+`` would name modules of two schemes, so the layer's own number is kept; every module reads
+    back in its scheme and the doctor finds nothing."""
+    tensors = load_file(str(TINY_LLAMA / "model.safetensors"))
+    tensors.update({k.replace(".layers.0.", ".layers.1."): v for k, v in tensors.items() if ".layers.0." in k})
+    (tmp_path / "two").mkdir()
+    save_file(tensors, str(tmp_path / "two" / "model.safetensors"), {"format": "pt"})
+    (tmp_path / "two" / "config.json").write_text(json.dumps({**_config(TINY_LLAMA), "num_hidden_layers": 2}))
+    r = run("quantize", "two", "out", "--format", "nvfp4", "--scheme", "model.layers.0.*=fp8_channel",
+            "--scheme", "*.layers.1.mlp.down_proj=mxfp8_e4m3", "--no-stats", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    groups = {
+        g["format"]: g["targets"] for g in _config(tmp_path / "out")["quantization_config"]["config_groups"].values()
+    }
+    assert groups["mxfp8-quantized"] == [r"re:model\.layers\.1\.mlp\.down_proj$"]
+    assert r"re:model\.layers\.0\.self_attn\.q_proj$" in groups["float-quantized"]
+    for name, value in load_checkpoint(tmp_path / "out").items():
+        if name.endswith("_proj.weight"):
+            want = "fp8_channel" if ".layers.0." in name else "mxfp8_e4m3" if "1.mlp.down" in name else "nvfp4"
+            assert value.fmt == want, name
+    assert run("check", "out", cwd=tmp_path, check=False).returncode == 0

@@ -52,6 +52,9 @@ for checkpoint, out, kind in zip(args[0::3], args[1::3], args[2::3]):  # several
     if kind == "compressed-tensors":
         from transformers import CompressedTensorsConfig
         kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+    elif kind == "compressed-tensors-modules":  # compressed-tensors' own route: each module's group applied
+        from transformers import CompressedTensorsConfig
+        kwargs["quantization_config"] = CompressedTensorsConfig()
     elif kind == "fp8":  # fine-grained FP8: transformers dequantises it on a CPU
         from transformers import FineGrainedFP8Config
         kwargs["quantization_config"] = FineGrainedFP8Config(dequantize=True)
@@ -60,11 +63,30 @@ for checkpoint, out, kind in zip(args[0::3], args[1::3], args[2::3]):  # several
         kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
     model, info = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16, output_loading_info=True,
                                                        **kwargs)
+    if kind == "compressed-tensors-modules":
+        model.hf_quantizer.compressor.decompress_model(model)
     np.savez(out, **{k: v.detach().float().numpy() for k, v in model.state_dict().items()})
     print(json.dumps({k: sorted(map(str, v)) for k, v in info.items()}))
 """
 
 CT_FORMATS = ["nvfp4", "mxfp4_e2m1", "mxfp8_e4m3"]
+
+#: An llm-compressor recipe of two groups (its QuantizationModifier's config_groups), as users write them.
+MIXED_RECIPE = """
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      ignore: ["lm_head"]
+      config_groups:
+        attention:
+          targets: ["re:.*self_attn.*"]
+          weights: {num_bits: 8, type: float, symmetric: true, strategy: channel, dynamic: false}
+          input_activations: {num_bits: 8, type: float, symmetric: true, strategy: token, dynamic: true}
+        mlp:
+          targets: ["re:.*mlp.*"]
+          weights: {num_bits: 4, type: float, symmetric: true, strategy: group, group_size: 32,
+                    scale_dtype: torch.uint8}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +131,16 @@ def ct_loaded(runtime, llama):
     run("quantize", "llama-k8", "nofuse-nvfp4", "--format", "nvfp4", "--no-fuse", cwd=llama)
     assert run("check", "nofuse-nvfp4", "--repair", "repaired-nvfp4", cwd=llama, check=False).returncode == 1
     args += [llama / "repaired-nvfp4", llama / "repaired-nvfp4.npz", "compressed-tensors"]
+    # mixed precision, written by the command: NVFP4 beside FP8 attention (--scheme), MXFP4 MLP beside
+    # FP8 attention (an llm-compressor recipe file)
+    run("quantize", "llama", "mixed-scheme", "--format", "nvfp4", "--scheme", "*.self_attn.*=fp8_channel", cwd=llama)
+    (llama / "recipe.yaml").write_text(MIXED_RECIPE)
+    run("quantize", "llama", "mixed-recipe", "--recipe-file", "recipe.yaml", cwd=llama)
+    # (transformers' dequantize=True reads every dense module with one group's scheme: the modules' route)
+    args += [llama / "mixed-scheme", llama / "mixed-scheme.npz", "compressed-tensors-modules"]
+    args += [llama / "mixed-recipe", llama / "mixed-recipe.npz", "compressed-tensors-modules"]
     names = [*CT_FORMATS, "modelopt-nvfp4", "state-dict-nvfp4", "ct-fp8", "fine-fp8", "repaired-nvfp4"]
+    names += ["mixed-scheme", "mixed-recipe"]
     infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(names) :]]
     loaded = {name: (info, np.load(llama / f"{name}.npz")) for name, info in zip(names, infos)}
     loaded["fp8-expected"] = fp8_expected
@@ -136,6 +167,38 @@ def test_compressed_tensors_loads_the_package_layout(ct_loaded, llama, fmt):
             np.testing.assert_array_equal(loaded[name], want, err_msg=name)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         np.testing.assert_array_equal(loaded[name], original[name].astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "name, formats",
+    [("mixed-scheme", {"mlp": "nvfp4", "self_attn": "fp8_channel"}),
+     ("mixed-recipe", {"mlp": "mxfp4_e2m1", "self_attn": "fp8_channel"})],
+)  # fmt: skip
+def test_compressed_tensors_loads_a_mixed_precision_checkpoint(ct_loaded, llama, name, formats):
+    """Several schemes in one checkpoint (``--scheme``; an llm-compressor recipe file): transformers
+    loads it with no missing, unexpected or mismatched key, each weight the package's quantisation of
+    the original in its module's format (FP8 scales in the weight's dtype; NVFP4's gate/up sharing a
+    per-tensor scale), to within the runtime's bfloat16 rounding where it divides by a global scale;
+    the config's groups each say their format."""
+    info, loaded = ct_loaded[name]
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    qc = json.loads((llama / name / "config.json").read_text())["quantization_config"]
+    assert qc["format"] == "mixed-precision" and all(g["format"] for g in qc["config_groups"].values())
+    original = nk.load_checkpoint(llama / "llama")
+    quantised = [n for n in original if n.endswith("_proj.weight")]
+    fused = fused_groups([n for n in quantised if ".mlp." in n])
+    for n in quantised:
+        fmt = formats[n.split(".")[3]]
+        options = {"scale_dtype": "bfloat16"} if fmt == "fp8_channel" else {}
+        if fmt == "nvfp4" and n in fused:
+            options["per_tensor_scale"] = nk.shared_per_tensor_scale([original[m] for m in fused[n]])
+        want = nk.quantize(original[n], fmt, **options).dequantize("bfloat16").astype(np.float32)
+        if fmt == "nvfp4":
+            np.testing.assert_allclose(loaded[n], want, rtol=2**-7, atol=0, err_msg=n)
+        else:
+            np.testing.assert_array_equal(loaded[n], want, err_msg=n)
+    for n in ("model.embed_tokens.weight", "lm_head.weight"):
+        np.testing.assert_array_equal(loaded[n], original[n].astype(np.float32))
 
 
 def test_compressed_tensors_loads_a_converted_modelopt_checkpoint(ct_loaded):

@@ -388,6 +388,12 @@ def fused_groups(names: Any, runtime: RuntimeModules | None = None) -> dict[str,
     fused layer (``runtime``'s fusion table, :data:`~.runtime_modules.GENERIC`'s by default) with
     at least one other shard among ``names`` -> the names of its group, in the order of the
     table's row. Names in no such group are not keys."""
+    return {n: shards for n, (shards, _) in fused_layers(names, runtime).items()}
+
+
+def fused_layers(names: Any, runtime: RuntimeModules | None = None) -> dict[str, tuple[tuple[str, ...], str | None]]:
+    """:func:`fused_groups`, each group with the fused layer's name in vLLM (its parent's name and
+    the table row's ``name``; None where the row records none)."""
     rows = (runtime or runtime_modules(None)).fused_layers
     groups: dict[tuple[str, int], list[tuple[int, str]]] = {}
     for name in names:
@@ -396,5 +402,11 @@ def fused_groups(names: Any, runtime: RuntimeModules | None = None) -> dict[str,
         for row, fused in enumerate(rows):
             if last in fused.shards and fnmatch.fnmatchcase(parent.rpartition(".")[2], fused.parent):
                 groups.setdefault((parent, row), []).append((fused.shards.index(last), name))
-    together = [tuple(n for _, n in sorted(g)) for g in groups.values() if len(g) > 1]
-    return {n: g for g in together for n in g}
+    out: dict[str, tuple[tuple[str, ...], str | None]] = {}
+    for (parent, row), members in groups.items():
+        if len(members) > 1:
+            shards = tuple(n for _, n in sorted(members))
+            fused_name = rows[row].name
+            layer = f"{parent}.{fused_name}" if fused_name is not None and parent else fused_name
+            out.update(dict.fromkeys(shards, (shards, layer)))
+    return out

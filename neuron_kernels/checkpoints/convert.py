@@ -38,7 +38,8 @@ from .folder import CONFIG_NAME, Checkpoint, write_json
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
 from .layouts.records import FOREIGN_PARTS, KV_SCALES
 from .reports import TensorReport, exact_stats, pipelined_stats
-from .selection import fused_groups, ignored_modules, module_decision
+from .scheme_map import OWN, SchemeMap
+from .selection import fused_groups, fused_layers, ignored_modules, module_decision
 from .shards import Item, Tally, shards_of, write_shards
 
 __all__ = [
@@ -163,6 +164,7 @@ def quantize_checkpoint(
     require_exact: bool = False,
     stats: bool = True,
     client: Any = None,
+    schemes: SchemeMap | None = None,
     **options: Any,
 ) -> Reports:
     """Quantise the checkpoint ``src`` (a path, or a :class:`~.folder.Checkpoint` opened already:
@@ -201,7 +203,8 @@ def quantize_checkpoint(
     Returns one :class:`TensorReport` per input tensor, in order (a :class:`Reports`: with the
     runtimes' notes and the architecture the decisions came from)."""
     layout = LAYOUTS[layout_name]
-    layout.check_format(fmt)
+    if schemes is None:
+        layout.check_format(fmt)
     if client is not None and layout.single_file:
         raise FileFormatError(
             f"the {layout.name} layout is one file; a cluster writes checkpoint folders, a shard per task"
@@ -210,8 +213,8 @@ def quantize_checkpoint(
         ckpt, source = src, detect_layout(src)
     else:
         ckpt, source = open_any(os.path.abspath(src) if client is not None else src)
-    scheme = scheme_of(fmt, options)
-    plan = plan_quantization(ckpt, source, layout, scheme, ignore, only, fuse, chunk_bytes, modules, towers=towers)
+    chosen = scheme_of(fmt, options) if schemes is None else schemes
+    plan = plan_quantization(ckpt, source, layout, chosen, ignore, only, fuse, chunk_bytes, modules, towers=towers)
     plan.require_exact, plan.stats = require_exact, stats
     result = Reports(plan.reports, plan.notes, plan.arch)
     if layout.single_file:
@@ -280,7 +283,7 @@ def plan_quantization(
     ckpt: Checkpoint,
     source: CheckpointLayout | None,
     layout: CheckpointLayout,
-    scheme: Scheme,
+    scheme: Scheme | SchemeMap,
     ignore: tuple[str, ...],
     only: tuple[str, ...],
     fuse: bool,
@@ -290,10 +293,114 @@ def plan_quantization(
     towers: bool = False,
 ) -> _Plan:
     """The :class:`_Plan` of quantising ``ckpt`` (in the layout ``source``, or plain) into ``layout``
-    (see :func:`quantize_checkpoint`); every refusal is raised here, before anything is written."""
+    (see :func:`quantize_checkpoint`) with ``scheme`` (one for every weight, or a
+    :class:`~.scheme_map.SchemeMap`); every refusal is raised here, before anything is written."""
+    schemes = scheme if isinstance(scheme, SchemeMap) else SchemeMap.one(scheme)
     stored = stored_weights(ckpt, source)
     if source is None:
         _refuse_unannounced(ckpt)
+    for each in schemes.schemes():
+        _check_scheme(layout, each)
+    reports: list[TensorReport] = []
+    chosen: list[tuple[str, ArrayEntry, BlockJob | None]] = []
+    inputs, by_name = _inputs(ckpt, stored)
+    if arch is None and layout.decide is module_decision:
+        arch = architecture_of(ckpt.config, inputs, modules)
+        if arch is None and not only:
+            raise FileFormatError(_unknown_architecture(ckpt, modules))
+    if layout.decide is module_decision:  # stacked experts as the layout's runtime holds them
+        inputs = split_experts(inputs, arch) if layout.splits_experts else stack_experts(inputs, arch)
+    copies: dict[str, StoredWeight] = {}
+    relays: dict[str, StoredWeight] = {}
+    of: dict[str, Scheme] = {}  # each quantised tensor's scheme
+    for name, entry in inputs.items():
+        mine = schemes.scheme_for(name, _model_name(arch, name))
+        why = layout.decide(name, entry.dtype, entry.shape, _whole(mine), ignore, only, arch=arch, towers=towers)
+        if not why and mine is None:
+            why = schemes.kept_why()
+        w = by_name.get(name)
+        if why or mine is None:
+            chosen.append((name, entry, None))
+            reports.append(_report_kept(name, entry, str(why) + (f" (dequantised from {w.label})" if w else "")))
+            continue
+        chosen.append((name, entry, _layout_scheme(layout, mine, entry, w).job(len(entry.shape), entry.dtype.name)))
+        of[name] = mine
+        fmt = mine.format
+        if w is not None and source is not None and _copies_bytes(w, layout, mine):
+            copies[name] = w
+            how = f"bytes copied from {source.name}" + _dropped_note(w)
+            reports.append(TensorReport(name, entry.shape, fmt, "converted", how, format=fmt))
+        elif isinstance(w, StoredWeight) and not layout.single_file and _relays(w, mine):
+            relays[name] = w  # re-laid exactly if its exponents fit (decided when it is written)
+            reports.append(TensorReport(name, entry.shape, fmt, "converted", f"re-laid from {w.label}", format=fmt))
+        else:
+            how = f"dequantised from {w.label}{_dropped_note(w)}" if w is not None else ""
+            reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how, format=fmt))
+    kept = [(n, e) for (n, e, j) in chosen if j is None]
+    ignored = ignored_modules(kept, arch, inputs)
+    by_scheme: dict[Scheme, dict[str, tuple[int, ...]]] = {}
+    for n, e, j in chosen:
+        if j is not None:
+            by_scheme.setdefault(of[n], {})[n] = e.shape
+    quantised = {n: e.shape for n, e, j in chosen if j is not None}
+    if len(by_scheme) > 1:
+        _check_mixed(ckpt, layout, of, arch, [n for n, _ in kept])
+    first = next(schemes.schemes(), None)
+    for each, shapes in (by_scheme or ({first: {}} if first is not None else {})).items():
+        chosen_dtype = each.job(2).fmt.scale if each.scale_dtype is not None else None
+        layout.fits(ckpt, shapes, each.format, arch=arch, scale_dtype=chosen_dtype, ignored=tuple(ignored))
+    if not quantised:
+        why_kept = Counter(r.reason for r in reports).most_common(3)
+        raise FileFormatError(
+            f"{ckpt.path}: no tensor to quantise ({len(chosen)} kept, "
+            + "; ".join(f"{n}: {reason}" for reason, n in why_kept)
+            + (f"; modules from {arch.source}" if arch is not None else "")
+            + '; see --only / --ignore and docs/checkpoints.md "Which tensors are quantised"); nothing written'
+        )
+    needs = (n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies and _fuses(of[n]))
+    groups = fused_groups(needs, arch) if fuse else {}
+    for report in reports:
+        report.fused_with = groups.get(report.name, ())
+    resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes, relays)
+    config: dict[str, Any] = {}
+    if not layout.single_file and len(by_scheme) > 1:
+        assert layout.mixed is not None
+        parts = [(s.format, tuple(by_scheme[s]), schemes.activations(s)) for s in by_scheme]
+        config = layout.mixed(parts, kept, ignored, _Modules(arch))
+    elif not layout.single_file:
+        (only_scheme,) = by_scheme
+        config = layout.config(only_scheme.format, kept, ignored)
+        activations = schemes.activations(only_scheme)
+        if activations is not OWN and layout.activations is not None:
+            config = layout.activations(config, activations)
+    notes = [note for each, shapes in by_scheme.items() for note in layout.notes(each.format, arch, shapes)]
+    notes += layout.mixed_notes() if len(by_scheme) > 1 else []
+    return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, list(dict.fromkeys(notes)))
+
+
+def _fuses(scheme: Scheme) -> bool:
+    """Whether the shards of a fused layer quantised with ``scheme`` share a per-tensor scale (not
+    under torchao's and ggml's recipes, one scale per tensor)."""
+    return scheme.recipe is None or RECIPES[scheme.recipe].fuses
+
+
+def _whole(scheme: Scheme | None) -> int:
+    """The elements a weight's last axis must be a multiple of to be quantised with ``scheme``:
+    its blocks' (1 for float scales, whose edge blocks may be partial; none without a scheme)."""
+    if scheme is None or BLOCK_FORMATS[scheme.format].float_scales:
+        return 1
+    return scheme.job(2).block_size
+
+
+def _model_name(arch: Architecture | None, name: str) -> str | None:
+    module = name[: -len(".weight")] if name.endswith(".weight") else name
+    return arch.model_name(module) if arch is not None else None
+
+
+def _check_scheme(layout: CheckpointLayout, scheme: Scheme) -> None:
+    """Refuse a scheme the layout cannot store: another format, blocks other than the format's, a
+    rotation, unpacked 4-bit codes, blocks across another axis."""
+    layout.check_format(scheme.format)
     fmt = scheme.format
     if scheme.axis not in (-1, None):
         raise FileFormatError("checkpoint layouts block the last axis (the input dimension); --axis must be -1")
@@ -307,58 +414,60 @@ def plan_quantization(
         raise FileFormatError(f"the {layout.name} layout has no place for a rotation (--rht needs --layout npz)")
     if not layout.single_file and not probe.pack and probe.fmt.packable:
         raise FileFormatError(f"the {layout.name} layout stores 4-bit codes two per byte (no --no-pack)")
-    reports: list[TensorReport] = []
-    chosen: list[tuple[str, ArrayEntry, BlockJob | None]] = []
-    inputs, by_name = _inputs(ckpt, stored)
-    if arch is None and layout.decide is module_decision:
-        arch = architecture_of(ckpt.config, inputs, modules)
-        if arch is None and not only:
-            raise FileFormatError(_unknown_architecture(ckpt, modules))
-    if layout.decide is module_decision:  # stacked experts as the layout's runtime holds them
-        inputs = split_experts(inputs, arch) if layout.splits_experts else stack_experts(inputs, arch)
-    copies: dict[str, StoredWeight] = {}
-    relays: dict[str, StoredWeight] = {}
-    whole = 1 if probe.fmt.float_scales else probe.block_size  # float scales: edge blocks may be partial
-    for name, entry in inputs.items():
-        why = layout.decide(name, entry.dtype, entry.shape, whole, ignore, only, arch=arch, towers=towers)
-        w = by_name.get(name)
-        job = None if why else _layout_scheme(layout, scheme, entry, w).job(len(entry.shape), entry.dtype.name)
-        chosen.append((name, entry, job))
-        if why:
-            reports.append(_report_kept(name, entry, why + (f" (dequantised from {w.label})" if w else "")))
-        elif w is not None and source is not None and _copies_bytes(w, layout, scheme):
-            copies[name] = w
-            how = f"bytes copied from {source.name}" + _dropped_note(w)
-            reports.append(TensorReport(name, entry.shape, fmt, "converted", how))
-        elif isinstance(w, StoredWeight) and not layout.single_file and _relays(w, scheme):
-            relays[name] = w  # re-laid exactly if its exponents fit (decided when it is written)
-            reports.append(TensorReport(name, entry.shape, fmt, "converted", f"re-laid from {w.label}"))
-        else:
-            how = f"dequantised from {w.label}{_dropped_note(w)}" if w is not None else ""
-            reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how))
-    kept = [(n, e) for (n, e, j) in chosen if j is None]
-    ignored = ignored_modules(kept, arch, inputs)
-    quantised = {n: e.shape for n, e, j in chosen if j is not None}
-    chosen_dtype = probe.fmt.scale if scheme.scale_dtype is not None else None
-    layout.fits(ckpt, quantised, fmt, arch=arch, scale_dtype=chosen_dtype, ignored=tuple(ignored))
-    if not any(j is not None for _, _, j in chosen):
-        why = Counter(r.reason for r in reports).most_common(3)
+
+
+class _Modules:
+    """What a layout's mixed config needs of the model's modules: each module's name in the model,
+    the fused layers, and the names vLLM looks each expert's fused MoE up by."""
+
+    def __init__(self, arch: Architecture | None) -> None:
+        self.arch = arch
+
+    def model_name(self, module: str) -> str:
+        return self.arch.model_name(module) if self.arch is not None else module
+
+    def moe_probes(self, module: str) -> tuple[str, ...]:
+        """For one expert's Linear (``...experts.E.gate_proj``), the names of its fused MoE."""
+        if self.arch is None or self.arch.kind(module) != "expert":
+            return ()
+        return self.arch.runtime.moe_probes(module.rpartition(".")[0].rpartition(".")[0])
+
+    def fused(self, names: Any) -> dict[str, tuple[tuple[str, ...], str | None]]:
+        """Each module that is a shard of a fused layer -> (the shards, the fused layer's name or None)."""
+        return fused_layers(names, self.arch)
+
+
+def _check_mixed(
+    ckpt: Checkpoint, layout: CheckpointLayout, of: dict[str, Scheme], arch: Architecture | None, kept: list[str]
+) -> None:
+    """Several schemes: the layout must hold them, and the shards of a fused layer (and the experts of
+    one MoE) must share one, as vLLM requires of a layer it runs as one."""
+    if layout.mixed is None:
         raise FileFormatError(
-            f"{ckpt.path}: no tensor to quantise ({len(chosen)} kept, "
-            + "; ".join(f"{n}: {reason}" for reason, n in why)
-            + (f"; modules from {arch.source}" if arch is not None else "")
-            + '; see --only / --ignore and docs/checkpoints.md "Which tensors are quantised"); nothing written'
+            f"the {layout.name} layout holds one scheme per checkpoint; several (--scheme, --recipe-file) need "
+            f"another --layout ({', '.join(n for n, lay in LAYOUTS.items() if lay.mixed is not None)})"
         )
-    recipe = scheme.recipe
-    fuse = fuse and (recipe is None or RECIPES[recipe].fuses)  # torchao and ggml: one scale per tensor
-    needs = (n for n, _, j in chosen if j is not None and j.needs_amax and n not in copies)
-    groups = fused_groups(needs, arch) if fuse else {}
-    for report in reports:
-        report.fused_with = groups.get(report.name, ())
-    resolve = _ScaleResolver({n: (e, j) for n, e, j in chosen if j is not None}, groups, chunk_bytes, relays)
-    config = {} if layout.single_file else layout.config(fmt, kept, ignored)
-    notes = layout.notes(fmt, arch, quantised)
-    return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, notes)
+    names = list(of) + kept
+    for group in dict.fromkeys(fused_groups(names, arch).values()):
+        found = {of.get(m) for m in group}
+        if len(found) > 1:
+            words = ", ".join(f"{m} {of[m].format if m in of else 'kept'}" for m in group)
+            raise FileFormatError(
+                f"{ckpt.path}: {words} are one fused layer in the runtimes, which need one scheme for all its "
+                f"shards (vLLM refuses it otherwise); give them the same --scheme"
+            )
+    modules = _Modules(arch)
+    moes: dict[tuple[str, ...], set[Any]] = {}
+    for name in names:
+        probes = modules.moe_probes(name[: -len(".weight")] if name.endswith(".weight") else name)
+        if probes:
+            moes.setdefault(probes, set()).add(of.get(name))
+    for probes, found in moes.items():
+        if len(found) > 1:
+            raise FileFormatError(
+                f"{ckpt.path}: the experts of {probes[0].rpartition('.')[0].rpartition('.')[0]} take different "
+                f"schemes; vLLM's fused MoE needs one for all of them (give them the same --scheme)"
+            )
 
 
 def _blocks_of(bf: Any) -> str:

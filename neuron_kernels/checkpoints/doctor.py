@@ -16,6 +16,9 @@ What is checked, per weight and over the checkpoint:
   block's values lost); e8m0's NaN byte 0xff; NaN values; weights that are all zero; a per-tensor
   scale that reads as the reciprocal of its layout's convention (the weight's largest value over
   ``RECIPROCAL_LIMITS[1]`` under the convention, within the limits under the reciprocal);
+- schemes: modules the runtimes would give different schemes, fused layers stored in several formats,
+  targets and ignore entries that name no module, KV-cache and activation scales that cannot be
+  right (:mod:`.scheme_findings`);
 - runtime rules: what a runtime is known to refuse or load wrong in a valid checkpoint (the
   command's notes); the shards of a fused layer whose per-tensor scales differ, each with the SQNR
   it gets under the runtime's rule (its layout's ``fused_scale``, :func:`~.runtimes.fused_scale_rule`)
@@ -50,6 +53,7 @@ from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
 from .layouts.records import check_fused_whole
 from .runtimes import fused_scale_ratio, fused_scale_rule
+from .scheme_findings import scheme_findings
 from .selection import KIND_TEXT, QUANTISABLE, fused_groups, tensor_decision
 
 __all__ = [
@@ -145,6 +149,8 @@ def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) 
         findings += _value_findings(w, chunk_bytes)
     findings += _fused_findings(layout, weights, arch)
     findings += _runtime_findings(layout, weights, arch)
+    findings += [Finding(sev, code, message, tensors) for sev, code, message, tensors in scheme_findings(
+        ckpt, layout, weights, arch)]  # fmt: skip
     findings.sort(key=lambda f: _SEVERITIES.index(f.severity))
     return Checkup(ckpt.path, layout.name, producer, len(weights), findings)
 

@@ -21,7 +21,8 @@ class TensorReport:
     written into another layout as its bytes), ``dequantised``, ``kept`` or ``dropped`` (a tensor
     the output cannot hold, a KV-cache scale in a plain checkpoint); ``reason`` why it was kept or
     dropped, or how it was converted; ``stats`` the error of a quantised one; ``fused_with``: the shards
-    of its fused layer (itself included) whose per-tensor scale it shares, if any."""
+    of its fused layer (itself included) whose per-tensor scale it shares, if any; ``format``: the block
+    format it was written in (quantised or converted)."""
 
     name: str
     shape: tuple[int, ...]
@@ -31,6 +32,7 @@ class TensorReport:
     stats: QuantizationStats | None = None
     outputs: tuple[str, ...] = ()
     fused_with: tuple[str, ...] = ()
+    format: str = ""
 
     @property
     def exact(self) -> bool | None:

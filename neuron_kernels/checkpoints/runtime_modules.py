@@ -70,10 +70,12 @@ class Plain:
 @dataclass(frozen=True)
 class Fused:
     """Sibling Linear modules (``shards``, in the fused layer's order) that a runtime runs as one
-    layer with one per-tensor scale, under a parent whose last name component matches ``parent``."""
+    layer with one per-tensor scale, under a parent whose last name component matches ``parent``;
+    ``name``: the fused layer's own last name component in vLLM (None where not recorded)."""
 
     shards: tuple[str, ...]
     parent: str = "*"
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,9 @@ class RuntimeModules:
 #: global scale for both (``w13_weight_global_scale[:, 0]``, the gate's).
 EXPERT_FUSED = (Fused(("gate_proj", "up_proj"), "[0-9]*"), Fused(("w1", "w3"), "[0-9]*"))
 
-_QKV = Fused(("q_proj", "k_proj", "v_proj"))
-_GATE_UP = Fused(("gate_proj", "up_proj"))
-_MLA = Fused(("q_a_proj", "kv_a_proj_with_mqa"))  # fused_qkv_a_proj where q_lora_rank is set
+_QKV = Fused(("q_proj", "k_proj", "v_proj"), name="qkv_proj")
+_GATE_UP = Fused(("gate_proj", "up_proj"), name="gate_up_proj")
+_MLA = Fused(("q_a_proj", "kv_a_proj_with_mqa"), name="fused_qkv_a_proj")  # fused_qkv_a_proj where q_lora_rank is set
 
 _ROUTER = "the MoE router, which vLLM builds unquantised (quant_config=None)"
 _LLAMA = "llama.py@e06c9ba (LlamaForCausalLM.packed_modules_mapping)"

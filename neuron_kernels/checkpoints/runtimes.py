@@ -110,3 +110,14 @@ def fused_scale_ratio(rules: tuple[str, str], group: tuple[str, ...], scales: li
     rule = fused_scale_rule(rules, group)
     shared = {"min": min(scales), "max": max(scales), "first": scales[0]}[rule]
     return [shared / s for s in scales]
+
+
+def mixed_notes() -> list[str]:
+    """The summary's note on transformers' dequantising loader for a compressed-tensors checkpoint
+    of several schemes."""
+    return [
+        f"{_transformers()} with CompressedTensorsConfig(dequantize=True) (run_compressed=False) decompresses every "
+        f"dense module of a mixed-precision checkpoint with one group's scheme (get_dense_scheme in "
+        f"transformers/integrations/compressed_tensors.py) and fails on it; load it with CompressedTensorsConfig() "
+        f"(compressed-tensors applies each module's group), or in vLLM (docs/checkpoints.md)"
+    ]

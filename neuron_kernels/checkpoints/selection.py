@@ -23,6 +23,7 @@ from ..formats import INPUT_DTYPES
 from ..io.arrays import ArrayEntry
 from .architecture import Architecture, normalise
 from .architecture import fused_groups as _fused_groups
+from .architecture import fused_layers as _fused_layers
 from .runtime_modules import GENERIC
 
 __all__ = [
@@ -32,9 +33,11 @@ __all__ = [
     "GPTOSS_NOT_CONVERTED",
     "expert_decision",
     "fused_groups",
+    "fused_layers",
     "is_expert",
     "ignored_modules",
     "kept_modules",
+    "pattern_match",
     "module_decision",
     "tensor_decision",
     "TOWER_KEPT",
@@ -45,7 +48,7 @@ DEFAULT_EXCLUDES: tuple[str, ...] = ("*embed*", "*norm*", "lm_head.*", "*.router
 #: The dtypes a weight is quantised from (and dequantised to).
 
 
-def _matches(name: str, patterns: tuple[str, ...]) -> str | None:
+def pattern_match(name: str, patterns: tuple[str, ...]) -> str | None:
     """The first pattern matching the tensor ``name`` or its module (the name without ``.weight``)."""
     module = name[: -len(".weight")] if name.endswith(".weight") else name
     for p in patterns:
@@ -99,13 +102,13 @@ def _not_a_float(dtype: Any) -> str | None:
 def _patterns_keep(name: str, ignore: tuple[str, ...], only: tuple[str, ...], excludes: tuple[str, ...]) -> str | None:
     """Why the caller's patterns keep ``name`` (``only`` replaces the default ``excludes``)."""
     if only:
-        if _matches(name, only) is None:
+        if pattern_match(name, only) is None:
             return "not matched by --only"
     else:
-        hit = _matches(name, excludes)
+        hit = pattern_match(name, excludes)
         if hit is not None:
             return f"excluded by default ({hit})"
-    hit = _matches(name, ignore)
+    hit = pattern_match(name, ignore)
     if hit is not None:
         return f"--ignore {hit}"
     return None
@@ -168,7 +171,7 @@ def kept_modules(kept: list[tuple[str, ArrayEntry]]) -> list[str]:
         if name.endswith(".weight")
         and len(e.shape) == 2
         and e.dtype.name in INPUT_DTYPES + ("float8_e4m3fn", "float8_e5m2")
-        and _matches(name, ("*embed*", "*norm*")) is None
+        and pattern_match(name, ("*embed*", "*norm*")) is None
     ]
 
 
@@ -293,3 +296,8 @@ def fused_groups(names: Any, arch: Architecture | None = None) -> dict[str, tupl
     the fusion table's row: ``arch``'s runtime fusion table, or :data:`FUSED_SHARDS` without one.
     Names in no such group are not keys."""
     return arch.fused_groups(names) if arch is not None else _fused_groups(names)
+
+
+def fused_layers(names: Any, arch: Architecture | None = None) -> dict[str, tuple[tuple[str, ...], str | None]]:
+    """:func:`fused_groups`, each group with the fused layer's name in vLLM (or None)."""
+    return _fused_layers(names, arch.runtime if arch is not None else None)

@@ -160,7 +160,26 @@ def _quantize_command(sub: Any) -> None:
         "the block file to write (.npz), the checkpoint folder to write, the GGUF file (.gguf; docs/gguf.md), "
         "or the Zarr store (.zarr)",
     )
-    q.add_argument("--format", required=True, choices=list(BLOCK_FORMATS))
+    q.add_argument(
+        "--format",
+        choices=list(BLOCK_FORMATS),
+        help="the block format (of a checkpoint: of every weight no --scheme or --recipe-file group takes)",
+    )
+    q.add_argument(
+        "--scheme",
+        action="append",
+        metavar="PATTERN=FORMAT[,OPTION=VALUE...]",
+        help="a checkpoint's weights matching PATTERN (as --only's) in FORMAT, with these options (as "
+        "neuron_kernels.quantize's: scale_dtype=bfloat16, scale_search=mse, ...); repeatable, the first that "
+        "matches wins; several formats make a mixed-precision checkpoint (docs/checkpoints.md)",
+    )
+    q.add_argument(
+        "--recipe-file",
+        metavar="RECIPE.yaml",
+        help="a checkpoint's schemes from a YAML or JSON file of config_groups in the shape of llm-compressor's "
+        "(a recipe, a QuantizationModifier's arguments or a quantization_config), matched as compressed-tensors "
+        "matches them (docs/checkpoints.md)",
+    )
     q.add_argument(
         "--layout",
         choices=list(WRITABLE),

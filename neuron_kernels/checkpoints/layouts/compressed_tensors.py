@@ -18,7 +18,6 @@ form of NVFP4, whose ``input_global_scale`` is the activations' (dropped with th
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 from dataclasses import dataclass
@@ -31,8 +30,10 @@ from ...formats import BLOCK_FORMATS, BlockFormat
 from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.safetensors import TensorSpec
 from ..folder import Checkpoint
-from ..runtimes import LARGEST_DIVISOR, expert_notes
+from ..runtimes import LARGEST_DIVISOR, expert_notes, mixed_notes
+from ..scheme_map import OWN
 from ..selection import module_decision
+from ..targets import Refused, ct_group, ct_matches, vllm_group
 from .records import (
     KV_SCALES,
     CheckpointLayout,
@@ -96,9 +97,11 @@ def _ct_fp8_group(fmt: str) -> dict[str, Any]:
     }
 
 
-def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
+def _ct_group(fmt: str) -> dict[str, Any]:
+    """The config group of a block format, targeting every Linear module (``format``: None for FP8
+    with float scales, as llm-compressor's presets write it; the format's string for the others)."""
     if fmt in _CT_FP8:
-        return _ct_document(_FLOAT_QUANTIZED, _ct_fp8_group(fmt), ignore, _kv_cache_scheme(kept))
+        return _ct_fp8_group(fmt)
     bf = BLOCK_FORMATS[fmt]
     weights = {
         "num_bits": bf.element_bits,
@@ -113,14 +116,111 @@ def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) 
         "observer": "minmax",
         "observer_kwargs": {},
     }
-    group = {
+    return {
         "targets": ["Linear"],
         "weights": weights,
         "input_activations": None,
         "output_activations": None,
         "format": _CT_FORMATS[fmt],
     }
-    return _ct_document(_CT_FORMATS[fmt], group, ignore, _kv_cache_scheme(kept))
+
+
+def _ct_format(fmt: str) -> str:
+    return _FLOAT_QUANTIZED if fmt in _CT_FP8 else _CT_FORMATS[fmt]
+
+
+def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
+    return _ct_document(_ct_format(fmt), {"group_0": _ct_group(fmt)}, ignore, _kv_cache_scheme(kept))
+
+
+def _ct_activations(config: dict[str, Any], given: Any) -> dict[str, Any]:
+    """The one-scheme config with the input activations a recipe gives its group."""
+    group = config["config_groups"]["group_0"]
+    return {**config, "config_groups": {"group_0": {**group, "input_activations": given}}}
+
+
+def _ct_mixed(
+    parts: list[tuple[str, tuple[str, ...], Any]], kept: list[tuple[str, ArrayEntry]], ignore: list[str], modules: Any
+) -> dict[str, Any]:
+    """A ``mixed-precision`` config: a group per scheme, each with its ``format`` (vLLM reads a
+    group's own) and targets that name its modules alone (:func:`_mixed_targets`), so that
+    compressed-tensors and vLLM, whose orders of matching differ (:mod:`..targets`), give every
+    module the same group; checked on a module of each target before anything is written."""
+    targets = _mixed_targets([names for _, names, _ in parts], modules)
+    groups: dict[str, Any] = {}
+    for i, ((fmt, _, acts), mine) in enumerate(zip(parts, targets)):
+        group = {**_ct_group(fmt), "targets": mine, "format": _ct_format(fmt)}
+        if acts is not OWN:
+            group["input_activations"] = acts
+        groups[f"group_{i}"] = group
+    _check_targets(parts, targets, ignore, modules)
+    return _ct_document("mixed-precision", groups, ignore, _kv_cache_scheme(kept))
+
+
+#: The names of a module as a target: numeric components (layers', experts') as ``\d+``; the first
+#: of them kept where that alone does not single out one scheme; the name itself where neither does.
+def _target_forms(name: str) -> tuple[str, str]:
+    pieces = re.split(r"((?:^|(?<=\.))\d+(?=\.|$))", name)
+    general = "".join(r"\d+" if p.isdigit() else re.escape(p) for p in pieces)
+    seen = False
+    first = []
+    for p in pieces:
+        if p.isdigit() and not seen:
+            first.append(re.escape(p))
+            seen = True
+        else:
+            first.append(r"\d+" if p.isdigit() else re.escape(p))
+    return f"re:{general}$", f"re:{''.join(first)}$"
+
+
+def _mixed_targets(parts: list[tuple[str, ...]], modules: Any) -> list[list[str]]:
+    """Each scheme's targets: the modules it quantises under their checkpoint names, their names in
+    the model and, for experts, the names vLLM looks their fused MoE up by, each as the most general
+    ``re:`` form (:func:`_target_forms`) that names only modules of that scheme."""
+    owner: dict[str, int] = {}
+    for i, names in enumerate(parts):
+        for n in names:
+            m = n[: -len(".weight")] if n.endswith(".weight") else n
+            owner.update(dict.fromkeys((m, modules.model_name(m), *modules.moe_probes(m)), i))
+    claims: tuple[dict[str, set[int]], dict[str, set[int]]] = ({}, {})
+    for name, i in owner.items():
+        for level, form in enumerate(_target_forms(name)):
+            claims[level].setdefault(form, set()).add(i)
+    out: list[dict[str, None]] = [{} for _ in parts]
+    for name, i in owner.items():
+        forms = _target_forms(name)
+        chosen = next((f for level, f in enumerate(forms) if claims[level][f] == {i}), name)
+        out[i][chosen] = None
+    return [list(t) for t in out]
+
+
+def _check_targets(
+    parts: list[tuple[str, tuple[str, ...], Any]], targets: list[list[str]], ignore: list[str], modules: Any
+) -> None:
+    """Every module of each scheme (one per target it is named by: the others match alike) goes to
+    its group in compressed-tensors' order and in vLLM's, its fused layer and MoE included."""
+    everything = [n for _, names, _ in parts for n in names]
+    fused = modules.fused(everything)
+    seen: set[tuple[int, str]] = set()
+    for i, (_, names, _) in enumerate(parts):
+        for n in names:
+            m = n[: -len(".weight")] if n.endswith(".weight") else n
+            key = (i, next((t for t in targets[i] if ct_matches(m, [t])), m))
+            if key in seen:
+                continue
+            seen.add(key)
+            shards, layer = fused.get(n, ((), None))
+            shard_modules = [s[: -len(".weight")] if s.endswith(".weight") else s for s in shards]
+            ct = ct_group((m, modules.model_name(m)), targets, ignore)
+            try:
+                vllm = vllm_group(m, targets, ignore, shard_modules, layer, modules.moe_probes(m))
+            except Refused as e:
+                raise FileFormatError(f"{m}: {e}") from None
+            if ct != i or vllm != i:
+                raise FileFormatError(
+                    f"{m}: the mixed-precision config would give it group {ct} in compressed-tensors and {vllm} in "
+                    f"vLLM, not {i}; choose patterns that separate the schemes by module name"
+                )
 
 
 def _kv_cache_scheme(kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any] | None:
@@ -135,12 +235,12 @@ def _kv_cache_scheme(kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any] | Non
     return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False}
 
 
-def _ct_document(fmt: str, group: dict[str, Any], ignore: list[str], kv: dict[str, Any] | None) -> dict[str, Any]:
+def _ct_document(fmt: str, groups: dict[str, Any], ignore: list[str], kv: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "quant_method": "compressed-tensors",
         "format": fmt,
         "quantization_status": "compressed",
-        "config_groups": {"group_0": group},
+        "config_groups": groups,
         "ignore": ignore,
         "kv_cache_scheme": kv,
         "global_compression_ratio": None,
@@ -217,22 +317,9 @@ def _ct_groups(ckpt: Checkpoint) -> list[_Group]:
 
 def _ct_group_of(module: str, groups: list[_Group], ignore: Any) -> _Group | None:
     """The group compressed-tensors gives ``module`` (a Linear's name), by its own precedence
-    (compressed-tensors 0.20.1 ``utils/match.py`` and ``lifecycle/apply.py``): ignored, none; a
-    target string in two groups is the later group's; of the targets that match, exact names
-    first, then ``re:`` expressions (matched from the start) in the order of their strings, then
-    class names (``Linear``); the first wins."""
-    if _ct_matches(module, ignore):
-        return None
-    by_target: dict[str, _Group] = {}
-    for g in groups:
-        for t in g.targets:
-            by_target[t] = g
-    exact = [t for t in by_target if not t.startswith("re:") and t == module]
-    regex = sorted(t for t in by_target if t.startswith("re:") and _ct_matches(module, [t]))
-    classes = [t for t in by_target if t == "Linear"]
-    for t in exact + regex + classes:
-        return by_target[t]
-    return None
+    (:func:`~..targets.ct_group`)."""
+    index = ct_group((module,), [g.targets for g in groups], ignore)
+    return None if index is None else groups[index]
 
 
 #: compressed-tensors' FP8 format (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK), read only.
@@ -355,26 +442,6 @@ _CT_PARTS = (
 )  # fmt: skip
 
 
-def _ct_matches(module: str, patterns: Any) -> bool | None:
-    """Whether compressed-tensors' ``targets`` / ``ignore`` entries name ``module`` (a name, or
-    ``re:`` and a regular expression matched from the start; ``Linear``: any Linear module), or
-    None where an entry names a module class other than Linear (a capitalised word without a dot:
-    not decidable from the names)."""
-    undecided = False
-    for p in patterns or ():
-        if not isinstance(p, str):
-            continue
-        if p.startswith("re:"):
-            with contextlib.suppress(re.error):
-                if re.match(p[3:], module):
-                    return True
-        elif p == "Linear" or p == module:
-            return True
-        elif "." not in p and p[:1].isupper():  # a class name (lm_head is a module's)
-            undecided = True
-    return None if undecided else False
-
-
 def _ct_check_rest(ckpt: Checkpoint, claimed: set[str]) -> None:
     """Refuse quantisation tensors that no quantised weight claims: a runtime would not load them
     (an unexpected key). Whether the config quantises what is stored plain, and the reverse, is
@@ -397,10 +464,41 @@ def _ct_quantises(ckpt: Checkpoint, names: tuple[str, ...]) -> bool | None:
     targets = [
         t for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) for t in g.get("targets") or ()
     ]
-    if any(_ct_matches(n, qc.get("ignore")) for n in names):
+    if any(ct_matches(n, qc.get("ignore")) for n in names):
         return False
-    hits = [_ct_matches(n, targets) for n in names]
+    hits = [ct_matches(n, targets) for n in names]
     return True if any(hits) else None if None in hits else False
+
+
+def _ct_targets(ckpt: Checkpoint) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The groups' targets in config order and the ignore entries (strings only)."""
+    ignore = (ckpt.quantization_config or {}).get("ignore") or []
+    entries = [e for e in ignore if isinstance(e, str)] if isinstance(ignore, list) else []
+    return [g.targets for g in _ct_groups(ckpt)], entries
+
+
+#: The weights' arguments that tell the formats apart (the others have defaults every format shares).
+_DEFINING = ("num_bits", "type", "strategy", "group_size", "block_structure")
+
+
+def _ct_group_format(group: dict[str, Any]) -> str | None:
+    """The block format of a config group as a recipe gives it (``weights``, and ``format`` if
+    said): the format whose group this layout writes has the same bits, type, strategy, group
+    size, block structure and (where the recipe says one) scale dtype; None for any other."""
+    w = group.get("weights") or {}
+    if w.get("symmetric") is False or w.get("dynamic") not in (None, False):
+        return None
+    for fmt in LAYOUT.formats:
+        own = _ct_group(fmt)["weights"]
+        if any(w.get(k) != own.get(k) for k in _DEFINING if k in own or w.get(k) is not None):
+            continue
+        scale = w.get("scale_dtype")
+        if scale is not None and own.get("scale_dtype") is not None and str(scale) != own["scale_dtype"]:
+            continue
+        if group.get("format") not in (None, _ct_format(fmt)):
+            continue
+        return fmt
+    return None
 
 
 def _ct_producer(ckpt: Checkpoint) -> str | None:
@@ -436,4 +534,9 @@ LAYOUT = CheckpointLayout(
     notes=expert_notes,
     producer=_ct_producer,
     ignore_key="ignore",
+    mixed=_ct_mixed,
+    mixed_notes=mixed_notes,
+    targets=_ct_targets,
+    group_format=_ct_group_format,
+    activations=_ct_activations,
 )  # fmt: skip

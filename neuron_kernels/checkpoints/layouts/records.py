@@ -337,7 +337,17 @@ class CheckpointLayout:
     (:func:`~..runtimes.fused_scale_rule`); ``notes(fmt, arch, quantised)``: what the layout's
     runtimes are known to load wrong in a valid checkpoint, said in the summary; ``producer``:
     who made a checkpoint, where its files say so; ``ignore_key``: the ``quantization_config``
-    entry that lists the modules kept plain, which the doctor may repair (None: none it repairs)."""
+    entry that lists the modules kept plain, which the doctor may repair (None: none it repairs);
+    ``mixed(parts, kept, ignore, modules)``: the ``quantization_config`` of a checkpoint of several
+    schemes (None: the layout holds one), ``parts`` each scheme's (format, the tensors it quantises,
+    its activations as a recipe gives them or ``OWN``), ``modules`` what the config needs of the model's
+    modules (their names in the model, the fused layers, the MoE's names), and ``mixed_notes()`` what
+    its runtimes are known to load wrong in such a checkpoint; ``targets(ckpt)``: the config's groups'
+    targets in config order and its ignore entries, which the doctor matches as each runtime does
+    (None: the layout has no such config); ``group_format(group)``: the block format of a config
+    group as a recipe gives it (None: not one it writes; the field None: the layout takes no recipe
+    file); ``activations(config,
+    given)``: the one-scheme config with the input activations a recipe gives (None: not said)."""
 
     name: str
     help: str
@@ -364,6 +374,11 @@ class CheckpointLayout:
     notes: Callable[[str, Any, dict[str, tuple[int, ...]]], list[str]] = lambda fmt, arch, quantised: []
     producer: Callable[[Checkpoint], str | None] = lambda ckpt: None
     ignore_key: str | None = None
+    mixed: Callable[..., dict[str, Any]] | None = None
+    mixed_notes: Callable[[], list[str]] = lambda: []
+    targets: Callable[[Checkpoint], tuple[list[tuple[str, ...]], list[str]] | None] = lambda ckpt: None
+    group_format: Callable[[dict[str, Any]], str | None] | None = None
+    activations: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
     def stored_per_tensor(self, pts: float) -> np.ndarray:
         """A per-tensor scale (the multiplier ``pts``) as the layout stores it: [1] float32, its

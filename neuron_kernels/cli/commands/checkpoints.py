@@ -8,7 +8,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from ..parser import UsageError, block_options_of
+from ..parser import UsageError, block_options_of, scheme_from_args
 from ..progress import progress_bar
 from ..report import name_columns, stats_header, stats_row
 
@@ -22,11 +22,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ...lazy.stores import scheduler
 
     layout = _checked_layout(args)
+    schemes = _schemes(args, layout)
     on_cluster = args.workers is not None or args.scheduler is not None
     ckpt, _ = open_any(os.path.abspath(args.input) if on_cluster else args.input)  # once: its size, its files
     with (
         scheduler(args.scheduler, args.workers) as client,
-        progress_bar(args, ckpt.nbytes, f"quantize {args.format}") as progress,
+        progress_bar(args, ckpt.nbytes, f"quantize {_formats_said(args)}") as progress,
         atomic_output(args.output, args.force, (args.input,), directory=not layout.single_file) as tmp,
     ):
         reports = quantize_checkpoint(
@@ -45,10 +46,37 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             require_exact=args.require_exact,
             stats=not args.no_stats,
             client=client,
-            **block_options_of(args),
+            schemes=schemes,
+            **(block_options_of(args) if schemes is None else {}),
         )
     _print_summary(args, layout, reports, ckpt)
     return 0
+
+
+def _schemes(args: argparse.Namespace, layout: Any) -> Any:
+    """The :class:`~...checkpoints.scheme_map.SchemeMap` of ``--scheme`` / ``--recipe-file`` (with
+    ``--format`` and its options as the default scheme), or None for ``--format`` alone."""
+    from ...checkpoints.scheme_map import SchemeMap, parse_scheme_option, read_recipe_file
+
+    if args.recipe_file is not None:
+        if layout.group_format is None:
+            raise UsageError(f"the {layout.name} layout takes no --recipe-file (its config has no config groups)")
+        recipe = read_recipe_file(args.recipe_file, layout.group_format)
+        default = scheme_from_args(args) if args.format is not None else None
+        return SchemeMap(recipe.groups, default, recipe.order, recipe.ignore, recipe.source)
+    if not args.scheme:
+        return None
+    groups = tuple(parse_scheme_option(text) for text in args.scheme)
+    return SchemeMap(groups, scheme_from_args(args) if args.format is not None else None, source="--scheme")
+
+
+def _formats_said(args: argparse.Namespace, reports: Any = ()) -> str:
+    """The formats of a conversion, as the summary says them: ``--format``'s, or each one written with
+    the number of its tensors."""
+    if not args.scheme and args.recipe_file is None:
+        return str(args.format)
+    counts = Counter(r.format for r in reports if r.format)
+    return ", ".join(f"{fmt} ({n})" for fmt, n in counts.items()) or "schemes per module"
 
 
 def _checked_layout(args: argparse.Namespace) -> Any:
@@ -60,7 +88,8 @@ def _checked_layout(args: argparse.Namespace) -> Any:
     if args.name is not None:
         raise UsageError("--name picks an array of a file; for a checkpoint use --only / --ignore")
     layout = LAYOUTS[args.layout or DEFAULT_LAYOUT]
-    layout.check_format(args.format)
+    if args.format is not None:
+        layout.check_format(args.format)
     if layout.suffix and not args.output.lower().endswith(layout.suffix):
         raise UsageError(
             f"the {layout.name} layout writes one {layout.suffix} file; OUTPUT must end in {layout.suffix}, "
@@ -83,7 +112,8 @@ def _print_summary(args: argparse.Namespace, layout: Any, reports: Any, ckpt: An
     converted = [r for r in reports if r.action == "converted"]
     kept = [r for r in reports if r.action == "kept"]
     print(
-        f"{args.output}: {layout.name} layout, {args.format}{_where(args)}: {len(done)} tensor(s) quantised, "
+        f"{args.output}: {layout.name} layout, {_formats_said(args, reports)}{_where(args)}: {len(done)} tensor(s) "
+        "quantised, "
         + (f"{len(converted)} converted exactly (codes copied), " if converted else "")
         + f"{len(kept)} kept"
     )

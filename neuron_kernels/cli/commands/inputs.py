@@ -58,9 +58,28 @@ INPUT_KINDS: tuple[tuple[str, Callable[[argparse.Namespace], bool]], ...] = (
 def by_input_kind(commands: Mapping[str, Callable[[argparse.Namespace], int]], args: argparse.Namespace) -> int:
     """Run the command of ``commands`` (kind of input -> command) for the kind of ``args.input``."""
     kind = next(kind for kind, test in INPUT_KINDS if kind in commands and test(args))
+    _check_schemes(args, kind)
     if getattr(args, "follow_links", False):  # --follow-links: a checkpoint's links followed wherever they lead
         from ...checkpoints.folder import follow_links
 
         with follow_links():
             return commands[kind](args)
     return commands[kind](args)
+
+
+def _check_schemes(args: argparse.Namespace, kind: str) -> None:
+    """``quantize`` needs ``--format``, but of a checkpoint, where ``--scheme`` or ``--recipe-file`` may
+    say the formats instead; those two are for checkpoints only, and not together."""
+    from ..parser import UsageError
+
+    if args.command != "quantize":
+        return
+    per_module = bool(getattr(args, "scheme", None)) or getattr(args, "recipe_file", None) is not None
+    if per_module and kind != "checkpoint":
+        raise UsageError("--scheme and --recipe-file choose the schemes of a checkpoint's modules (a folder)")
+    if args.scheme and args.recipe_file is not None:
+        raise UsageError("give --scheme PATTERN=FORMAT options or a --recipe-file, not both")
+    if args.format is None and not per_module:
+        raise UsageError(
+            "--format is required (of a checkpoint, --scheme PATTERN=FORMAT or --recipe-file may say the formats)"
+        )
