@@ -409,3 +409,52 @@ def test_schemes_that_change_from_layer_to_layer_keep_the_layers_number(tmp_path
             want = "fp8_channel" if ".layers.0." in name else "mxfp8_e4m3" if "1.mlp.down" in name else "nvfp4"
             assert value.fmt == want, name
     assert run("check", "out", cwd=tmp_path, check=False).returncode == 0
+
+
+# ---- KV-cache scales travel ------------------------------------------------------------------------
+
+
+def _vllm_kv_name(name: str) -> str | None:
+    """vLLM's ``maybe_remap_kv_scale_name`` (vllm/model_executor/model_loader/weight_utils.py) for a
+    Llama's parameters: ModelOpt's ``.self_attn.{k,v}_proj.{k,v}_scale`` and the default
+    ``.{q,k,v}_scale`` both become the attention layer's ``.self_attn.attn.{q,k,v}_scale``; any
+    other name vLLM has no parameter for is dropped (None)."""
+    import re
+
+    hit = re.fullmatch(r"(.*\.self_attn)\.([kv])_proj\.\2_scale", name)
+    if hit:
+        return f"{hit[1]}.attn.{hit[2]}_scale"
+    hit = re.fullmatch(r"(.*\.self_attn)\.([qkv])_scale", name)
+    return f"{hit[1]}.attn.{hit[2]}_scale" if hit else None
+
+
+def test_kv_cache_scales_travel_into_modelopt_and_back(with_kv_scales, tmp_path):
+    """compressed-tensors' ``self_attn.k_scale`` becomes ModelOpt's ``self_attn.k_proj.k_scale`` (the
+    same multiplier) with ``kv_cache_quant_algo: FP8``, and back; each lands on the parameter vLLM
+    loads it into; the values are carried bit for bit."""
+    out, scales = with_kv_scales
+    r = run("quantize", out, tmp_path / "mo", "--layout", "modelopt", "--format", "fp8_channel", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    mo = load_checkpoint(tmp_path / "mo")
+    moved = {k: k.replace("self_attn.k_scale", "self_attn.k_proj.k_scale").replace(
+        "self_attn.v_scale", "self_attn.v_proj.v_scale") for k in scales}  # fmt: skip
+    for name, there in moved.items():
+        assert mo[there].view(np.uint32) == np.float32(scales[name]).view(np.uint32), there
+        assert _vllm_kv_name(there) == _vllm_kv_name(name) is not None
+    hf = json.loads((tmp_path / "mo" / "hf_quant_config.json").read_text())
+    assert hf["quantization"]["kv_cache_quant_algo"] == "FP8"
+    assert run("check", tmp_path / "mo", cwd=tmp_path, check=False).returncode == 0
+    r = run("quantize", tmp_path / "mo", tmp_path / "ct", "--format", "fp8_channel", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    back = load_checkpoint(tmp_path / "ct")
+    for name in scales:
+        assert back[name].view(np.uint32) == np.float32(scales[name]).view(np.uint32), name
+    assert _config(tmp_path / "ct")["quantization_config"]["kv_cache_scheme"]["strategy"] == "tensor"
+
+
+def test_a_layout_with_no_place_for_kv_scales_drops_each_and_says_so(with_kv_scales, tmp_path):
+    out, scales = with_kv_scales
+    r = run("quantize", out, tmp_path / "out.npz", "--layout", "npz", "--format", "nvfp4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for name in scales:
+        assert f"dropped: {name} (float32, ()): a KV-cache scale the npz layout has no place for" in r.stdout

@@ -36,7 +36,7 @@ from .cluster import write_on_cluster
 from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
-from .layouts.records import FOREIGN_PARTS, KV_SCALES
+from .layouts.records import FOREIGN_PARTS, KV_SCALES, kv_cache_name
 from .reports import TensorReport, exact_stats, pipelined_stats
 from .scheme_map import OWN, SchemeMap
 from .selection import fused_groups, fused_layers, ignored_modules, module_decision
@@ -98,12 +98,13 @@ class Reports(list[TensorReport]):
         self.architecture = architecture
 
 
-def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: int) -> Item:
-    """A tensor copied bit for bit (bytes moved by the kernel where the input stores them raw)."""
-    spec = TensorSpec(name, entry.dtype, entry.shape)
+def _copy_item(name: str, entry: ArrayEntry, progress: Progress, chunk_bytes: int, as_name: str | None = None) -> Item:
+    """A tensor copied bit for bit (bytes moved by the kernel where the input stores them raw),
+    under ``as_name`` if given."""
+    spec = TensorSpec(as_name or name, entry.dtype, entry.shape)
 
     def fill(sinks: dict[str, Any]) -> None:
-        sink = sinks[name]
+        sink = sinks[spec.name]
         if entry.offset is not None:
             sink.copy_from(entry.path, entry.offset, entry.nbytes)
             progress(entry.nbytes)
@@ -247,13 +248,17 @@ class _Plan:
     notes: list[str] = field(default_factory=list)
     require_exact: bool = False
     stats: bool = True
+    renames: dict[str, str | None] = field(default_factory=dict)
 
     def items(self, progress: Progress) -> list[Item]:
-        """The output's tensors, in the input's order, and how to fill each."""
+        """The output's tensors, in the input's order, and how to fill each (a KV-cache scale under
+        the layout's name for it; one it has no place for left out)."""
         layout, items = self.layout, []
         for (name, entry, job), report in zip(self.chosen, self.reports):
             if job is None:
-                items.append(_copy_item(name, entry, progress, self.chunk_bytes))
+                target = self.renames.get(name, name)
+                if target is not None:
+                    items.append(_copy_item(name, entry, progress, self.chunk_bytes, target))
                 continue
             shape = entry.shape[:-2] + (entry.shape[-1], entry.shape[-2]) if layout.transpose else entry.shape
             w = self.copies.get(name)
@@ -313,7 +318,14 @@ def plan_quantization(
     copies: dict[str, StoredWeight] = {}
     relays: dict[str, StoredWeight] = {}
     of: dict[str, Scheme] = {}  # each quantised tensor's scheme
+    renames: dict[str, str | None] = {}  # KV-cache scales: each under the layout's name, or dropped (None)
     for name, entry in inputs.items():
+        canonical = kv_cache_name(name)
+        if canonical is not None:
+            renames[name] = layout.kv_scale(canonical)
+            chosen.append((name, entry, None))
+            reports.append(_kv_report(name, entry, renames[name], layout))
+            continue
         mine = schemes.scheme_for(name, _model_name(arch, name))
         why = layout.decide(name, entry.dtype, entry.shape, _whole(mine), ignore, only, arch=arch, towers=towers)
         if not why and mine is None:
@@ -336,7 +348,7 @@ def plan_quantization(
         else:
             how = f"dequantised from {w.label}{_dropped_note(w)}" if w is not None else ""
             reports.append(TensorReport(name, entry.shape, entry.dtype.name, "quantised", how, format=fmt))
-    kept = [(n, e) for (n, e, j) in chosen if j is None]
+    kept = [(renames.get(n, n), e) for (n, e, j) in chosen if j is None and renames.get(n, n) is not None]
     ignored = ignored_modules(kept, arch, inputs)
     by_scheme: dict[Scheme, dict[str, tuple[int, ...]]] = {}
     for n, e, j in chosen:
@@ -375,13 +387,27 @@ def plan_quantization(
             config = layout.activations(config, activations)
     notes = [note for each, shapes in by_scheme.items() for note in layout.notes(each.format, arch, shapes)]
     notes += layout.mixed_notes() if len(by_scheme) > 1 else []
-    return _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, list(dict.fromkeys(notes)))
+    plan = _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, list(dict.fromkeys(notes)))
+    plan.renames = renames
+    return plan
 
 
 def _fuses(scheme: Scheme) -> bool:
     """Whether the shards of a fused layer quantised with ``scheme`` share a per-tensor scale (not
     under torchao's and ggml's recipes, one scale per tensor)."""
     return scheme.recipe is None or RECIPES[scheme.recipe].fuses
+
+
+def _kv_report(name: str, entry: ArrayEntry, target: str | None, layout: CheckpointLayout) -> TensorReport:
+    """A KV-cache scale: carried under the layout's name for it, or dropped where it has none."""
+    if target is None:
+        why = (
+            f"a KV-cache scale the {layout.name} layout has no place for: its runtimes run the cache unscaled "
+            f"(choose --layout compressed-tensors to keep it)"
+        )
+        return TensorReport(name, entry.shape, entry.dtype.name, "dropped", why)
+    why = "a KV-cache scale" + (f", as {target} (the {layout.name} layout's name)" if target != name else "")
+    return TensorReport(name, entry.shape, entry.dtype.name, "kept", why, outputs=(target,))
 
 
 def _whole(scheme: Scheme | None) -> int:

@@ -119,7 +119,7 @@ def quantize_state_dict(
     out: dict[str, Any] = {}
     for item in plan.items(lambda _: None):
         if item.kept is not None:  # as it was: the caller's own tensor
-            out[item.kept] = state_dict[item.kept] if torch_out else arrays[item.kept]
+            out[item.specs[0].name] = state_dict[item.kept] if torch_out else arrays[item.kept]
             continue
         sinks = {spec.name: _Sink(spec) for spec in item.specs}
         item.prepare()

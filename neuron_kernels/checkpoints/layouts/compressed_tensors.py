@@ -538,5 +538,6 @@ LAYOUT = CheckpointLayout(
     mixed_notes=mixed_notes,
     targets=_ct_targets,
     group_format=_ct_group_format,
+    kv_scale=lambda name: name,
     activations=_ct_activations,
 )  # fmt: skip

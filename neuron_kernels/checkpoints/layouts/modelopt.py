@@ -21,8 +21,9 @@ Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "qu
   ceil(in / 128), 1] (the config records no block size: 128 is ModelOpt's preset, and what vLLM's
   ``ModelOptFp8PbWoLinearMethod`` assumes); ``FP8``'s ``NAME.input_scale`` is the activations'.
 
-KV-cache scales (``k_scale``, ``v_scale``) belong to the attention's projections and are dropped
-with them. Any other ``quant_algo`` (MIXED_PRECISION, the AWQ and SVDQuant variants, the
+KV-cache scales (``ATTN.k_proj.k_scale``, ``ATTN.v_proj.v_scale``, multipliers as
+compressed-tensors' ``ATTN.k_scale`` are) are the attention's: read, carried and written under these
+names with ``kv_cache_quant_algo: FP8``. Any other ``quant_algo`` (MIXED_PRECISION, the AWQ and SVDQuant variants, the
 ``FP8_PB_REAL`` form, ...) is refused by name.
 
 Written: ``fp8_channel`` as ``FP8_PER_CHANNEL_PER_TOKEN`` and ``fp8_block`` as ``fp8_pb_wo`` (the
@@ -60,6 +61,7 @@ from .records import (
     check_fused_blocks,
     check_fused_whole,
     expect_tensor,
+    kv_cache_name,
     scaled_weight,
     scales_and_codes,
     stored_codes_dtype,
@@ -179,15 +181,17 @@ def _fp8_weights(ckpt: Checkpoint, algo: str) -> list[Weight]:
 
 
 def _not_weight_parts(ckpt: Checkpoint, base: str) -> list[str]:
-    """The activation and KV-cache scales of the module ``base`` (dropped with its weight)."""
-    return [f"{base}.{p}" for p in ("input_scale", "k_scale", "v_scale") if f"{base}.{p}" in ckpt.tensors]
+    """The activations' scale of the module ``base`` (dropped with its weight)."""
+    return [f"{base}.{p}" for p in ("input_scale",) if f"{base}.{p}" in ckpt.tensors]
 
 
 def _check_rest(ckpt: Checkpoint, found: list[Weight], what: str) -> None:
     """Refuse a ModelOpt tensor (by its name) or an FP8 tensor that belongs to no weight read."""
     claimed = {p for w in found for p in w.parts}
     for name, entry in ckpt.tensors.items():
-        if name not in claimed and (name.rpartition(".")[2] in _PARTS or entry.dtype == FP8_CODES):
+        if name in claimed or kv_cache_name(name) is not None:  # a KV-cache scale: the attention's
+            continue
+        if name.rpartition(".")[2] in _PARTS or entry.dtype == FP8_CODES:
             raise FileFormatError(
                 f"{ckpt.path}: {name} ({entry.dtype}) belongs to no quantised weight this package reads (ModelOpt "
                 f"{what}); a module with it is quantised in a way it does not read"
@@ -240,22 +244,32 @@ def _config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> 
     """config.json's ``quantization_config`` as ModelOpt's ``convert_hf_quant_config_format`` makes
     it for these ``quant_algo``s (no config groups), with ``hf_quant_config.json``'s facts under
     ``quantization`` kept apart by :func:`_files`."""
-    return {
+    config = {
         "ignore": ignore,
         "quant_algo": _WRITTEN[fmt],
         "producer": {"name": _PRODUCER, "version": importlib.metadata.version("neuron_kernels")},
         "quant_method": "modelopt",
     }
+    if any(kv_cache_name(name) is not None for name, _ in kept):  # FP8 KV cache, as ModelOpt declares it
+        config["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "dynamic": False}
+    return config
 
 
 def _files(config: dict[str, Any]) -> dict[str, Any]:
     """``hf_quant_config.json`` beside config.json: the same facts in ModelOpt's own form."""
     quantization = {
         "quant_algo": config["quant_algo"],
-        "kv_cache_quant_algo": None,
+        "kv_cache_quant_algo": "FP8" if config.get("kv_cache_scheme") else None,
         "exclude_modules": config["ignore"],
     }
     return {HF_QUANT_CONFIG: {"producer": config["producer"], "quantization": quantization}}
+
+
+def _kv_scale(name: str) -> str | None:
+    """ModelOpt keeps the K and V caches' scales under their projections (``k_proj.k_scale``), where
+    vLLM's ``maybe_remap_kv_scale_name`` finds them; a query scale it has no place for."""
+    parent, _, last = name.rpartition(".")
+    return f"{parent}.{last[0]}_proj.{last}" if last in ("k_scale", "v_scale") else None
 
 
 def _fits(
@@ -325,6 +339,7 @@ LAYOUT = CheckpointLayout(
     scale_dtype=lambda dtype: "float32",
     files=_files,
     per_tensor_part="weight_scale_2",
+    kv_scale=_kv_scale,
     refused={
         "fp8_tensor": "ModelOpt's FP8 per tensor needs calibrated activation scales (input_scale), which vLLM "
         "reads; choose --format fp8_channel (FP8_PER_CHANNEL_PER_TOKEN)"

@@ -35,6 +35,7 @@ __all__ = [
     "FP8_CODES",
     "FOREIGN_PARTS",
     "KV_SCALES",
+    "kv_cache_name",
     "Output",
     "uint8_view",
     "expect_tensor",
@@ -249,6 +250,17 @@ FOREIGN_PARTS = ("qweight", "scales", "qzeros")
 #: vllm/model_executor/model_loader/weight_utils.py: ``.self_attn.k_scale`` -> ``.attn.k_scale``).
 KV_SCALES = ("k_scale", "v_scale", "q_scale")
 
+def kv_cache_name(name: str) -> str | None:
+    """The KV-cache (or query) scale ``name`` as compressed-tensors names it, ``ATTN.k_scale``
+    (ModelOpt's ``ATTN.k_proj.k_scale`` / ``v_proj.v_scale``: the same multiplier under its
+    projection), or None for a tensor that is none."""
+    head, _, last = name.rpartition(".")
+    if last not in KV_SCALES:
+        return None
+    parent, _, proj = head.rpartition(".")
+    return f"{parent}.{last}" if parent and proj == f"{last[0]}_proj" else name
+
+
 #: The dtype of the FP8 layouts' codes, and those of their scales.
 FP8_CODES = FORMATS["float8_e4m3fn"].result_dtype
 FP8_SCALES = tuple(FORMATS[n].result_dtype for n in ("float32", "bfloat16", "float16"))
@@ -346,7 +358,8 @@ class CheckpointLayout:
     targets in config order and its ignore entries, which the doctor matches as each runtime does
     (None: the layout has no such config); ``group_format(group)``: the block format of a config
     group as a recipe gives it (None: not one it writes; the field None: the layout takes no recipe
-    file); ``activations(config,
+    file); ``kv_scale(name)``: the name it stores a KV-cache scale under, given compressed-tensors'
+    (:func:`kv_cache_name`; None: it cannot hold one); ``activations(config,
     given)``: the one-scheme config with the input activations a recipe gives (None: not said)."""
 
     name: str
@@ -378,6 +391,7 @@ class CheckpointLayout:
     mixed_notes: Callable[[], list[str]] = lambda: []
     targets: Callable[[Checkpoint], tuple[list[tuple[str, ...]], list[str]] | None] = lambda ckpt: None
     group_format: Callable[[dict[str, Any]], str | None] | None = None
+    kv_scale: Callable[[str], str | None] = lambda name: None
     activations: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
     def stored_per_tensor(self, pts: float) -> np.ndarray:

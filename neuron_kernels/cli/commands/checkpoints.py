@@ -145,6 +145,9 @@ def _print_summary(args: argparse.Namespace, layout: Any, reports: Any, ckpt: An
         print(name_columns("kept", "shape", width, "dtype") + "  why")
         for r in kept:
             print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")
+    for r in reports:
+        if r.action == "dropped":
+            print(f"dropped: {r.name} ({r.dtype}, {r.shape}): {r.reason}")
     towers = _towers([r.name for r in kept if r.reason == TOWER_KEPT])
     if towers:
         print(f"towers kept in higher precision (as producers' recipes keep them): {', '.join(towers)}; "
