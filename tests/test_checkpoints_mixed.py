@@ -458,3 +458,76 @@ def test_a_layout_with_no_place_for_kv_scales_drops_each_and_says_so(with_kv_sca
     assert r.returncode == 0, r.stderr
     for name in scales:
         assert f"dropped: {name} (float32, ()): a KV-cache scale the npz layout has no place for" in r.stdout
+
+
+# ---- ModelOpt MIXED_PRECISION ------------------------------------------------------------------------
+
+MODELOPT = TINY_LLAMA.parent
+
+
+@pytest.fixture(scope="module", params=["hf_quant_config", "config.json"])
+def modelopt_mixed(request, tmp_path_factory):
+    """ModelOpt's own NVFP4 MLP (tests/fixtures/modelopt/nvfp4) beside its own FP8 per-channel
+    attention (fp8_pc_pt), as ModelOpt writes MIXED_PRECISION: ``quantized_layers`` per module in
+    hf_quant_config.json, or (its config.json form) in config.json's quantization_config."""
+    tmp = tmp_path_factory.mktemp("mo-mixed")
+    out = tmp / "mixed"
+    shutil.copytree(MODELOPT / "nvfp4", out)
+    nv, pc = load_file(str(MODELOPT / "nvfp4" / "model.safetensors")), load_file(str(MODELOPT / "fp8_pc_pt" /
+                                                                                   "model.safetensors"))  # fmt: skip
+    tensors = {**{k: v for k, v in nv.items() if ".self_attn." not in k},
+               **{k: v for k, v in pc.items() if ".self_attn." in k}}  # fmt: skip
+    save_file(tensors, str(out / "model.safetensors"), {"format": "pt"})
+    modules = sorted({k.rsplit(".", 1)[0] for k in tensors if k.endswith(".weight_scale")})
+    layers = {m: {"quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"} if ".self_attn." in m
+              else {"quant_algo": "NVFP4", "group_size": 16} for m in modules}  # fmt: skip
+    quant = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"],
+             "quantized_layers": layers}  # fmt: skip
+    if request.param == "hf_quant_config":
+        (out / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": quant}))
+    else:
+        (out / "hf_quant_config.json").unlink()
+        config = _config(out)
+        config["quantization_config"] = {"quant_method": "modelopt", "ignore": ["lm_head"], **quant}
+        (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_modelopt_mixed_precision_reads_each_module_as_modelopt_dequantises_it(modelopt_mixed, tmp_path):
+    """Each module in the format quantized_layers gives it, its values ModelOpt's own dequantisation
+    (the fixtures' .dequantized files, made by ModelOpt); the command dequantises, checks and converts it
+    into compressed-tensors mixed-precision, each module's bytes copied."""
+    got = load_checkpoint(modelopt_mixed)
+    refs = {**load_file(str(MODELOPT / "nvfp4.dequantized.safetensors"))}
+    refs.update({k: v for k, v in load_file(str(MODELOPT / "fp8_pc_pt.dequantized.safetensors")).items()
+                 if ".self_attn." in k})  # fmt: skip
+    formats = {}
+    for name, ref in refs.items():
+        formats[name.split(".")[4]] = got[name].fmt
+        np.testing.assert_allclose(got[name].dequantize(), ref.astype(np.float32), rtol=2**-7, atol=0, err_msg=name)
+    assert formats == {**dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "fp8_channel"),
+                       **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), "nvfp4")}  # fmt: skip
+    assert run("check", modelopt_mixed, cwd=tmp_path, check=False).returncode == 0
+    assert run("dequantize", modelopt_mixed, tmp_path / "plain", cwd=tmp_path).returncode == 0
+    r = run("quantize", modelopt_mixed, tmp_path / "ct", "--format", "nvfp4", "--scheme", "*.self_attn.*=fp8_channel",
+            cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("bytes copied from modelopt") == 7
+    assert _config(tmp_path / "ct")["quantization_config"]["format"] == "mixed-precision"
+
+
+def test_modelopt_mixed_precision_refuses_what_it_cannot_place(modelopt_mixed, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(modelopt_mixed, bad)
+    where = bad / "hf_quant_config.json"
+    document = json.loads(where.read_text()) if where.exists() else _config(bad)
+    quant = document.get("quantization") or document["quantization_config"]
+    quant["quantized_layers"].pop("model.layers.0.mlp.down_proj")
+    quant["quantized_layers"]["model.layers.0.mlp.up_proj"] = {"quant_algo": "W4A16_AWQ", "group_size": 128}
+    (where if where.exists() else bad / "config.json").write_text(json.dumps(document))
+    r = run("dequantize", bad, tmp_path / "a", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "'W4A16_AWQ' is not one this package reads" in r.stderr, r.stderr
+    quant["quantized_layers"]["model.layers.0.mlp.up_proj"] = {"quant_algo": "NVFP4", "group_size": 16}
+    (where if where.exists() else bad / "config.json").write_text(json.dumps(document))
+    r = run("dequantize", bad, tmp_path / "b", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "quantized_layers has no entry for model.layers.0.mlp.down_proj" in r.stderr

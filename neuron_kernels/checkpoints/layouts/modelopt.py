@@ -23,8 +23,13 @@ Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "qu
 
 KV-cache scales (``ATTN.k_proj.k_scale``, ``ATTN.v_proj.v_scale``, multipliers as
 compressed-tensors' ``ATTN.k_scale`` are) are the attention's: read, carried and written under these
-names with ``kv_cache_quant_algo: FP8``. Any other ``quant_algo`` (MIXED_PRECISION, the AWQ and SVDQuant variants, the
-``FP8_PB_REAL`` form, ...) is refused by name.
+names with ``kv_cache_quant_algo: FP8``. Any other ``quant_algo`` (the AWQ and SVDQuant variants,
+the ``FP8_PB_REAL`` form, ...) is refused by name.
+
+``MIXED_PRECISION`` (several schemes): each module's ``{"quant_algo", "group_size"}`` in
+``quantized_layers`` (``hf_quant_config.json``'s, or config.json's ``quantization_config``'s), a
+module taking its own entry or its nearest enclosing module's (``experts`` for one expert), as
+vLLM's ``ModelOptMixedPrecisionConfig`` resolves it; every entry must be a ``quant_algo`` above.
 
 Written: ``fp8_channel`` as ``FP8_PER_CHANNEL_PER_TOKEN`` and ``fp8_block`` as ``fp8_pb_wo`` (the
 weights only: vLLM quantises the activations per token as it runs), float32 scales, in
@@ -113,28 +118,66 @@ def modelopt_config(ckpt: Checkpoint) -> dict[str, Any] | None:
         "group_size": (weights or {}).get("group_size") if isinstance(weights, dict) else None,
         "exclude_modules": qc.get("ignore") or [],
         "kv_cache_quant_algo": qc.get("kv_cache_scheme"),
+        "quantized_layers": qc.get("quantized_layers"),
     }
 
 
-def _format_of(ckpt: Checkpoint) -> tuple[str, dict[str, Any]]:
-    quant = modelopt_config(ckpt)
-    assert quant is not None
-    algo = str(quant.get("quant_algo") or "").upper()
+def _algo_format(ckpt: Checkpoint, cfg: dict[str, Any], where: str) -> str:
+    """The FP8 ``quant_algo``'s name, or the block format, of one ``{"quant_algo", "group_size"}``
+    (``where``: what it is, for messages); any other refused by name."""
+    algo = str(cfg.get("quant_algo") or "").upper()
     if algo in _FP8_ALGORITHMS:
-        return algo, quant
+        return algo
     if algo not in _ALGORITHMS:
         raise FileFormatError(
-            f"{ckpt.path}: ModelOpt quant_algo {quant.get('quant_algo')!r} is not one this package reads "
-            f"({', '.join([*_ALGORITHMS, *_FP8_ALGORITHMS])})"
+            f"{ckpt.path}: ModelOpt {where} {cfg.get('quant_algo')!r} is not one this package reads "
+            f"({', '.join([*_ALGORITHMS, *_FP8_ALGORITHMS, _MIXED])})"
         )
     fmt = _ALGORITHMS[algo]
-    group = quant.get("group_size")
+    group = cfg.get("group_size")
     if group is not None and group != BLOCK_FORMATS[fmt].block_size:
         raise FileFormatError(
             f"{ckpt.path}: ModelOpt {algo} with group_size {group!r}; this package reads group_size "
             f"{BLOCK_FORMATS[fmt].block_size}"
         )
-    return fmt, quant
+    return fmt
+
+
+#: ModelOpt's ``quant_algo`` of a checkpoint of several schemes, each module's in ``quantized_layers``.
+_MIXED = "MIXED_PRECISION"
+
+
+def _layers(ckpt: Checkpoint, quant: dict[str, Any]) -> dict[str, str]:
+    """``quantized_layers`` of a ``MIXED_PRECISION`` checkpoint: module -> its format (as
+    :func:`_algo_format`), every entry checked."""
+    layers = quant.get("quantized_layers")
+    if not isinstance(layers, dict) or not layers:
+        raise FileFormatError(f"{ckpt.path}: ModelOpt {_MIXED} without a quantized_layers object of modules")
+    out = {}
+    for module, cfg in layers.items():
+        if not isinstance(cfg, dict):
+            raise FileFormatError(f"{ckpt.path}: quantized_layers[{module!r}] is not an object with a quant_algo")
+        out[str(module)] = _algo_format(ckpt, cfg, f"quant_algo of {module}")
+    return out
+
+
+def _layer_format(module: str, layers: dict[str, str]) -> str | None:
+    """The format ``quantized_layers`` gives the checkpoint module ``module``, as vLLM's
+    ``ModelOptMixedPrecisionConfig`` resolves a layer: its own key, else the nearest enclosing
+    module's (a MoE's ``experts`` for one expert's Linear), each with and without a
+    ``language_model.`` component; None where none has one."""
+    names = [module]
+    if ".language_model." in module:
+        names.append(module.replace(".language_model.", ".", 1))
+    else:
+        names.append(module.replace("model.", "model.language_model.", 1))
+    for name in names:
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            hit = layers.get(".".join(parts[:end]))
+            if hit is not None:
+                return hit
+    return None
 
 
 def _detect(ckpt: Checkpoint) -> bool:
@@ -152,11 +195,11 @@ def _scalar(ckpt: Checkpoint, name: str) -> float:
     return float(value)
 
 
-def _fp8_weights(ckpt: Checkpoint, algo: str) -> list[Weight]:
-    """The weights of an FP8 ``quant_algo``: float8_e4m3fn codes times a float32 multiplier per
-    tensor, output row or 128 x 128 block."""
+def _fp8_weights(ckpt: Checkpoint, algo: str, modules: Any = None) -> list[Weight]:
+    """The weights of an FP8 ``quant_algo`` (of ``modules``, if given): float8_e4m3fn codes times a
+    float32 multiplier per tensor, output row or 128 x 128 block."""
     found: list[Weight] = []
-    for base, scale, codes in scales_and_codes(ckpt, "weight_scale"):
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale", "weight", modules):
         name = f"{base}.weight_scale"
         expect_tensor(scale, "float32", scale.shape, "the FP8 scales")
         rows, cols = codes.shape[-2:] if len(codes.shape) >= 2 else (0, 0)
@@ -176,7 +219,6 @@ def _fp8_weights(ckpt: Checkpoint, algo: str) -> list[Weight]:
         parts = (f"{base}.weight", name, *_not_weight_parts(ckpt, base))
         fmt = {"tensor": "fp8_tensor", "channel": "fp8_channel"}.get(strategy, "fp8_block")
         found.append(scaled_weight(f"{base}.weight", codes, scale, block, parts, f"ModelOpt {algo}", fmt))
-    _check_rest(ckpt, found, algo)
     return found
 
 
@@ -199,13 +241,40 @@ def _check_rest(ckpt: Checkpoint, found: list[Weight], what: str) -> None:
 
 
 def _weights(ckpt: Checkpoint) -> list[Weight]:
-    fmt, _ = _format_of(ckpt)
-    if fmt in _FP8_ALGORITHMS:
-        return _fp8_weights(ckpt, fmt)
+    """Every quantised weight: of the one ``quant_algo``, or, for ``MIXED_PRECISION``, each module's
+    in the format ``quantized_layers`` gives it (:func:`_layer_format`)."""
+    quant = modelopt_config(ckpt)
+    assert quant is not None
+    if str(quant.get("quant_algo") or "").upper() != _MIXED:
+        fmt = _algo_format(ckpt, quant, "quant_algo")
+        found = _fp8_weights(ckpt, fmt) if fmt in _FP8_ALGORITHMS else _block_weights(ckpt, fmt)
+        _check_rest(ckpt, found, fmt)
+        return found
+    layers = _layers(ckpt, quant)
+    by_format: dict[str, set[str]] = {}
+    for name in ckpt.tensors:
+        if name.endswith(".weight_scale"):
+            module = name[: -len(".weight_scale")]
+            fmt = _layer_format(module, layers)
+            if fmt is None:
+                raise FileFormatError(
+                    f"{ckpt.path}: {name} is stored, but quantized_layers has no entry for {module} (ModelOpt "
+                    f"{_MIXED}); its format is unknown"
+                )
+            by_format.setdefault(fmt, set()).add(module)
+    found = []
+    for fmt, modules in by_format.items():
+        found += _fp8_weights(ckpt, fmt, modules) if fmt in _FP8_ALGORITHMS else _block_weights(ckpt, fmt, modules)
+    _check_rest(ckpt, found, _MIXED)
+    return found
+
+
+def _block_weights(ckpt: Checkpoint, fmt: str, modules: Any = None) -> list[Weight]:
+    """The weights of a block format (NVFP4, MXFP8) of ``modules``, if given."""
     bf = BLOCK_FORMATS[fmt]
     t = ckpt.tensors
     found: list[Weight] = []
-    for base, scale, codes in scales_and_codes(ckpt, "weight_scale"):
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale", "weight", modules):
         name = f"{base}.weight_scale"
         expect_tensor(codes, stored_codes_dtype(bf).name, codes.shape, "the codes")
         if len(codes.shape) < 2:
@@ -224,7 +293,6 @@ def _weights(ckpt: Checkpoint) -> list[Weight]:
         parts += _not_weight_parts(ckpt, base)
         weight = f"{base}.weight"
         found.append(StoredWeight(weight, layout, pts, uint8_view(codes), uint8_view(scale), tuple(parts), weight))
-    _check_rest(ckpt, found, fmt)
     return found
 
 
