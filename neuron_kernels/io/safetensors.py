@@ -37,6 +37,7 @@ SAFETENSORS_DTYPES = {
     "BF16": "bfloat16",
     "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
     "I64": "int64",
     "I32": "int32",
     "I16": "int16",

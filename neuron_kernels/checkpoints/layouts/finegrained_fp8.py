@@ -8,6 +8,12 @@ ceil(in / cols)], a multiplier despite its name: a value is ``code * scale_inv[i
 cols]``, partial edge blocks included (DeepSeek's 576-row ``kv_a_proj_with_mqa``). A static
 ``activation_scheme``'s ``NAME.input_scale`` goes with its weight (dropped on conversion).
 
+DeepSeek-V4's form (``expert_dtype``, ``scale_fmt: ue8m0``; vLLM's ``models/deepseek_v4``) is read
+too: its scales are ``NAME.scale``; a routed expert's ``NAME.weight`` is int8 holding FP4 (E2M1)
+pairs [..., out, in/2] (the even element in the low nibble) with e8m0 scales [..., out, in/32], the
+package's ``mxfp4_e2m1``; a dense ``NAME.weight`` is float8_e4m3fn with one scale per block, e8m0
+(``2^(e - 127)``, exact in float32) or float32, ``fp8_block``.
+
 Written for ``fp8_block`` (128 x 128 tiles): ``NAME.weight`` and ``NAME.weight_scale_inv`` (float32,
 or ``--scale-dtype``), and ``quant_method: fp8``, ``activation_scheme: dynamic``, ``fmt: e4m3``,
 ``weight_block_size: [128, 128]`` and the Linear modules left plain as ``modules_to_not_convert``
@@ -17,7 +23,10 @@ quantised: :func:`neuron_kernels.checkpoints.selection.module_decision`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import numpy as np
 
 from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
@@ -30,12 +39,15 @@ from .records import (
     FP8_CODES,
     CheckpointLayout,
     Output,
+    StoredWeight,
     Weight,
     check_fused_blocks,
+    expect_tensor,
     scaled_weight,
     scales_and_codes,
     stored_codes_dtype,
     stored_scales_dtype,
+    uint8_view,
 )
 
 __all__ = ["LAYOUT"]
@@ -71,6 +83,7 @@ def _weights(ckpt: Checkpoint) -> list[Weight]:
         found.append(
             scaled_weight(base, codes, scale, block, parts, f"fp8 ({block[0]}x{block[1]} blocks)", "fp8_block")
         )
+    found += _v4_weights(ckpt, block)
     claimed = {p for w in found for p in w.parts}
     for name, entry in t.items():
         if name not in claimed and (entry.dtype == FP8_CODES or name.endswith(("_scale_inv", "input_scale"))):
@@ -79,6 +92,61 @@ def _weights(ckpt: Checkpoint) -> list[Weight]:
                 f"would not read it"
             )
     return found
+
+
+#: DeepSeek-V4's experts: FP4 codes stored as int8 (or uint8) pairs.
+_FP4_PAIRS = ("int8", "uint8")
+
+
+def _v4_weights(ckpt: Checkpoint, block: tuple[int, int]) -> list[Weight]:
+    """DeepSeek-V4's weights (see the module docstring): each ``NAME.scale`` beside an FP4-pair or
+    FP8 ``NAME.weight``; a ``.scale`` beside anything else is not a weight's and is left alone."""
+    t = ckpt.tensors
+    found: list[Weight] = []
+    for name, scale in t.items():
+        if not name.endswith(".scale"):
+            continue
+        module = name[: -len(".scale")]
+        codes = t.get(f"{module}.weight")
+        if codes is None or codes.dtype.name not in (*_FP4_PAIRS, FP8_CODES.name):
+            continue
+        parts = (f"{module}.weight", name)
+        if codes.dtype.name in _FP4_PAIRS:
+            if not codes.shape:
+                raise FileFormatError(f"{codes.where}: a 0-d tensor cannot hold FP4 pairs")
+            bf = BLOCK_FORMATS["mxfp4_e2m1"]
+            shape = codes.shape[:-1] + (codes.shape[-1] * 2,)
+            layout = BlockLayout(bf.name, shape, len(shape) - 1, bf.block_size, 1, True)
+            expect_tensor(scale, scale.dtype.name, layout.scales_shape, "the e8m0 scales of FP4 experts")
+            if scale.dtype.itemsize != 1:
+                raise FileFormatError(
+                    f"{scale.where}: FP4 experts' scales must be e8m0 (one byte), found {scale.dtype}"
+                )
+            label = "DeepSeek-V4 FP4 (e8m0 scales per 32)"
+            found.append(
+                StoredWeight(
+                    parts[0], layout, None, uint8_view(codes), uint8_view(scale), parts, parts[0], False, label
+                )
+            )
+            continue
+        if scale.dtype.itemsize == 1:  # e8m0: each a power of two, exact in float32
+            scale = _e8m0_as_float32(scale)
+        label = f"DeepSeek-V4 FP8 ({block[0]}x{block[1]} blocks)"
+        found.append(scaled_weight(parts[0], codes, scale, block, parts, label, "fp8_block"))
+    return found
+
+
+def _e8m0_as_float32(entry: ArrayEntry) -> ArrayEntry:
+    """e8m0 scales (one byte each, ``2^(e - 127)``, 0xff NaN) read as float32, exactly."""
+    base = entry._reader
+
+    def read(a: int, b: int) -> np.ndarray:
+        e = np.asarray(base(a, b)).view(np.uint8).astype(np.int32)
+        out = np.ldexp(np.float32(1), e - 127).astype(np.float32)
+        out[e == 255] = np.nan
+        return out
+
+    return dataclasses.replace(entry, dtype=np.dtype(np.float32), _reader=read, offset=None)
 
 
 def _outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
