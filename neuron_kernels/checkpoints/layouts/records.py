@@ -250,6 +250,7 @@ FOREIGN_PARTS = ("qweight", "scales", "qzeros")
 #: vllm/model_executor/model_loader/weight_utils.py: ``.self_attn.k_scale`` -> ``.attn.k_scale``).
 KV_SCALES = ("k_scale", "v_scale", "q_scale")
 
+
 def kv_cache_name(name: str) -> str | None:
     """The KV-cache (or query) scale ``name`` as compressed-tensors names it, ``ATTN.k_scale``
     (ModelOpt's ``ATTN.k_proj.k_scale`` / ``v_proj.v_scale``: the same multiplier under its
