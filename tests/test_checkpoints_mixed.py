@@ -531,3 +531,20 @@ def test_modelopt_mixed_precision_refuses_what_it_cannot_place(modelopt_mixed, t
     (where if where.exists() else bad / "config.json").write_text(json.dumps(document))
     r = run("dequantize", bad, tmp_path / "b", cwd=tmp_path, check=False)
     assert r.returncode == 2 and "quantized_layers has no entry for model.layers.0.mlp.down_proj" in r.stderr
+
+
+def test_the_doctor_warns_of_a_kv_scale_under_no_attention(with_kv_scales, tmp_path):
+    """A KV-cache scale stored on the decoder layer instead of its attention: vLLM's remapping finds no
+    parameter for it and drops it; the doctor says so."""
+    out, _ = with_kv_scales
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    path = str(bad / "model.safetensors")
+    _, metadata, _ = read_safetensors_header(path)
+    tensors = {k: np.array(v) for k, v in load_file(path).items()}
+    tensors["model.layers.0.k_scale"] = tensors.pop("model.layers.0.self_attn.k_scale")
+    save_file(tensors, path + ".new", metadata)
+    Path(path + ".new").replace(path)
+    r = run("check", bad, "--json", cwd=tmp_path, check=False)
+    found = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "kv-scale"]
+    assert [f["tensors"] for f in found] == [["model.layers.0.k_scale"]], found

@@ -9,8 +9,9 @@ quantised, where the runtimes would read it differently or where it cannot be ri
   with one scheme and refuses it);
 - ``scheme-unused``: a group target or an ignore entry that names no module of the model (a
   mistyped name, or a recipe made for another model);
-- ``kv-scale``: a KV-cache or activation scale that is not positive and finite (an error), or
-  scales that are all exactly 1.0 (a calibration that never ran: the runtime runs unscaled).
+- ``kv-scale``: a KV-cache or activation scale that is not positive and finite (an error),
+  scales that are all exactly 1.0 (a calibration that never ran: the runtime runs unscaled), or a
+  KV-cache scale under no attention module (vLLM's name remapping finds no parameter and drops it).
 
 Each is ``(severity, code, message, tensors)``; :mod:`.doctor` makes them findings.
 """
@@ -22,7 +23,7 @@ import numpy as np
 from .architecture import Architecture
 from .folder import Checkpoint
 from .layouts import CheckpointLayout, StoredWeight
-from .layouts.records import KV_SCALES
+from .layouts.records import KV_SCALES, kv_cache_name
 from .selection import fused_layers
 from .targets import Refused, ct_group, ct_matches, vllm_group
 
@@ -30,6 +31,12 @@ __all__ = ["scheme_findings"]
 
 #: A finding as this module gives it: (severity, code, message, tensors).
 Raw = tuple[str, str, str, tuple[str, ...]]
+
+#: The modules through which an attention computes its keys, by their last name component (Llama's,
+#: fused, BERT's, GPT-2's and Falcon's, MLA's, MPT's): a KV-cache scale belongs beside one.
+KEY_PROJECTIONS = (
+    "k_proj", "qkv_proj", "kv_proj", "key", "c_attn", "query_key_value", "kv_a_proj_with_mqa", "Wqkv", "wk", "wkv",
+)  # fmt: skip
 
 #: The last name components of the activations' scales, which runtimes load beside the weights.
 ACTIVATION_SCALES = ("input_scale", "input_global_scale", "output_scale")
@@ -155,14 +162,25 @@ def _unused(ckpt: Checkpoint, groups: list[tuple[str, ...]], ignore: list[str], 
 
 
 def _scales(ckpt: Checkpoint) -> list[Raw]:
-    """KV-cache and activation scales: positive and finite, and not all exactly 1.0."""
+    """KV-cache and activation scales: positive and finite, not all exactly 1.0, and (KV-cache
+    scales) beside the attention whose cache they scale."""
     found: list[Raw] = []
     ones: list[str] = []
     seen = 0
+    modules = {n.rpartition(".")[0] for n in ckpt.tensors}
     for name, entry in ckpt.tensors.items():
         last = name.rpartition(".")[2]
         if last not in KV_SCALES and last not in ACTIVATION_SCALES:
             continue
+        canonical = kv_cache_name(name)
+        attention = canonical.rpartition(".")[0] if canonical is not None else ""
+        children = {m[len(attention) + 1 :].partition(".")[0] for m in modules if m.startswith(attention + ".")}
+        if canonical is not None and not children & set(KEY_PROJECTIONS):
+            found.append(("warning", "kv-scale", (
+                f"{name}: {attention or 'the top level'} holds no key projection ({', '.join(KEY_PROJECTIONS[:3])}, "
+                f"...), so this is no attention's scale; vLLM's maybe_remap_kv_scale_name finds no parameter "
+                f"for it, drops it with a warning and runs the cache unscaled (the scale belongs at "
+                f"ATTENTION.{last}, ATTENTION being the module of the q/k/v projections)"), (name,)))  # fmt: skip
         if entry.dtype.kind != "f" and entry.dtype.name != "bfloat16" or entry.size > 1 << 20:
             continue  # not a float scale: its reader refuses it
         values = np.asarray(entry.read_flat(0, entry.size), np.float32)
