@@ -12,7 +12,9 @@ llm-compressor pins its own torch and transformers, so it lives in an environmen
 
 It writes one folder per scheme: ``nvfp4`` (NVFP4A16), ``mxfp4`` (MXFP4A16), ``mxfp8``
 (MXFP8A16) and ``fp8_dynamic`` (FP8_DYNAMIC: FP8 per channel), the embeddings and the output
-head kept, as llm-compressor's examples keep them.
+head kept, as llm-compressor's examples keep them; and ``mixed``, a checkpoint of two schemes from
+one quantisation config (NVFP4A16 for the MLP, FP8_DYNAMIC for the attention), as llm-compressor
+writes ``mixed-precision``.
 Run again, it writes the same bytes (no calibration: weights only).
 """
 
@@ -22,6 +24,7 @@ import os
 import shutil
 import sys
 
+from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
 from llmcompressor import model_free_ptq
 
 #: FP8_BLOCK is left out: llm-compressor 0.14.0.1 fails on this Llama's 64-wide weights (128 x 128
@@ -43,6 +46,15 @@ def main(source: str, out: str) -> None:
             device="cpu",
         )
         print(f"{target}: {scheme}")
+    target = os.path.join(out, "mixed")
+    shutil.rmtree(target, ignore_errors=True)
+    groups = {
+        "attention": preset_name_to_scheme("FP8_DYNAMIC", [r"re:.*self_attn\.(q|k|v|o)_proj$"]),
+        "mlp": preset_name_to_scheme("NVFP4A16", [r"re:.*mlp\.(gate|up|down)_proj$"]),
+    }
+    config = QuantizationConfig(config_groups=groups, ignore=["lm_head", "model.embed_tokens"])
+    model_free_ptq(model_stub=source, save_directory=target, config=config, max_workers=1, device="cpu")
+    print(f"{target}: FP8_DYNAMIC attention, NVFP4A16 MLP")
 
 
 if __name__ == "__main__":

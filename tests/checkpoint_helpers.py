@@ -59,7 +59,8 @@ def decode_gptoss(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 #: safetensors dtype names (the safetensors package's numpy loader has no FP8 dtypes).
 ST_DTYPES = {"BF16": BF16, "F16": np.float16, "F32": np.float32, "F8_E4M3": ml_dtypes.float8_e4m3fn,
-             "U8": np.uint8, "I32": np.int32, "I64": np.int64}  # fmt: skip
+             "F8_E8M0": ml_dtypes.float8_e8m0fnu, "U8": np.uint8, "I8": np.int8, "I32": np.int32,
+             "I64": np.int64}  # fmt: skip
 
 
 def read_safetensors(path) -> tuple[dict, dict]:

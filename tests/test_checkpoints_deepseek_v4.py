@@ -15,8 +15,8 @@ import pytest
 
 from neuron_kernels.checkpoints import load_checkpoint
 
+from .checkpoint_helpers import read_safetensors, write_safetensors
 from .cli_runner import run
-from .test_checkpoints_mixed import load_file, save_file
 
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -54,7 +54,7 @@ def v4(tmp_path_factory):
     tensors["embed.weight"] = rng.standard_normal((32, 128)).astype(ml_dtypes.bfloat16)
     d = tmp_path_factory.mktemp("v4") / "v4"
     d.mkdir()
-    save_file(tensors, str(d / "model.safetensors"), {"format": "pt"})
+    write_safetensors(d / "model.safetensors", tensors)
     (d / "config.json").write_text(json.dumps(CONFIG))
     return d, values
 
@@ -72,7 +72,7 @@ def test_the_command_dequantizes_checks_and_converts_it_exactly(v4, tmp_path):
     d, values = v4
     r = run("dequantize", d, tmp_path / "plain", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    plain = load_file(str(tmp_path / "plain" / "model.safetensors"))
+    plain = read_safetensors(tmp_path / "plain" / "model.safetensors")[0]
     for name, want in values.items():
         np.testing.assert_array_equal(plain[name], want.astype(ml_dtypes.bfloat16), err_msg=name)
     assert run("check", d, cwd=tmp_path, check=False).returncode == 0

@@ -13,9 +13,10 @@ import pytest
 
 from neuron_kernels.checkpoints import load_checkpoint
 from neuron_kernels.checkpoints.targets import Refused, ct_group, vllm_group
-from neuron_kernels.io.arrays import FileFormatError, open_arrays
-from neuron_kernels.io.safetensors import SafetensorsWriter, TensorSpec, read_safetensors_header
+from neuron_kernels.io.arrays import FileFormatError
+from neuron_kernels.io.safetensors import read_safetensors_header
 
+from .checkpoint_helpers import read_safetensors, write_safetensors
 from .cli_runner import run
 
 TINY_LLAMA = Path(__file__).parent / "fixtures" / "modelopt" / "bf16"
@@ -29,14 +30,11 @@ def _one(tmp: Path, fmt: str, only: str) -> Path:
 
 
 def load_file(path: str) -> dict[str, np.ndarray]:
-    return {e.name: e.read_flat(0, int(np.prod(e.shape))).reshape(e.shape) for e in open_arrays(path)}
+    return read_safetensors(path)[0]
 
 
 def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str]) -> None:
-    with SafetensorsWriter(path, [TensorSpec(k, v.dtype, v.shape) for k, v in tensors.items()], metadata) as w:
-        for k, v in tensors.items():
-            with w.tensor(k) as t:
-                t.write(np.ascontiguousarray(v).reshape(-1))
+    write_safetensors(path, tensors, metadata)
 
 
 def _config(folder: Path) -> dict:
@@ -548,3 +546,36 @@ def test_the_doctor_warns_of_a_kv_scale_under_no_attention(with_kv_scales, tmp_p
     r = run("check", bad, "--json", cwd=tmp_path, check=False)
     found = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "kv-scale"]
     assert [f["tensors"] for f in found] == [["model.layers.0.k_scale"]], found
+
+
+# ---- llm-compressor's own mixed checkpoint --------------------------------------------------------------
+
+LLMC_MIXED = TINY_LLAMA.parent.parent / "llmcompressor" / "mixed"
+
+
+def _raw(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    return {k: (v.dtype.name, v.shape, v.tobytes()) for k, v in read_safetensors(path)[0].items()}
+
+
+@pytest.mark.parametrize("how", ["--scheme", "--recipe-file"])
+def test_llm_compressors_mixed_checkpoint_byte_for_byte(tmp_path, how):
+    """llm-compressor 0.14's own mixed-precision output (FP8_DYNAMIC attention, NVFP4A16 MLP, one
+    model_free_ptq config: scripts/make_llmcompressor_fixtures.py) is what the command writes with
+    --recipe llm-compressor, every tensor byte for byte, whether the schemes are given as --scheme or
+    as that checkpoint's own quantization_config read as a recipe file; both read to the same schemes."""
+    if how == "--scheme":
+        schemes = ("--format", "nvfp4", "--scheme", "*.self_attn.*=fp8_channel")
+    else:
+        (tmp_path / "recipe.json").write_text(json.dumps(_config(LLMC_MIXED)["quantization_config"]))
+        schemes = ("--recipe-file", "recipe.json")
+    r = run("quantize", TINY_LLAMA, tmp_path / "out", *schemes, "--recipe", "llm-compressor", "--ignore", "lm_head",
+            "--ignore", "model.embed_tokens", "--quiet", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    want, got = _raw(LLMC_MIXED / "model.safetensors"), _raw(tmp_path / "out" / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []
+    theirs, ours = load_checkpoint(LLMC_MIXED), load_checkpoint(tmp_path / "out")
+    assert {k: getattr(v, "fmt", None) for k, v in theirs.items()} == {
+        k: getattr(v, "fmt", None) for k, v in ours.items()
+    }
+    assert run("check", LLMC_MIXED, cwd=tmp_path, check=False).returncode == 0

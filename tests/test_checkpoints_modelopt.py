@@ -209,7 +209,7 @@ Q_PROJ = "model.layers.0.self_attn.q_proj"
     "hf, tensors, message",
     [
         (lambda c: c["quantization"].update(quant_algo="NVFP4_AWQ"), None, "quant_algo 'NVFP4_AWQ' is not one"),
-        (lambda c: c["quantization"].update(quant_algo="MIXED_PRECISION"), None, "'MIXED_PRECISION' is not one"),
+        (lambda c: c["quantization"].update(quant_algo="MIXED_PRECISION"), None, "without a quantized_layers object"),
         (lambda c: c["quantization"].update(group_size=32), None, "group_size 32"),
         (lambda c: c.update(producer={"name": "someone"}), None, "not written by ModelOpt"),
         (None, lambda t: t.update({f"{Q_PROJ}.weight_scale": t[f"{Q_PROJ}.weight_scale"][:, :2]}), "block scales"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..blocks.scheme import OPTIONS, Scheme
@@ -40,11 +40,13 @@ OWN: Any = _Own()
 class Group:
     """Weights quantised with one scheme: ``targets`` (shell patterns for ``--scheme``,
     compressed-tensors entries for a recipe), the :class:`Scheme`, and the ``input_activations``
-    a recipe gives the group (None: none; :data:`OWN`: the layout's for the format)."""
+    a recipe gives the group (None: none; :data:`OWN`: the layout's for the format); ``options``:
+    those given with it (``--scheme``'s), which :meth:`SchemeMap.under` lays over the command's."""
 
     targets: tuple[str, ...]
     scheme: Scheme
     activations: Any = OWN
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,16 @@ class SchemeMap:
         """Every scheme, the groups' in order and then the default's, each once."""
         yield from dict.fromkeys([g.scheme for g in self.groups] + ([self.default] if self.default else []))
 
+    def under(self, base: dict[str, Any]) -> SchemeMap:
+        """The map with every group's scheme taking the options ``base`` (the command line's), its
+        own options over them; each checked."""
+        groups = []
+        for g in self.groups:
+            scheme = Scheme.of(g.scheme.format, {**base, **g.options})
+            _check(scheme, f"{' '.join(g.targets)}={g.scheme.format}")
+            groups.append(replace(g, scheme=scheme))
+        return replace(self, groups=tuple(groups))
+
     def activations(self, scheme: Scheme) -> Any:
         """The activations of the first group of ``scheme`` (:data:`OWN` for the default's)."""
         return next((g.activations for g in self.groups if g.scheme == scheme), OWN)
@@ -119,7 +131,7 @@ def parse_scheme_option(text: str) -> Group:
         options[key] = _value(value.strip())
     scheme = Scheme.of(fmt, options)
     _check(scheme, f"--scheme {text!r}")
-    return Group((pattern,), scheme)
+    return Group((pattern,), scheme, options=options)
 
 
 def _value(text: str) -> Any:

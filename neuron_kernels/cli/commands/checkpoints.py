@@ -54,20 +54,22 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _schemes(args: argparse.Namespace, layout: Any) -> Any:
-    """The :class:`~...checkpoints.scheme_map.SchemeMap` of ``--scheme`` / ``--recipe-file`` (with
-    ``--format`` and its options as the default scheme), or None for ``--format`` alone."""
+    """The :class:`~...checkpoints.scheme_map.SchemeMap` of ``--scheme`` / ``--recipe-file``, every
+    scheme taking the command line's options (a ``--scheme``'s own over them), ``--format`` the
+    default scheme; None for ``--format`` alone."""
     from ...checkpoints.scheme_map import SchemeMap, parse_scheme_option, read_recipe_file
 
+    default = scheme_from_args(args) if args.format is not None else None
+    base = scheme_from_args(argparse.Namespace(**{**vars(args), "format": None})).options()
     if args.recipe_file is not None:
         if layout.group_format is None:
             raise UsageError(f"the {layout.name} layout takes no --recipe-file (its config has no config groups)")
         recipe = read_recipe_file(args.recipe_file, layout.group_format)
-        default = scheme_from_args(args) if args.format is not None else None
-        return SchemeMap(recipe.groups, default, recipe.order, recipe.ignore, recipe.source)
+        return SchemeMap(recipe.groups, default, recipe.order, recipe.ignore, recipe.source).under(base)
     if not args.scheme:
         return None
     groups = tuple(parse_scheme_option(text) for text in args.scheme)
-    return SchemeMap(groups, scheme_from_args(args) if args.format is not None else None, source="--scheme")
+    return SchemeMap(groups, default, source="--scheme").under(base)
 
 
 def _formats_said(args: argparse.Namespace, reports: Any = ()) -> str:
