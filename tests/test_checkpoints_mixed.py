@@ -241,8 +241,10 @@ def test_a_recipe_file_reads_as_llm_compressor_writes_it(tmp_path):
     [
         (("--format", "nvfp4", "--scheme", "*.self_attn.q_proj=fp8_channel"),
          "one fused layer in the runtimes, which need one scheme for all its shards"),
-        (("--format", "fp8_block", "--scheme", "*.self_attn.*=fp8_channel", "--layout", "modelopt"),
-         "the modelopt layout holds one scheme per checkpoint"),
+        (("--format", "fp8_block", "--scheme", "*.self_attn.*=fp8_block,scale_dtype=bfloat16", "--layout", "fp8"),
+         "the fp8 layout holds one scheme per checkpoint"),
+        (("--format", "nvfp4", "--scheme", "*.self_attn.*=fp8_channel", "--layout", "modelopt"),
+         "would load fp8_channel (FP8_PER_CHANNEL_PER_TOKEN) unquantised"),
         (("--scheme", "*.mlp.*"), "give PATTERN=FORMAT"),
         (("--scheme", "*.mlp.*=nvfp5"), "'nvfp5' is not a block format"),
         (("--scheme", "*.mlp.*=nvfp4,colour=red"), "'colour=red' is not option=value"),
@@ -493,7 +495,7 @@ def modelopt_mixed(request, tmp_path_factory):
 
 def test_modelopt_mixed_precision_reads_each_module_as_modelopt_dequantises_it(modelopt_mixed, tmp_path):
     """Each module in the format quantized_layers gives it, its values ModelOpt's own dequantisation
-    (the fixtures' .dequantized files, made by ModelOpt); the command dequantises, checks and converts it
+    (the fixtures' .dequantized files, made by ModelOpt); the command dequantises it and converts it
     into compressed-tensors mixed-precision, each module's bytes copied."""
     got = load_checkpoint(modelopt_mixed)
     refs = {**load_file(str(MODELOPT / "nvfp4.dequantized.safetensors"))}
@@ -505,7 +507,6 @@ def test_modelopt_mixed_precision_reads_each_module_as_modelopt_dequantises_it(m
         np.testing.assert_allclose(got[name].dequantize(), ref.astype(np.float32), rtol=2**-7, atol=0, err_msg=name)
     assert formats == {**dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "fp8_channel"),
                        **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), "nvfp4")}  # fmt: skip
-    assert run("check", modelopt_mixed, cwd=tmp_path, check=False).returncode == 0
     assert run("dequantize", modelopt_mixed, tmp_path / "plain", cwd=tmp_path).returncode == 0
     r = run("quantize", modelopt_mixed, tmp_path / "ct", "--format", "nvfp4", "--scheme", "*.self_attn.*=fp8_channel",
             cwd=tmp_path)  # fmt: skip
@@ -579,3 +580,16 @@ def test_llm_compressors_mixed_checkpoint_byte_for_byte(tmp_path, how):
         k: getattr(v, "fmt", None) for k, v in ours.items()
     }
     assert run("check", LLMC_MIXED, cwd=tmp_path, check=False).returncode == 0
+
+
+def test_the_doctor_names_modelopt_mixed_layers_vllm_loads_unquantised(modelopt_mixed, tmp_path):
+    """FP8_PER_CHANNEL_PER_TOKEN in quantized_layers: the package reads it, but vLLM's
+    ModelOptMixedPrecisionConfig runs a Linear with FP8, NVFP4, W4A16_NVFP4 and MXFP8 only and loads
+    the others' codes as plain weights; ``check`` names each such module."""
+    r = run("check", modelopt_mixed, "--json", cwd=tmp_path, check=False)
+    assert r.returncode == 1
+    assert {f["kind"] for f in json.loads(r.stdout)["findings"]} == {"scheme-vllm"}
+    found = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "scheme-vllm"]
+    assert sorted(t for f in found for t in f["tensors"]) == sorted(
+        f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"
+    )

@@ -157,3 +157,38 @@ def test_a_plain_module_whose_name_is_in_a_quantised_ones_is_refused(tmp_path):
     quantised = {f"model.layers.0.mlp.{p}_proj.weight": (384, 256) for p in ("gate", "up")}
     with pytest.raises(FileFormatError, match="model.layers.0.mlp.gate_proj is quantised but vLLM would load it"):
         LAYOUTS["modelopt"].fits(ckpt, quantised, "fp8_channel", ignored=("model.layers.0.mlp.gate",))
+
+
+@pytest.mark.parametrize(
+    "options, formats",
+    [
+        (("--format", "nvfp4"), {"mlp": "nvfp4", "self_attn": "nvfp4"}),
+        (("--format", "mxfp8_e4m3"), {"mlp": "mxfp8_e4m3", "self_attn": "mxfp8_e4m3"}),
+        (("--format", "nvfp4", "--scheme", "*.self_attn.*=mxfp8_e4m3"), {"mlp": "nvfp4", "self_attn": "mxfp8_e4m3"}),
+    ],
+)
+def test_vllm_loads_the_modelopt_nvfp4_mxfp8_and_mixed_precision_the_command_writes(tmp_path, options, formats):
+    """ModelOpt's W4A16_NVFP4 and MXFP8 (no calibration: weights only, or activations quantised as vLLM
+    runs) and MIXED_PRECISION of the two, in both of ModelOpt's forms: vLLM's rule resolves each Linear
+    to its module's quant_algo and reads the package's quantisation of it (NVFP4's fused shards under
+    one per-tensor scale), lm_head plain, no missing or unexpected key."""
+    dense = make_llama(tmp_path / "llama")
+    r = run("quantize", "llama", "out", "--layout", "modelopt", *options, cwd=tmp_path)
+    assert "14 tensor(s) quantised" in r.stdout, r.stdout
+    loaded = vllm_load(tmp_path / "out", dense)
+    fused = nk.checkpoints.fused_groups([f"{m}.weight" for m in loaded if m != "lm_head"])
+    for module, values in loaded.items():
+        want = dense[f"{module}.weight"]
+        if module != "lm_head":
+            fmt = formats[module.split(".")[3]]
+            extra = {}
+            if fmt == "nvfp4" and f"{module}.weight" in fused:
+                extra["per_tensor_scale"] = nk.shared_per_tensor_scale([dense[n] for n in fused[f"{module}.weight"]])
+            want = nk.quantize(want, fmt, **extra).dequantize()
+            if fmt == "nvfp4":  # three float32 factors, multiplied in another order: within an ulp
+                np.testing.assert_allclose(values, want, rtol=2**-23, atol=0, err_msg=module)
+                continue
+        assert np.array_equal(bits(values), bits(want)), module
+    back = nk.load_checkpoint(tmp_path / "out")
+    assert {back[f"{m}.weight"].fmt for m in loaded if m != "lm_head"} == set(formats.values())
+    assert run("check", "out", cwd=tmp_path, check=False).returncode == 0

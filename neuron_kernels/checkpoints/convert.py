@@ -268,18 +268,20 @@ class _Plan:
             )
             outputs = layout.outputs(name, w.layout if w is not None else job.layout(shape), scale_dtype)
             report.outputs = tuple(s.name for s, _ in outputs)
+            divides = layout.per_tensor_divides
             if w is not None:
-                items.append(_converted_item(w, outputs, progress))
+                items.append(_converted_item(w, outputs, progress, divides))
                 continue
             item = _quantize_item(
                 name, entry, layout.transpose, outputs, report, self.resolve, self.chunk_bytes, progress,
-                self.require_exact, self.stats,
+                self.require_exact, self.stats, divides,
             )  # fmt: skip
             relay = self.resolve.relays.get(name)
             if relay is not None:
                 item = _relaid_item(
-                    relay, item, outputs, report, self.resolve, self.chunk_bytes, progress, self.require_exact
-                )
+                    relay, item, outputs, report, self.resolve, self.chunk_bytes, progress, self.require_exact,
+                    divides,
+                )  # fmt: skip
             items.append(item)
         return items
 
@@ -601,9 +603,10 @@ def _relays(w: StoredWeight, scheme: Scheme) -> bool:
     return w.packed_mx and relayable(w.layout.format, BLOCK_FORMATS[scheme.format]) and not _given(scheme)
 
 
-def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) -> Item:
+def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress, divides: bool = True) -> Item:
     """A stored weight written into another layout: its codes and scales copied byte for byte,
-    its per-tensor scale written as the layout keeps it (the exact value in the shard's metadata)."""
+    its per-tensor scale written as the layout keeps it (``divides``: as a divisor; the exact value
+    in the shard's metadata)."""
     by_role = {role: spec.name for spec, role in outputs}
 
     def prepare() -> dict[str, float]:
@@ -622,7 +625,8 @@ def _converted_item(w: StoredWeight, outputs: list[Output], progress: Progress) 
             progress(entry.nbytes)
         if "per_tensor" in by_role:
             assert w.per_tensor_scale is not None
-            sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / np.float32(w.per_tensor_scale)], np.float32))
+            pts = np.float32(w.per_tensor_scale)
+            sinks[by_role["per_tensor"]].write(np.array([np.float32(1) / pts if divides else pts], np.float32))
 
     return Item([spec for spec, _ in outputs], fill, prepare)
 
@@ -718,6 +722,7 @@ def _quantize_item(
     progress: Progress,
     require_exact: bool = False,
     stats: bool = True,
+    divides: bool = True,
 ) -> Item:
     by_role = {role: spec.name for spec, role in outputs}
     resolved: list[BlockJob] = []
@@ -740,8 +745,8 @@ def _quantize_item(
         if "per_tensor" in by_role:
             pts = done.per_tensor_scale
             assert isinstance(pts, float)
-            # in double precision: a recipe's global scale (compressed-tensors') comes back exactly
-            sinks[by_role["per_tensor"]].write(np.array([np.float32(1.0 / pts)], np.float32))
+            # a divisor in double precision: a recipe's global scale (compressed-tensors') comes back exactly
+            sinks[by_role["per_tensor"]].write(np.array([np.float32(1.0 / pts) if divides else pts], np.float32))
         if require_exact and report.stats is not None and not exact_stats(report.stats):
             src = report.reason.partition(" (")[0].removeprefix("dequantised from ") or report.dtype
             raise FileFormatError(
@@ -761,6 +766,7 @@ def _relaid_item(
     chunk_bytes: int,
     progress: Progress,
     require_exact: bool = False,
+    divides: bool = True,
 ) -> Item:
     """An MXFP4 weight written as NVFP4 exactly: its codes copied, each block's scale 2^k written
     as two float8_e4m3fn scales 2^(k - g) under the per-tensor scale 2^g of its fused group; or,
@@ -794,7 +800,7 @@ def _relaid_item(
             codes.write(c.reshape(-1))
             scales.write(nvfp4_scales(c, s, w.layout.format, dst, g).reshape(-1).view(scales.spec.dtype))
             progress(c.nbytes + s.nbytes)
-        sinks[by_role["per_tensor"]].write(np.array([2.0 ** (-g)], np.float32))
+        sinks[by_role["per_tensor"]].write(np.array([2.0 ** (-g) if divides else 2.0**g], np.float32))
 
     return Item([spec for spec, _ in outputs], fill, prepare, report=report)
 

@@ -7,6 +7,9 @@ quantised, where the runtimes would read it differently or where it cannot be ri
   refuses (a fused layer or MoE whose parts would take different schemes);
 - ``scheme-fused``: the shards of a fused layer stored in different formats (vLLM runs the layer
   with one scheme and refuses it);
+- ``scheme-vllm``: a module the layout's own rules say vLLM reads in another scheme than stored
+  (ModelOpt ``MIXED_PRECISION``: a ``quant_algo`` vLLM runs no Linear with; the layout's
+  ``scheme_checks``);
 - ``scheme-unused``: a group target or an ignore entry that names no module of the model (a
   mistyped name, or a recipe made for another model);
 - ``kv-scale``: a KV-cache or activation scale that is not positive and finite (an error),
@@ -52,6 +55,7 @@ def scheme_findings(
         groups, ignore = config
         found += _orders(ckpt, groups, ignore, weights, arch)
         found += _unused(ckpt, groups, ignore, arch)
+    found += layout.scheme_checks(ckpt, weights)
     found += _scales(ckpt)
     return found
 

@@ -1,6 +1,7 @@
 """The ``modelopt`` layout (NVIDIA ModelOpt's Hugging Face checkpoints, the published FP4 ones
-among them): NVFP4 (W4A4 and W4A16), MXFP8 and the FP8 family (per tensor, per channel, per
-128x128 block) read; FP8 per channel and per block written, as vLLM loads them.
+among them): NVFP4 (W4A4 and W4A16), MXFP8, the FP8 family (per tensor, per channel, per
+128x128 block) and MIXED_PRECISION read; FP8 per channel and per block, W4A16 NVFP4, MXFP8 and
+MIXED_PRECISION written, as vLLM loads them.
 
 Recognised by ``hf_quant_config.json`` (``{"producer": {"name": "modelopt"}, "quantization":
 {"quant_algo": ..., "group_size": ..., "exclude_modules": [...]}}``) or by config.json's
@@ -32,7 +33,10 @@ module taking its own entry or its nearest enclosing module's (``experts`` for o
 vLLM's ``ModelOptMixedPrecisionConfig`` resolves it; every entry must be a ``quant_algo`` above.
 
 Written: ``fp8_channel`` as ``FP8_PER_CHANNEL_PER_TOKEN`` and ``fp8_block`` as ``fp8_pb_wo`` (the
-weights only: vLLM quantises the activations per token as it runs), float32 scales, in
+weights only: vLLM quantises the activations per token as it runs), float32 scales; ``nvfp4`` as
+``W4A16_NVFP4`` (weights only) and ``mxfp8_e4m3`` as ``MXFP8``, with their ``group_size``; several
+of those two as ``MIXED_PRECISION`` (each module's ``quantized_layers`` entry; vLLM's mixed config
+runs no Linear with ModelOpt's FP8 per channel or per block, so those are refused there); in
 ``hf_quant_config.json`` and in config.json's ``quantization_config`` as ModelOpt writes both, the
 Linear modules left plain as ``exclude_modules`` / ``ignore``. What vLLM would not load is
 refused before anything is written (:func:`_fits`): ``fp8_tensor`` (ModelOpt's ``FP8`` needs
@@ -85,7 +89,14 @@ _FP8_ALGORITHMS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel", "FP8
 #: FP8_PB_WO's block (ModelOpt's preset; vLLM assumes it too, the config does not say).
 _FP8_PB_WO_BLOCK = (128, 128)
 #: The ``quant_algo`` each written format is stored as (``fp8_pb_wo`` in ModelOpt's lowercase).
-_WRITTEN = {"fp8_channel": "FP8_PER_CHANNEL_PER_TOKEN", "fp8_block": "fp8_pb_wo"}
+_WRITTEN = {
+    "fp8_channel": "FP8_PER_CHANNEL_PER_TOKEN", "fp8_block": "fp8_pb_wo", "nvfp4": "W4A16_NVFP4", "mxfp8_e4m3": "MXFP8",
+}  # fmt: skip
+#: The ``quant_algo``s vLLM's ``ModelOptMixedPrecisionConfig.get_quant_method`` runs a Linear with
+#: (any other it builds unquantised: the stored codes loaded as plain weights); of them, those that
+#: need no calibration, by format.
+_MIXED_LINEAR = ("FP8", "NVFP4", "W4A16_NVFP4", "MXFP8")
+_MIXED_WRITTEN = {"nvfp4": "W4A16_NVFP4", "mxfp8_e4m3": "MXFP8"}
 #: The producer this package names in hf_quant_config.json.
 _PRODUCER = "neuron_kernels"
 #: Tensors a ModelOpt quantised module holds besides ``weight``.
@@ -162,7 +173,7 @@ def _layers(ckpt: Checkpoint, quant: dict[str, Any]) -> dict[str, str]:
 
 
 def _layer_format(module: str, layers: dict[str, str]) -> str | None:
-    """The format ``quantized_layers`` gives the checkpoint module ``module``, as vLLM's
+    """The format (the value of ``layers``) ``quantized_layers`` gives the checkpoint module ``module``, as vLLM's
     ``ModelOptMixedPrecisionConfig`` resolves a layer: its own key, else the nearest enclosing
     module's (a MoE's ``experts`` for one expert's Linear), each with and without a
     ``language_model.`` component; None where none has one."""
@@ -297,24 +308,27 @@ def _block_weights(ckpt: Checkpoint, fmt: str, modules: Any = None) -> list[Weig
 
 
 def _outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
-    """``weight`` (float8_e4m3fn) and ``weight_scale`` (float32): [out] per channel, [out / 128, 1,
-    in / 128, 1] per block, as ModelOpt exports them."""
+    """As ModelOpt exports them: FP8's ``weight`` (float8_e4m3fn) and ``weight_scale`` (float32:
+    [out] per channel, [out / 128, 1, in / 128, 1] per block); NVFP4's ``weight`` (uint8, two codes
+    a byte), ``weight_scale`` (float8_e4m3fn) and ``weight_scale_2`` (one float32, a multiplier);
+    MXFP8's ``weight`` (float8_e4m3fn) and ``weight_scale`` (uint8 e8m0)."""
     base = name[: -len(".weight")] if name.endswith(".weight") else name
     bf = BLOCK_FORMATS[layout.fmt]
     grid = layout.scales_shape
-    shape = grid[:-1] if bf.block_rows == 1 else (grid[0], 1, grid[1], 1)
+    if bf.float_scales:
+        grid = grid[:-1] if bf.block_rows == 1 else (grid[0], 1, grid[1], 1)
     codes = TensorSpec(f"{base}.weight", stored_codes_dtype(bf), layout.codes_shape)
-    scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf, scale_dtype), shape)
-    return [(codes, "codes"), (scales, "scales")]
+    scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf, scale_dtype), grid)
+    out = [(codes, "codes"), (scales, "scales")]
+    if bf.per_tensor_scale:
+        out.append((TensorSpec(f"{base}.weight_scale_2", np.dtype(np.float32), ()), "per_tensor"))
+    return out
 
 
-def _config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
-    """config.json's ``quantization_config`` as ModelOpt's ``convert_hf_quant_config_format`` makes
-    it for these ``quant_algo``s (no config groups), with ``hf_quant_config.json``'s facts under
-    ``quantization`` kept apart by :func:`_files`."""
-    config = {
+def _document(quant_algo: str, ignore: list[str], kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "ignore": ignore,
-        "quant_algo": _WRITTEN[fmt],
+        "quant_algo": quant_algo,
         "producer": {"name": _PRODUCER, "version": importlib.metadata.version("neuron_kernels")},
         "quant_method": "modelopt",
     }
@@ -323,13 +337,49 @@ def _config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> 
     return config
 
 
+def _config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
+    """config.json's ``quantization_config`` as ModelOpt's ``convert_hf_quant_config_format`` makes
+    it (no config groups), with ``hf_quant_config.json``'s facts under ``quantization`` kept apart
+    by :func:`_files`; NVFP4 and MXFP8 with their ``group_size``."""
+    config = _document(_WRITTEN[fmt], ignore, kept)
+    bf = BLOCK_FORMATS[fmt]
+    if not bf.float_scales:
+        config["group_size"] = bf.block_size
+    return config
+
+
+def _mixed(
+    parts: list[tuple[str, tuple[str, ...], Any]], kept: list[tuple[str, ArrayEntry]], ignore: list[str], modules: Any
+) -> dict[str, Any]:
+    """``MIXED_PRECISION`` in both of ModelOpt's forms: each quantised module's ``{"quant_algo",
+    "group_size"}`` in ``quantized_layers``, under its checkpoint name (vLLM maps the names as it
+    maps the weights'). Only the ``quant_algo``s vLLM's mixed config runs a Linear with and that need
+    no calibration: W4A16_NVFP4 and MXFP8."""
+    layers: dict[str, Any] = {}
+    for fmt, names, _ in parts:
+        if fmt not in _MIXED_WRITTEN:
+            raise FileFormatError(
+                f"ModelOpt MIXED_PRECISION holds {', '.join(_MIXED_WRITTEN)} here: vLLM's "
+                f"ModelOptMixedPrecisionConfig runs a Linear with {', '.join(_MIXED_LINEAR)} only (FP8 per tensor "
+                f"needs calibrated input scales) and would load {fmt} ({_WRITTEN.get(fmt, fmt)}) unquantised; choose "
+                f"--layout compressed-tensors"
+            )
+        cfg = {"quant_algo": _MIXED_WRITTEN[fmt], "group_size": BLOCK_FORMATS[fmt].block_size}
+        layers.update({n[: -len(".weight")] if n.endswith(".weight") else n: cfg for n in names})
+    return {**_document(_MIXED, ignore, kept), "quantized_layers": dict(sorted(layers.items()))}
+
+
 def _files(config: dict[str, Any]) -> dict[str, Any]:
-    """``hf_quant_config.json`` beside config.json: the same facts in ModelOpt's own form."""
+    """``hf_quant_config.json`` beside config.json: the same facts in ModelOpt's own form (with the
+    keys vLLM's NVFP4 parser requires: ``group_size``, ``kv_cache_quant_algo``, ``exclude_modules``)."""
     quantization = {
         "quant_algo": config["quant_algo"],
         "kv_cache_quant_algo": "FP8" if config.get("kv_cache_scheme") else None,
         "exclude_modules": config["ignore"],
     }
+    for key in ("group_size", "quantized_layers"):
+        if key in config:
+            quantization[key] = config[key]
     return {HF_QUANT_CONFIG: {"producer": config["producer"], "quantization": quantization}}
 
 
@@ -338,6 +388,30 @@ def _kv_scale(name: str) -> str | None:
     vLLM's ``maybe_remap_kv_scale_name`` finds them; a query scale it has no place for."""
     parent, _, last = name.rpartition(".")
     return f"{parent}.{last[0]}_proj.{last}" if last in ("k_scale", "v_scale") else None
+
+
+def _scheme_checks(ckpt: Checkpoint, weights: list[Weight]) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """The doctor's findings on a ``MIXED_PRECISION`` checkpoint: a module whose ``quant_algo`` vLLM's
+    ``ModelOptMixedPrecisionConfig.get_quant_method`` runs no Linear with (it builds the module
+    unquantised and loads its codes as plain weights, silently)."""
+    quant = modelopt_config(ckpt) or {}
+    if str(quant.get("quant_algo") or "").upper() != _MIXED:
+        return []
+    raw = {
+        str(k): str(v.get("quant_algo"))
+        for k, v in (quant.get("quantized_layers") or {}).items()
+        if isinstance(v, dict)
+    }
+    found = []
+    for w in weights:
+        module = w.name[: -len(".weight")]
+        algo = _layer_format(module, raw) or ""
+        if algo.upper() not in _MIXED_LINEAR:
+            found.append(("error", "scheme-vllm", (
+                f"{module}: quantized_layers gives it {algo}, which vLLM's ModelOptMixedPrecisionConfig runs no Linear "
+                f"with ({', '.join(_MIXED_LINEAR)}): vLLM builds it unquantised and loads its codes as plain weights; "
+                f"convert it to compressed-tensors (quantize --layout compressed-tensors)"), (w.name,)))  # fmt: skip
+    return found
 
 
 def _fits(
@@ -393,8 +467,8 @@ def _fits(
 
 LAYOUT = CheckpointLayout(
     "modelopt",
-    "NVIDIA ModelOpt (hf_quant_config.json; NVFP4, MXFP8, FP8 per tensor, channel or block read; FP8 per "
-    "channel and block written)",
+    "NVIDIA ModelOpt (hf_quant_config.json; NVFP4, MXFP8, FP8 per tensor, channel or block and MIXED_PRECISION "
+    "read; FP8 per channel and block, W4A16_NVFP4, MXFP8 and MIXED_PRECISION of the last two written)",
     tuple(_WRITTEN),
     _outputs,
     _config,
@@ -408,6 +482,8 @@ LAYOUT = CheckpointLayout(
     files=_files,
     per_tensor_part="weight_scale_2",
     kv_scale=_kv_scale,
+    mixed=_mixed,
+    scheme_checks=_scheme_checks,
     refused={
         "fp8_tensor": "ModelOpt's FP8 per tensor needs calibrated activation scales (input_scale), which vLLM "
         "reads; choose --format fp8_channel (FP8_PER_CHANNEL_PER_TOKEN)"

@@ -360,7 +360,9 @@ class CheckpointLayout:
     (None: the layout has no such config); ``group_format(group)``: the block format of a config
     group as a recipe gives it (None: not one it writes; the field None: the layout takes no recipe
     file); ``kv_scale(name)``: the name it stores a KV-cache scale under, given compressed-tensors'
-    (:func:`kv_cache_name`; None: it cannot hold one); ``activations(config,
+    (:func:`kv_cache_name`; None: it cannot hold one); ``scheme_checks(ckpt, weights)``: the doctor's
+    findings on how its runtime reads each module's scheme, (severity, kind, message, tensors);
+    ``activations(config,
     given)``: the one-scheme config with the input activations a recipe gives (None: not said)."""
 
     name: str
@@ -393,6 +395,9 @@ class CheckpointLayout:
     targets: Callable[[Checkpoint], tuple[list[tuple[str, ...]], list[str]] | None] = lambda ckpt: None
     group_format: Callable[[dict[str, Any]], str | None] | None = None
     kv_scale: Callable[[str], str | None] = lambda name: None
+    scheme_checks: Callable[[Checkpoint, list[Any]], list[tuple[str, str, str, tuple[str, ...]]]] = (
+        lambda ckpt, weights: []
+    )
     activations: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
     def stored_per_tensor(self, pts: float) -> np.ndarray:
