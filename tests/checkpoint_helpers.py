@@ -112,3 +112,47 @@ def read_dir(path) -> dict:
 def bits(a):
     a = np.ascontiguousarray(a)
     return a.view(f"u{a.dtype.itemsize}")
+
+
+# ---- DeepSeek-V4 ---------------------------------------------------------------------------------
+
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+DEEPSEEK_V4_CONFIG = {
+    "model_type": "deepseek_v4",
+    "expert_dtype": "fp4",
+    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                            "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+}  # fmt: skip
+
+
+def _fp4_values(pairs: np.ndarray, exponents: np.ndarray) -> np.ndarray:
+    codes = np.stack([pairs & 0xF, pairs >> 4], axis=-1).reshape(pairs.shape[0], -1)  # low nibble first
+    return E2M1[codes] * np.repeat(np.exp2(exponents.astype(np.float32) - 127), 32, axis=1)
+
+
+def make_deepseek_v4(folder, seed: int = 4) -> dict:
+    """A checkpoint in DeepSeek-V4's form (vLLM's ``models/deepseek_v4``): three routed experts' FP4
+    pairs stored as int8 with e8m0 scales per 32, a dense FP8 weight with e8m0 scales per 128 x 128
+    block (``NAME.scale`` each), a bfloat16 embedding; codes and scales drawn at random (the
+    exponents within NVFP4's reach). Returns each weight's values, decoded from that description."""
+    rng = np.random.default_rng(seed)
+    tensors, values = {}, {}
+    for w in ("w1", "w2", "w3"):
+        name = f"layers.0.ffn.experts.0.{w}"
+        pairs = rng.integers(0, 256, (64, 32), dtype=np.uint8)
+        exponents = rng.integers(118, 130, (64, 2), dtype=np.uint8)
+        tensors[f"{name}.weight"], tensors[f"{name}.scale"] = pairs.view(np.int8), exponents.view(E8M0)
+        values[f"{name}.weight"] = _fp4_values(pairs, exponents).astype(np.float32)
+    codes = rng.integers(0, 256, (256, 128), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
+    exponents = rng.integers(115, 125, (2, 1), dtype=np.uint8)
+    tensors["layers.0.attn.wq_a.weight"], tensors["layers.0.attn.wq_a.scale"] = codes.view(E4M3), exponents.view(E8M0)
+    values["layers.0.attn.wq_a.weight"] = codes.view(E4M3).astype(np.float32) * np.repeat(
+        np.exp2(exponents.astype(np.float32) - 127), 128, axis=0)  # fmt: skip
+    tensors["embed.weight"] = rng.standard_normal((32, 128)).astype(BF16)
+    os.makedirs(folder, exist_ok=True)
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensors)
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(DEEPSEEK_V4_CONFIG, fh)
+    return values

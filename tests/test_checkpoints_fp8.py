@@ -200,7 +200,10 @@ def test_fp8_layouts_convert_into_each_other_as_their_bytes(tmp_path):
         (("--format", "fp8_channel", "--scale-mode", "reciprocal", "--scale-dtype", "bfloat16"), "reciprocal"),
         (("--format", "fp8_channel", "--four-over-six", "mse"), "float8_e4m3fn or e8m0 scales"),
         (("--format", "nvfp4", "--scale-dtype", "bfloat16"), "scale_dtype 'bfloat16' is not one of nvfp4's"),
-        (("--layout", "modelopt", "--format", "nvfp4"), "stores fp8_channel, fp8_block, not nvfp4"),
+        (
+            ("--layout", "modelopt", "--format", "mxfp4_e2m1"),
+            "stores fp8_channel, fp8_block, nvfp4, mxfp8_e4m3, not mxfp4_e2m1",
+        ),
     ],
 )
 def test_fp8_options_a_layout_cannot_hold_are_refused(tmp_path, options, message):

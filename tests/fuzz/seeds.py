@@ -16,10 +16,12 @@ import shutil
 import ml_dtypes
 import numpy as np
 
+from ..checkpoint_helpers import make_deepseek_v4
+
 __all__ = ["VERSION", "build_seeds", "seeds_folder"]
 
 #: Bumped when the seeds change: a folder of another version is made anew.
-VERSION = 2
+VERSION = 3
 HIDDEN, INTER, VOCAB = 64, 128, 32
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -166,6 +168,22 @@ def _gguf(path: str, rng: np.random.Generator, experts: int = 0) -> None:
     w.close()
 
 
+#: A recipe of llm-compressor's shape: two config groups and an ignore list.
+_RECIPE = """quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      ignore: [lm_head]
+      config_groups:
+        attention:
+          targets: ["re:.*self_attn.*"]
+          weights: {num_bits: 8, type: float, symmetric: true, strategy: channel, dynamic: false}
+          input_activations: {num_bits: 8, type: float, strategy: token, dynamic: true}
+        mlp:
+          targets: [Linear]
+          weights: {num_bits: 4, type: float, strategy: tensor_group, group_size: 16}
+"""
+
+
 def build_seeds(root: str | None = None) -> str:
     """Make the seeds under ``root`` (default :func:`seeds_folder`) unless they are there; returns
     the folder. Made in a temporary folder beside it and renamed into place, so that several
@@ -214,6 +232,17 @@ def build_seeds(root: str | None = None) -> str:
     fixtures = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
     shutil.copytree(os.path.join(fixtures, "modelopt", "nvfp4"), os.path.join(tmp, "modelopt-nvfp4"))
     shutil.copytree(os.path.join(fixtures, "llmcompressor", "nvfp4"), os.path.join(tmp, "llmcompressor-nvfp4"))
+    # several schemes: the command's compressed-tensors and ModelOpt mixed-precision, llm-compressor's own,
+    # DeepSeek-V4's FP4 experts beside FP8 blocks, and a recipe file beside a plain checkpoint
+    attention = ("--scheme", "*.self_attn.*=fp8_channel")
+    _cli("quantize", "plain", "ct-mixed", "--format", "nvfp4", *attention, cwd=tmp)
+    _cli("quantize", "plain", "modelopt-mixed", "--layout", "modelopt", "--format", "nvfp4", "--scheme",
+         "*.self_attn.*=mxfp8_e4m3", cwd=tmp)  # fmt: skip
+    shutil.copytree(os.path.join(fixtures, "llmcompressor", "mixed"), os.path.join(tmp, "llmcompressor-mixed"))
+    make_deepseek_v4(os.path.join(tmp, "deepseek-v4"))
+    shutil.copytree(os.path.join(tmp, "plain"), os.path.join(tmp, "recipe"))
+    with open(os.path.join(tmp, "recipe", "recipe.yaml"), "w") as fh:
+        fh.write(_RECIPE)
     try:
         os.rename(tmp, root)
     except OSError:  # another process made them first

@@ -313,7 +313,13 @@ _QUANTISED = [f for f in _FOLDERS if f not in ("plain", "sharded")]
 
 
 #: Seeds added since the first findings were kept: their slots come after the others.
-_ADDED = {"ct-fp8-block": ("config.json", "model.safetensors")}
+_ADDED = {
+    "ct-fp8-block": ("config.json", "model.safetensors"),
+    "ct-mixed": ("config.json", "model.safetensors"),
+    "modelopt-mixed": ("hf_quant_config.json", "config.json", "model.safetensors"),
+    "llmcompressor-mixed": ("config.json", "model.safetensors"),
+    "deepseek-v4": ("config.json", "model.safetensors"),
+}
 
 
 def _folder_slots(folders: list[str], args: tuple[str, ...] = ()) -> tuple[Slot, ...]:
@@ -350,6 +356,10 @@ TARGETS: dict[str, Target] = {
                 Slot("floats.npz", "", ("--format", "mxfp8_e4m3")),
                 Slot("deflated.npz", "", ("--format", "fp8_block", "--block-shape", "8x8")),
                 Slot("x.safetensors", "", ("--format", "nvfp4")),
+                Slot("recipe", "recipe.yaml", ("--recipe-file", "recipe/recipe.yaml")),
+                Slot("ct-mixed", "config.json", ("--format", "mxfp8_e4m3", "--scheme", "*.mlp.*=mxfp4_e2m1")),
+                Slot("modelopt-mixed", "hf_quant_config.json", ("--format", "nvfp4")),
+                Slot("deepseek-v4", "model.safetensors", ("--format", "nvfp4", "--only", "*.experts.*")),
             ),
             _quantize,
         ),
