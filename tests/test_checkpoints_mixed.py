@@ -593,3 +593,15 @@ def test_the_doctor_names_modelopt_mixed_layers_vllm_loads_unquantised(modelopt_
     assert sorted(t for f in found for t in f["tensors"]) == sorted(
         f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"
     )
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b"\xff\xfe scheme: NVFP4A16", "not UTF-8 text"), (b"[" * 100_000, "nested too deeply"),
+     (b"a: 1\n" * (4 << 20), "larger than 16 MiB")],
+)  # fmt: skip
+def test_a_recipe_file_of_stranger_bytes_is_refused_in_one_line(tmp_path, content, message):
+    """Bytes that are no text, YAML nested past the parser's recursion (fuzz findings), an oversized file."""
+    (tmp_path / "r.yaml").write_bytes(content)
+    r = run("quantize", TINY_LLAMA, tmp_path / "out", "--recipe-file", "r.yaml", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

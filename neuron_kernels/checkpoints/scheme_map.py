@@ -172,6 +172,10 @@ RECIPE_PRESETS: dict[str, tuple[str, Any] | str] = {
 }
 
 
+#: The largest recipe file read (a recipe is a few KB).
+_LARGEST_RECIPE = 16 << 20
+
+
 def read_recipe_file(path: str, group_format: Callable[[dict[str, Any]], str | None]) -> SchemeMap:
     """The :class:`SchemeMap` of a recipe file (YAML or JSON; see the module docstring): its groups'
     weights read as the package's block formats, its ``ignore`` kept. Refused, in one line: a
@@ -180,11 +184,20 @@ def read_recipe_file(path: str, group_format: Callable[[dict[str, Any]], str | N
     not write."""
     where = os.fspath(path)
     try:
-        with open(where, encoding="utf-8") as f:
-            text = f.read()
+        with open(where, "rb") as f:
+            raw = f.read(_LARGEST_RECIPE + 1)
     except OSError as e:
         raise FileFormatError(f"{where}: cannot read the recipe file ({e.strerror})") from None
-    document = _parse(where, text)
+    if len(raw) > _LARGEST_RECIPE:
+        raise FileFormatError(f"{where}: a recipe file larger than {_LARGEST_RECIPE >> 20} MiB; recipes are a few KB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileFormatError(f"{where}: not UTF-8 text (byte {e.start}); a recipe is a YAML or JSON file") from None
+    try:
+        document = _parse(where, text)
+    except RecursionError:
+        raise FileFormatError(f"{where}: nested too deeply to be a recipe") from None
     args = _modifier(document)
     if args is None:
         raise FileFormatError(
