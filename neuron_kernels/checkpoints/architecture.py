@@ -62,6 +62,11 @@ MODULES_SOURCES = ("auto", "transformers", "table")
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
 
+def module_of(name: str) -> str:
+    """The module of the tensor ``name``: the name without its ``.weight`` (a name without one: itself)."""
+    return name[: -len(".weight")] if name.endswith(".weight") else name
+
+
 def normalise(name: str) -> str:
     """``name`` with every numeric component (a layer's, an expert's index) as ``*``."""
     return _DIGITS.sub("*", name)
@@ -397,7 +402,7 @@ def fused_layers(names: Any, runtime: RuntimeModules | None = None) -> dict[str,
     rows = (runtime or runtime_modules(None)).fused_layers
     groups: dict[tuple[str, int], list[tuple[int, str]]] = {}
     for name in names:
-        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        module = module_of(name)
         parent, _, last = module.rpartition(".")
         for row, fused in enumerate(rows):
             if last in fused.shards and fnmatch.fnmatchcase(parent.rpartition(".")[2], fused.parent):

@@ -31,7 +31,7 @@ from ..io.blockfile import BlockFileWriter
 from ..io.file_jobs import Progress, entry_amax, quantized_pieces, transposed_pieces
 from ..io.safetensors import TensorSpec
 from ..recipes import RECIPES
-from .architecture import Architecture, architecture_of, transformers_available
+from .architecture import Architecture, architecture_of, module_of, transformers_available
 from .cluster import write_on_cluster
 from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
@@ -421,7 +421,7 @@ def _whole(scheme: Scheme | None) -> int:
 
 
 def _model_name(arch: Architecture | None, name: str) -> str | None:
-    module = name[: -len(".weight")] if name.endswith(".weight") else name
+    module = module_of(name)
     return arch.model_name(module) if arch is not None else None
 
 
@@ -487,7 +487,7 @@ def _check_mixed(
     modules = _Modules(arch)
     moes: dict[tuple[str, ...], set[Any]] = {}
     for name in names:
-        probes = modules.moe_probes(name[: -len(".weight")] if name.endswith(".weight") else name)
+        probes = modules.moe_probes(module_of(name))
         if probes:
             moes.setdefault(probes, set()).add(of.get(name))
     for probes, found in moes.items():

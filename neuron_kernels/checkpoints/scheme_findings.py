@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .architecture import Architecture
+from .architecture import Architecture, module_of
 from .folder import Checkpoint
 from .layouts import CheckpointLayout, StoredWeight
 from .layouts.records import KV_SCALES, kv_cache_name
@@ -60,10 +60,6 @@ def scheme_findings(
     return found
 
 
-def _module(name: str) -> str:
-    return name[: -len(".weight")] if name.endswith(".weight") else name
-
-
 def _fused_formats(weights: list[StoredWeight], arch: Architecture | None) -> list[Raw]:
     fmt = {w.name: w.layout.fmt for w in weights}
     found: list[Raw] = []
@@ -92,7 +88,7 @@ def _linear_modules(ckpt: Checkpoint, weights: list[StoredWeight], arch: Archite
     names = [w.name for w in weights]
     for name, entry in ckpt.tensors.items():
         if name not in parts and name.endswith(".weight") and len(entry.shape) >= 2:
-            kind = arch.kind(_module(name)) if arch is not None else "linear"
+            kind = arch.kind(module_of(name)) if arch is not None else "linear"
             if kind in ("linear", "expert", "head", "tower") or (arch is not None and kind is None):
                 names.append(name)
     return names
@@ -111,7 +107,7 @@ def _orders(
     fused = fused_layers(names, arch)
     found: list[Raw] = []
     for name in names:
-        m = _module(name)
+        m = module_of(name)
         model = arch.model_name(m) if arch is not None else m
         shards, layer = fused.get(name, ((), None))
         probes: tuple[str, ...] = ()
@@ -119,7 +115,7 @@ def _orders(
             probes = arch.runtime.moe_probes(m.rpartition(".")[0].rpartition(".")[0])
         ct = ct_group(tuple(dict.fromkeys((m, model))), groups, ignore)
         try:
-            vllm = vllm_group(m, groups, ignore, [_module(s) for s in shards], layer, probes)
+            vllm = vllm_group(m, groups, ignore, [module_of(s) for s in shards], layer, probes)
         except Refused as e:
             found.append(("error", "scheme-order", f"{m}: {e}", (name,)))
             continue

@@ -21,6 +21,7 @@ from ..blocks.scheme import OPTIONS, Scheme
 from ..errors import InvalidValueError, NeuronKernelsError
 from ..formats import BLOCK_FORMATS
 from ..io.arrays import FileFormatError
+from .architecture import module_of
 from .selection import pattern_match
 from .targets import ct_group
 
@@ -70,7 +71,7 @@ class SchemeMap:
     def group_of(self, name: str, model_name: str | None = None) -> int | None:
         """The index of the group of the tensor ``name`` (``MODULE.weight``; ``model_name``: the
         model's name of its module), or None (no group: the default's)."""
-        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        module = module_of(name)
         names = tuple(dict.fromkeys((module, model_name or module)))
         if self.order == "targets":
             return ct_group(names, [g.targets for g in self.groups], self.ignore)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..formats import INPUT_DTYPES
 from ..io.arrays import ArrayEntry
-from .architecture import Architecture, normalise
+from .architecture import Architecture, module_of, normalise
 from .architecture import fused_groups as _fused_groups
 from .architecture import fused_layers as _fused_layers
 from .runtime_modules import GENERIC
@@ -50,7 +50,7 @@ DEFAULT_EXCLUDES: tuple[str, ...] = ("*embed*", "*norm*", "lm_head.*", "*.router
 
 def pattern_match(name: str, patterns: tuple[str, ...]) -> str | None:
     """The first pattern matching the tensor ``name`` or its module (the name without ``.weight``)."""
-    module = name[: -len(".weight")] if name.endswith(".weight") else name
+    module = module_of(name)
     for p in patterns:
         if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(module, p):
             return p

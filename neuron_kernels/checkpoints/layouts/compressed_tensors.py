@@ -29,6 +29,7 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS, BlockFormat
 from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.safetensors import TensorSpec
+from ..architecture import module_of
 from ..folder import Checkpoint
 from ..runtimes import LARGEST_DIVISOR, expert_notes, mixed_notes
 from ..scheme_map import OWN
@@ -71,7 +72,7 @@ def _ct_codes(bf: BlockFormat) -> str:
 
 
 def _ct_outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
-    base = name[: -len(".weight")] if name.endswith(".weight") else name
+    base = module_of(name)
     bf = BLOCK_FORMATS[layout.fmt]
     codes = TensorSpec(f"{base}.{_ct_codes(bf)}", stored_codes_dtype(bf), layout.codes_shape)
     grid = (1,) if bf.per_matrix else layout.scales_shape  # one scale per tensor: [1]
@@ -180,7 +181,7 @@ def _mixed_targets(parts: list[tuple[str, ...]], modules: Any) -> list[list[str]
     owner: dict[str, int] = {}
     for i, names in enumerate(parts):
         for n in names:
-            m = n[: -len(".weight")] if n.endswith(".weight") else n
+            m = module_of(n)
             owner.update(dict.fromkeys((m, modules.model_name(m), *modules.moe_probes(m)), i))
     claims: tuple[dict[str, set[int]], dict[str, set[int]]] = ({}, {})
     for name, i in owner.items():
@@ -204,13 +205,13 @@ def _check_targets(
     seen: set[tuple[int, str]] = set()
     for i, (_, names, _) in enumerate(parts):
         for n in names:
-            m = n[: -len(".weight")] if n.endswith(".weight") else n
+            m = module_of(n)
             key = (i, next((t for t in targets[i] if ct_matches(m, [t])), m))
             if key in seen:
                 continue
             seen.add(key)
             shards, layer = fused.get(n, ((), None))
-            shard_modules = [s[: -len(".weight")] if s.endswith(".weight") else s for s in shards]
+            shard_modules = [module_of(s) for s in shards]
             ct = ct_group((m, modules.model_name(m)), targets, ignore)
             try:
                 vllm = vllm_group(m, targets, ignore, shard_modules, layer, modules.moe_probes(m))

@@ -32,6 +32,7 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
 from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.safetensors import TensorSpec
+from ..architecture import module_of
 from ..folder import Checkpoint
 from ..runtimes import partial_blocks_notes
 from ..selection import module_decision
@@ -150,7 +151,7 @@ def _e8m0_as_float32(entry: ArrayEntry) -> ArrayEntry:
 
 
 def _outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
-    base = name[: -len(".weight")] if name.endswith(".weight") else name
+    base = module_of(name)
     bf = BLOCK_FORMATS[layout.fmt]
     codes = TensorSpec(f"{base}.weight", stored_codes_dtype(bf), layout.codes_shape)
     scales = TensorSpec(f"{base}.weight_scale_inv", stored_scales_dtype(bf, scale_dtype), layout.scales_shape)

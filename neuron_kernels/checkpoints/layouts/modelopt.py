@@ -59,6 +59,7 @@ from ...blocks.layout import BlockLayout
 from ...formats import BLOCK_FORMATS
 from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.safetensors import TensorSpec
+from ..architecture import module_of
 from ..folder import Checkpoint, json_file
 from ..selection import module_decision
 from .records import (
@@ -312,7 +313,7 @@ def _outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
     [out] per channel, [out / 128, 1, in / 128, 1] per block); NVFP4's ``weight`` (uint8, two codes
     a byte), ``weight_scale`` (float8_e4m3fn) and ``weight_scale_2`` (one float32, a multiplier);
     MXFP8's ``weight`` (float8_e4m3fn) and ``weight_scale`` (uint8 e8m0)."""
-    base = name[: -len(".weight")] if name.endswith(".weight") else name
+    base = module_of(name)
     bf = BLOCK_FORMATS[layout.fmt]
     grid = layout.scales_shape
     if bf.float_scales:
@@ -365,7 +366,7 @@ def _mixed(
                 f"--layout compressed-tensors"
             )
         cfg = {"quant_algo": _MIXED_WRITTEN[fmt], "group_size": BLOCK_FORMATS[fmt].block_size}
-        layers.update({n[: -len(".weight")] if n.endswith(".weight") else n: cfg for n in names})
+        layers.update({module_of(n): cfg for n in names})
     return {**_document(_MIXED, ignore, kept), "quantized_layers": dict(sorted(layers.items()))}
 
 
