@@ -605,3 +605,21 @@ def test_a_recipe_file_of_stranger_bytes_is_refused_in_one_line(tmp_path, conten
     (tmp_path / "r.yaml").write_bytes(content)
     r = run("quantize", TINY_LLAMA, tmp_path / "out", "--recipe-file", "r.yaml", cwd=tmp_path, check=False)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_state_dict_takes_several_schemes_as_the_command_does(tmp_path):
+    """``quantize_state_dict(..., schemes={pattern: format})`` gives the tensors and the config groups
+    ``quantize --scheme`` writes, byte for byte."""
+    import neuron_kernels as nk
+
+    run("quantize", TINY_LLAMA, tmp_path / "out", *ATTENTION_FP8, "--no-stats", cwd=tmp_path)
+    tensors = read_safetensors(TINY_LLAMA / "model.safetensors")[0]
+    out, qc = nk.quantize_state_dict(tensors, "nvfp4", config=_config(TINY_LLAMA),
+                                     schemes={"*.self_attn.*": "fp8_channel"})  # fmt: skip
+    want = read_safetensors(tmp_path / "out" / "model.safetensors")[0]
+    assert sorted(out) == sorted(want)
+    for name, value in want.items():
+        assert out[name].dtype == value.dtype and out[name].tobytes() == value.tobytes(), name
+    assert qc["config_groups"] == _config(tmp_path / "out")["quantization_config"]["config_groups"]
+    with pytest.raises(nk.errors.InvalidValueError, match="schemes="):
+        nk.quantize_state_dict(tensors, None, config=_config(TINY_LLAMA))

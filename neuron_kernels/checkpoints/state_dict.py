@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks.scheme import scheme_of
+from ..blocks.scheme import Scheme, block_format, scheme_of
 from ..casting import cast
 from ..dtypes import get_format
-from ..errors import InvalidTypeError
+from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import INPUT_DTYPES
 from ..interop import from_torch, is_torch, to_torch
 from ..io.arrays import ArrayEntry, FileFormatError
@@ -26,6 +26,7 @@ from .architecture import from_model
 from .convert import plan_quantization, stored_weights
 from .folder import Checkpoint
 from .layouts import DEFAULT_LAYOUT, LAYOUTS, StoredWeight, detect_layout
+from .scheme_map import Group, SchemeMap
 
 __all__ = ["quantize_state_dict", "dequantize_state_dict"]
 
@@ -77,9 +78,29 @@ class _Sink:
         self._pos += raw.size
 
 
+def _schemes(fmt: str | None, schemes: Mapping[str, Any] | None, options: dict[str, Any]) -> Scheme | SchemeMap:
+    """The scheme of ``fmt`` and ``options``, or the :class:`SchemeMap` of ``schemes`` beside it."""
+    if not schemes:
+        if fmt is None:
+            raise InvalidValueError("give a block format, or schemes= (pattern -> format) for several")
+        return scheme_of(fmt, options)
+    if not isinstance(schemes, Mapping):
+        raise InvalidTypeError(f"schemes must be a dict of pattern -> format, got {type(schemes).__name__}")
+    groups = []
+    for pattern, scheme in schemes.items():
+        if not isinstance(pattern, str) or not isinstance(scheme, (str, Scheme)):
+            raise InvalidTypeError(
+                f"schemes takes shell patterns -> block formats or Schemes, got {pattern!r}: {scheme!r}"
+            )
+        own = scheme if isinstance(scheme, Scheme) else Scheme(block_format(scheme).name)
+        groups.append(Group((pattern,), own, options=own.options() if isinstance(scheme, Scheme) else {}))
+    default = scheme_of(fmt, options) if fmt is not None else None
+    return SchemeMap(tuple(groups), default, source="schemes=").under(options)
+
+
 def quantize_state_dict(
     state_dict: Mapping[str, Any],
-    fmt: str,
+    fmt: str | None,
     layout: str = DEFAULT_LAYOUT,
     *,
     ignore: tuple[str, ...] = (),
@@ -89,6 +110,7 @@ def quantize_state_dict(
     config: Mapping[str, Any] | None = None,
     modules: str = "auto",
     towers: bool = False,
+    schemes: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the quantised state dict, its ``quantization_config``): each weight the checkpoint rule
@@ -102,20 +124,23 @@ def quantize_state_dict(
     Which tensors are Linear weights comes from ``model`` (the torch module whose state dict this
     is: its modules' types), else from ``config`` (the model's config.json as a dict, through
     transformers or the package's table, ``modules`` as the command's ``--modules``); with
-    neither, ``only`` must say which tensors to quantise."""
+    neither, ``only`` must say which tensors to quantise.
+
+    ``schemes``: several schemes in one checkpoint, as the command's ``--scheme``: pattern (a shell
+    pattern, as ``only``'s) -> block format, or :class:`~neuron_kernels.blocks.scheme.Scheme`, the
+    first pattern that matches a weight giving its scheme (``options`` under each format's own),
+    ``fmt`` the rest (None: kept); docs/checkpoints.md "Several schemes in one checkpoint"."""
     target = LAYOUTS.get(layout)
     if target is None or target.single_file or not target.formats:
         writable = [n for n, lay in LAYOUTS.items() if lay.formats and not lay.single_file]
         raise FileFormatError(f"layout {layout!r} is not one a state dict can take ({', '.join(writable)})")
-    target.check_format(fmt)
+    chosen = _schemes(fmt, schemes, options)
     arrays, torch_out = _arrays(state_dict)
     if config is not None and not isinstance(config, Mapping):
         raise InvalidTypeError(f"config must be a dict (config.json's contents), got {type(config).__name__}")
     arch = from_model(model, arrays, f"the model given ({type(model).__name__})") if model is not None else None
     ckpt = _checkpoint(arrays, None if config is None else dict(config))
-    plan = plan_quantization(
-        ckpt, None, target, scheme_of(fmt, options), ignore, only, fuse, 256 << 20, modules, arch, towers
-    )
+    plan = plan_quantization(ckpt, None, target, chosen, ignore, only, fuse, 256 << 20, modules, arch, towers)
     out: dict[str, Any] = {}
     for item in plan.items(lambda _: None):
         if item.kept is not None:  # as it was: the caller's own tensor
