@@ -331,6 +331,7 @@ def test_the_doctor_finds_unused_targets_and_scales_that_cannot_be_right(with_kv
     shutil.copytree(out, bad)
     config = _config(bad)
     config["quantization_config"]["config_groups"]["group_0"]["targets"] += ["model.layers.7.self_attn.q_proj"]
+    config["quantization_config"]["ignore"] += ["model.layers.9.mlp.up_proj"]
     (bad / "config.json").write_text(json.dumps(config))
     path = str(bad / "model.safetensors")
     _, metadata, _ = read_safetensors_header(path)
@@ -341,6 +342,7 @@ def test_the_doctor_finds_unused_targets_and_scales_that_cannot_be_right(with_kv
     r = run("check", bad, "--json", cwd=tmp_path, check=False)
     found = {(f["severity"], f["kind"]): f["message"] for f in json.loads(r.stdout)["findings"]}
     assert "model.layers.7.self_attn.q_proj" in found["warning", "scheme-unused"]
+    assert "'model.layers.9.mlp.up_proj' names no module" in found["note", "scheme-unused"]
     assert "a scale of -0.5" in found["error", "kv-scale"]
     tensors["model.layers.0.self_attn.k_scale"] = tensors["model.layers.0.self_attn.v_scale"] = np.array(1, np.float32)
     save_file(tensors, path + ".new", metadata)
@@ -623,3 +625,26 @@ def test_a_state_dict_takes_several_schemes_as_the_command_does(tmp_path):
     assert qc["config_groups"] == _config(tmp_path / "out")["quantization_config"]["config_groups"]
     with pytest.raises(nk.errors.InvalidValueError, match="schemes="):
         nk.quantize_state_dict(tensors, None, config=_config(TINY_LLAMA))
+
+
+def test_the_doctor_names_fused_shards_stored_in_two_formats(mixed, tmp_path):
+    """q_proj stored NVFP4 beside FP8 k_proj and v_proj (its group says so, so compressed-tensors reads
+    each as stored): vLLM runs q/k/v as one layer of one scheme and refuses it; ``check`` names the three."""
+    out, _, _ = mixed
+    nvfp4 = _one(tmp_path, "nvfp4", "*.self_attn.*")
+    bad = tmp_path / "split"
+    shutil.copytree(out, bad)
+    q = "model.layers.0.self_attn.q_proj"
+    tensors = {k: v for k, v in load_file(str(out / "model.safetensors")).items() if not k.startswith(q + ".")}
+    tensors.update({k: v for k, v in load_file(str(nvfp4 / "model.safetensors")).items() if k.startswith(q + ".")})
+    save_file(tensors, str(bad / "model.safetensors"), {"format": "pt"})
+    config = _config(bad)
+    groups = config["quantization_config"]["config_groups"]
+    groups["group_0"]["targets"] = [r"re:.*self_attn\.(k|v|o)_proj$"]
+    groups["group_1"]["targets"] = [r"re:.*mlp\.(gate|up|down)_proj$", q]
+    (bad / "config.json").write_text(json.dumps(config))
+    assert load_checkpoint(bad)[f"{q}.weight"].fmt == "nvfp4"
+    r = run("check", bad, "--json", cwd=tmp_path, check=False)
+    fused = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "scheme-fused"]
+    assert [sorted(f["tensors"]) for f in fused] == [sorted(f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv")]
+    assert fused[0]["severity"] == "error"
