@@ -120,6 +120,13 @@ class Architecture:
         cls = self.splits.get(module) or self.splits.get(normalise(module))
         return EXPERT_SPLITS.get(cls) if cls else None
 
+    def expert_probes(self, module: str) -> tuple[str, ...]:
+        """For one expert's Linear (``...experts.E.gate_proj``), the names vLLM looks its fused MoE up
+        by (:meth:`~.runtime_modules.RuntimeModules.moe_probes`); none for any other module."""
+        if self.kind(module) != "expert":
+            return ()
+        return self.runtime.moe_probes(module.rpartition(".")[0].rpartition(".")[0])
+
     def plain_why(self, module: str, shape: tuple[int, ...] | None = None) -> str | None:
         """Why a runtime keeps ``module`` plain whatever the config says (a router; the runtime's
         own exceptions, :mod:`.runtime_modules`), or None."""

@@ -456,9 +456,7 @@ class _Modules:
 
     def moe_probes(self, module: str) -> tuple[str, ...]:
         """For one expert's Linear (``...experts.E.gate_proj``), the names of its fused MoE."""
-        if self.arch is None or self.arch.kind(module) != "expert":
-            return ()
-        return self.arch.runtime.moe_probes(module.rpartition(".")[0].rpartition(".")[0])
+        return self.arch.expert_probes(module) if self.arch is not None else ()
 
     def fused(self, names: Any) -> dict[str, tuple[tuple[str, ...], str | None]]:
         """Each module that is a shard of a fused layer -> (the shards, the fused layer's name or None)."""

@@ -52,9 +52,10 @@ def scheme_findings(
     found = _fused_formats(weights, arch)
     config = layout.targets(ckpt)
     if config is not None:
-        groups, ignore = config
-        found += _orders(ckpt, groups, ignore, weights, arch)
-        found += _unused(ckpt, groups, ignore, arch)
+        by_name, ignore = config
+        names, groups = list(by_name), list(by_name.values())
+        found += _orders(ckpt, names, groups, ignore, weights, arch)
+        found += _unused(ckpt, names, groups, ignore, arch)
     found += layout.scheme_checks(ckpt, weights)
     found += _scales(ckpt)
     return found
@@ -96,6 +97,7 @@ def _linear_modules(ckpt: Checkpoint, weights: list[StoredWeight], arch: Archite
 
 def _orders(
     ckpt: Checkpoint,
+    names: list[str],
     groups: list[tuple[str, ...]],
     ignore: list[str],
     weights: list[StoredWeight],
@@ -103,16 +105,14 @@ def _orders(
 ) -> list[Raw]:
     if len(groups) < 2:
         return []  # one group: the orders cannot differ
-    names = _linear_modules(ckpt, weights, arch)
-    fused = fused_layers(names, arch)
+    linears = _linear_modules(ckpt, weights, arch)
+    fused = fused_layers(linears, arch)
     found: list[Raw] = []
-    for name in names:
+    for name in linears:
         m = module_of(name)
         model = arch.model_name(m) if arch is not None else m
         shards, layer = fused.get(name, ((), None))
-        probes: tuple[str, ...] = ()
-        if arch is not None and arch.kind(m) == "expert":
-            probes = arch.runtime.moe_probes(m.rpartition(".")[0].rpartition(".")[0])
+        probes = arch.expert_probes(m) if arch is not None else ()
         ct = ct_group(tuple(dict.fromkeys((m, model))), groups, ignore)
         try:
             vllm = vllm_group(m, groups, ignore, [module_of(s) for s in shards], layer, probes)
@@ -121,21 +121,20 @@ def _orders(
             continue
         if ct != vllm:
             found.append(("error", "scheme-order", (
-                f"{m}: compressed-tensors (transformers) gives it {_group_name(ckpt, ct)} and vLLM "
-                f"{_group_name(ckpt, vllm)}; their orders of matching differ (exact names, then re: in string order, "
+                f"{m}: compressed-tensors (transformers) gives it {_group_name(names, ct)} and vLLM "
+                f"{_group_name(names, vllm)}; their orders of matching differ (exact names, then re: in string order, "
                 f"then Linear; against the first target in config order), so the two load it differently: give each "
                 f"module one matching target"), (name,)))  # fmt: skip
     return found
 
 
-def _group_name(ckpt: Checkpoint, index: int | None) -> str:
-    if index is None:
-        return "no group (plain)"
-    names = list((ckpt.quantization_config or {}).get("config_groups") or {})
-    return f"group {names[index]!r}" if index < len(names) else f"group {index}"
+def _group_name(names: list[str], index: int | None) -> str:
+    return "no group (plain)" if index is None else f"group {names[index]!r}"
 
 
-def _unused(ckpt: Checkpoint, groups: list[tuple[str, ...]], ignore: list[str], arch: Architecture | None) -> list[Raw]:
+def _unused(
+    ckpt: Checkpoint, names: list[str], groups: list[tuple[str, ...]], ignore: list[str], arch: Architecture | None
+) -> list[Raw]:
     """Targets and ignore entries that match no module: of the checkpoint (every tensor's module),
     of the model (its names, its Linear modules) or vLLM's MoE names."""
     modules = {n.rpartition(".")[0] for n in ckpt.tensors}
@@ -147,11 +146,9 @@ def _unused(ckpt: Checkpoint, groups: list[tuple[str, ...]], ignore: list[str], 
                 modules.update(arch.runtime.moe_probes(parent))
     modules.discard("")
     found: list[Raw] = []
-    names = list((ckpt.quantization_config or {}).get("config_groups") or {})
-    for index, targets in enumerate(groups):
+    for group, targets in zip(names, groups):
         for t in targets:
             if not any(ct_matches(m, [t]) is not False for m in modules):
-                group = names[index] if index < len(names) else index
                 found.append(("warning", "scheme-unused", (
                     f"config group {group!r}: the target {t!r} names no module of this model; the group quantises "
                     f"none by it (a mistyped name, or a recipe made for another model)"), ()))  # fmt: skip

@@ -229,7 +229,7 @@ def _kv_cache_scheme(kept: list[tuple[str, ArrayEntry]]) -> dict[str, Any] | Non
     none is carried: FP8, per tensor (one scale each) or per head ([heads, 1, 1]), the schemes
     vLLM's compressed-tensors KV-cache method reads (``CompressedTensorsKVCacheMethod``); without
     it vLLM drops the scales and runs the KV cache at a scale of 1."""
-    shapes = {e.shape for name, e in kept if name.rpartition(".")[2] in ("k_scale", "v_scale")}
+    shapes = {e.shape for name, e in kept if name.rpartition(".")[2] in KV_SCALES[:2]}  # the cache's: k and v
     if not shapes:
         return None
     strategy = "tensor" if all(math.prod(s) == 1 for s in shapes) else "attn_head"
@@ -471,11 +471,11 @@ def _ct_quantises(ckpt: Checkpoint, names: tuple[str, ...]) -> bool | None:
     return True if any(hits) else None if None in hits else False
 
 
-def _ct_targets(ckpt: Checkpoint) -> tuple[list[tuple[str, ...]], list[str]]:
-    """The groups' targets in config order and the ignore entries (strings only)."""
+def _ct_targets(ckpt: Checkpoint) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+    """Each group's targets by its name, in config order, and the ignore entries (strings only)."""
     ignore = (ckpt.quantization_config or {}).get("ignore") or []
     entries = [e for e in ignore if isinstance(e, str)] if isinstance(ignore, list) else []
-    return [g.targets for g in _ct_groups(ckpt)], entries
+    return {g.name: g.targets for g in _ct_groups(ckpt)}, entries
 
 
 #: The weights' arguments that tell the formats apart (the others have defaults every format shares).

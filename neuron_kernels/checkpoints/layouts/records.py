@@ -355,8 +355,9 @@ class CheckpointLayout:
     schemes (None: the layout holds one), ``parts`` each scheme's (format, the tensors it quantises,
     its activations as a recipe gives them or ``OWN``), ``modules`` what the config needs of the model's
     modules (their names in the model, the fused layers, the MoE's names), and ``mixed_notes()`` what
-    its runtimes are known to load wrong in such a checkpoint; ``targets(ckpt)``: the config's groups'
-    targets in config order and its ignore entries, which the doctor matches as each runtime does
+    its runtimes are known to load wrong in such a checkpoint; ``targets(ckpt)``: each of the config's
+    groups' targets by the group's name, in config order, and its ignore entries, which the doctor
+    matches as each runtime does
     (None: the layout has no such config); ``group_format(group)``: the block format of a config
     group as a recipe gives it (None: not one it writes; the field None: the layout takes no recipe
     file); ``kv_scale(name)``: the name it stores a KV-cache scale under, given compressed-tensors'
@@ -392,7 +393,7 @@ class CheckpointLayout:
     ignore_key: str | None = None
     mixed: Callable[..., dict[str, Any]] | None = None
     mixed_notes: Callable[[], list[str]] = lambda: []
-    targets: Callable[[Checkpoint], tuple[list[tuple[str, ...]], list[str]] | None] = lambda ckpt: None
+    targets: Callable[[Checkpoint], tuple[dict[str, tuple[str, ...]], list[str]] | None] = lambda ckpt: None
     group_format: Callable[[dict[str, Any]], str | None] | None = None
     kv_scale: Callable[[str], str | None] = lambda name: None
     scheme_checks: Callable[[Checkpoint, list[Any]], list[tuple[str, str, str, tuple[str, ...]]]] = (
