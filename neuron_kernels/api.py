@@ -213,7 +213,11 @@ def quantize(
         ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4_e2m1``, ``mxint8``
         (MX: e8m0 scales), ``nvfp4`` (float8_e4m3fn scales, optional per-tensor scale), or FP8
         E4M3 with float scales: ``fp8_block`` (one per 128 x 128 tile), ``fp8_channel`` (one per
-        row) and ``fp8_tensor`` (one per matrix).
+        row) and ``fp8_tensor`` (one per matrix); integers with float scales, ``int2_group`` ...
+        ``int8_group`` (groups of 128 along the last axis, or ``block_size``) and ``int2_channel``
+        ... ``int8_channel`` (one per row), symmetric (``s = amax / ((qmax - qmin) / 2)``), or
+        with a zero point per group (``int4_group_asym``, ...: ``s = (max - min) / (qmax -
+        qmin)``, ``z = round(qmin - min / s)``), by compressed-tensors' rule (docs/integers.md).
     block_size, block_shape
         1-D blocks of ``block_size`` along ``axis`` (default: the format's, 32 for MX and 16 for
         NVFP4; the last block may be partial), or ``block_shape=(r, c)``: one scale per r x c tile

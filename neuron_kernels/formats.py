@@ -24,6 +24,8 @@ from .modes import E8M0_SCALE_MODES, FLOAT_SCALE_MODES
 
 __all__ = [
     "BLOCK_FORMATS",
+    "INTEGER_BITS",
+    "INTEGER_FORMATS",
     "MX_FORMATS",
     "BlockFormat",
     "WHOLE",
@@ -50,9 +52,10 @@ SPECIALS: tuple[Specials, ...] = ("ieee", "fn", "fnuz", "none", "e8m0", "fixed")
 class Format:
     """One row of the format table.
 
-    ``kind`` is ``"float"``, ``"int"``, ``"packed"`` (a container of four elements) or ``"fixed"``
+    ``kind`` is ``"float"``, ``"int"``, ``"packed"`` (a container of four elements), ``"fixed"``
     (a fixed-point element of block formats, encoded as a float with one exponent bit: see
-    :func:`_fixed`).
+    :func:`_fixed`) or ``"qint"`` (a two's-complement integer element of block formats narrower
+    than a byte, one code of ``bits`` bits per byte: see :func:`_qint`).
     For floats, ``ebits``/``mbits``/``bias`` define the encoding and ``specials`` the use of the
     top codes. ``bits`` is the width of one encoded value (sign included), ``itemsize`` the bytes
     one stored value takes. ``numpy_name`` names the numpy/ml_dtypes dtype when one exists;
@@ -60,7 +63,7 @@ class Format:
     """
 
     name: str
-    kind: Literal["float", "int", "packed", "fixed"]
+    kind: Literal["float", "int", "packed", "fixed", "qint"]
     bits: int
     itemsize: int
     container: str | None = None
@@ -169,16 +172,22 @@ class Format:
         return self.max_exponent_field - self.bias
 
     @property
+    def integer(self) -> bool:
+        """Whether the values are the integers of the codes (numpy's ints and the block elements of
+        :func:`_qint`)."""
+        return self.kind in ("int", "qint")
+
+    @property
     def max(self) -> float:
-        if self.kind == "int":
-            return float(np.iinfo(self.name).max)
+        if self.integer:
+            return float((1 << self.magnitude_bits) - 1)
         frac = 1.0 + self.max_mantissa_field / (1 << self.mbits)
         return float(np.ldexp(frac, self.emax))
 
     @property
     def lowest(self) -> float:
-        if self.kind == "int":
-            return float(np.iinfo(self.name).min)
+        if self.integer:
+            return float(-(1 << self.magnitude_bits)) if self.signed else 0.0
         if self.signed:
             return -self.max
         return self.smallest_normal if self.specials == "e8m0" else 0.0  # e8m0 has no zero
@@ -354,6 +363,16 @@ def _fixed(name: str, bits: int, fraction_bits: int) -> Format:
     )
 
 
+def _qint(bits: int) -> Format:
+    """The signed integer element of ``bits`` bits (2 to 7) of integer block formats: codes in
+    [-2^(bits-1), 2^(bits-1) - 1], each stored as its ``bits``-bit two's-complement pattern in a
+    byte (4-bit codes may pack two per byte). Not a cast target: an element of block formats only
+    (8 bits is numpy's int8)."""
+    return Format(
+        name=f"int{bits}", kind="qint", bits=bits, itemsize=1, container="uint8", specials="fixed", numpy_name=None
+    )
+
+
 def _packed(name: str, element: str, container: str) -> Format:
     size = np.dtype(container).itemsize
     return Format(
@@ -399,7 +418,12 @@ _TABLE: tuple[Format, ...] = (
     *(_int(n) for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")),
     # fixed-point elements of block formats (not cast targets): mxint8's code c / 64
     _fixed("fixed8_q6", 8, 6),
+    # integer elements of block formats narrower than int8 (not cast targets)
+    *(_qint(b) for b in range(2, 8)),
 )
+
+#: The widths of the integer block formats' elements (compressed-tensors packs 2 to 8 bits).
+INTEGER_BITS: tuple[int, ...] = tuple(range(2, 9))
 
 #: Every format, by canonical name.
 FORMATS: dict[str, Format] = {f.name: f for f in _TABLE}
@@ -415,12 +439,14 @@ INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 class BlockFormat:
     """One block-scaled format: elements of one format that share, per block, a scale of another.
 
-    ``element`` is a float or fixed-point row of :data:`FORMATS`, ``scale`` the scale's row
-    (``float8_e8m0fnu`` for MX, ``float8_e4m3fn`` for NVFP4, ``float32`` for FP8 with float
-    scales, which may be stored as ``bfloat16`` or ``float16`` too: :data:`FLOAT_SCALE_DTYPES`),
+    ``element`` is a float, fixed-point or integer row of :data:`FORMATS`, ``scale`` the scale's row
+    (``float8_e8m0fnu`` for MX, ``float8_e4m3fn`` for NVFP4, ``float32`` for FP8 and the integer
+    formats with float scales, which may be stored as ``bfloat16`` or ``float16`` too:
+    :data:`FLOAT_SCALE_DTYPES`; integer formats may add a zero point per block),
     ``block_size`` the default block length and ``block_rows`` the default rows of a 2-D tile
     (:data:`WHOLE`: the whole axis, per channel or per tensor), ``per_tensor_scale`` whether a
-    float32 per-tensor scale may apply on top (NVFP4's two levels). Every other number is derived
+    float32 per-tensor scale may apply on top (NVFP4's two levels), ``zero_points`` whether each
+    block has a zero point (the asymmetric integer formats, ``*_asym``). Every other number is derived
     from these rows.
     """
 
@@ -430,6 +456,8 @@ class BlockFormat:
     block_size: int
     per_tensor_scale: bool = False
     block_rows: int = 1
+    #: Integer formats: a zero point per block (asymmetric: ``(q - z) * s``).
+    zero_points: bool = False
 
     @property
     def element_format(self) -> Format:
@@ -475,8 +503,16 @@ class BlockFormat:
         return self.element_format.nan_code or 0
 
     @property
+    def integer(self) -> bool:
+        """Whether the elements are integers (``int2`` ... ``int8``): a block's values are ``(q - z) *
+        s``, ``z`` its zero point (0 for symmetric quantisation)."""
+        return self.element_format.integer
+
+    @property
     def scale_modes(self) -> tuple[str, ...]:
         """The scale modes (``modes.SCALE_MODES``) of this scale format; the first is the default."""
+        if self.integer:
+            return ("divide",)
         if self.float_scales:
             return FLOAT_SCALE_MODES
         return E8M0_SCALE_MODES if self.scale_format.specials == "e8m0" else ("nearest",)
@@ -509,8 +545,10 @@ class BlockFormat:
 
     @property
     def family(self) -> str:
-        """The family's name, as messages and reprs say it: ``MX``, ``FP8`` (float scales), or the
-        format's own (``NVFP4``)."""
+        """The family's name, as messages and reprs say it: ``MX``, ``INT`` (integer elements),
+        ``FP8`` (float scales), or the format's own (``NVFP4``)."""
+        if self.integer:
+            return "INT"
         if self.float_scales:
             return "FP8"
         return "MX" if self.is_mx else self.name.upper()
@@ -535,10 +573,21 @@ _BLOCK_TABLE: tuple[BlockFormat, ...] = (
     BlockFormat("fp8_block", "float8_e4m3fn", "float32", 128, block_rows=128),
     BlockFormat("fp8_channel", "float8_e4m3fn", "float32", WHOLE),
     BlockFormat("fp8_tensor", "float8_e4m3fn", "float32", WHOLE, block_rows=WHOLE),
+    # integers with float scales, symmetric or with zero points (``_asym``): per group of 128 (GPTQ,
+    # AWQ, compressed-tensors' W4A16) or per channel (W8A8)
+    *(
+        BlockFormat(f"int{b}_{kind}{'_asym' if asym else ''}", f"int{b}", "float32", size, zero_points=asym)
+        for asym in (False, True)
+        for kind, size in (("group", 128), ("channel", WHOLE))
+        for b in INTEGER_BITS
+    ),
 )
 
 #: Every block format, by name.
 BLOCK_FORMATS: dict[str, BlockFormat] = {f.name: f for f in _BLOCK_TABLE}
+
+#: The integer block formats, by name.
+INTEGER_FORMATS: dict[str, BlockFormat] = {n: f for n, f in BLOCK_FORMATS.items() if f.integer}
 
 #: The OCP MX formats (e8m0 scales), by name.
 MX_FORMATS: dict[str, BlockFormat] = {n: f for n, f in BLOCK_FORMATS.items() if f.is_mx}

@@ -87,6 +87,8 @@ class Recipe(NamedTuple):
     rules: dict[str, RecipeRule]
     #: Whether the producer gives the shards of a fused layer one global scale (their amax's).
     fuses: bool = True
+    #: Its rule for every integer block format (``int4_group``, ...), if it writes them.
+    integers: RecipeRule | None = None
 
 
 _CT = "llm-compressor 0.14 (compressed-tensors 0.19.0; 0.20.1 the same)"
@@ -100,6 +102,12 @@ _CT_FP8 = RecipeRule(
     "ct_float", "divide", "weight", "kept", quotient="weight",
     source="compressed_tensors/quantization/utils/helpers.py calculate_qparams (amax / 448 in the weight's dtype); "
     "forward_helpers.py _quantize (x / scale in the weight's dtype on the CPU)",
+)  # fmt: skip
+#: compressed-tensors' integer rule is the package's (docs/integers.md), in the weight's dtype.
+_CT_INT = RecipeRule(
+    "package", intermediate="weight", scale_mode="divide",
+    source="compressed_tensors/quantization/utils/helpers.py calculate_qparams; "
+    "quantization/lifecycle/forward_helpers.py _quantize (every step in the weight's dtype on the CPU)",
 )  # fmt: skip
 _MO = "modelopt/torch/quantization/qtensor/nvfp4_tensor.py get_weights_scaling_factor(_2), _cast_fp4"
 _GGML = "ggml/src/ggml-quants.c quantize_row_mxfp4_ref, quantize_row_nvfp4_ref, best_index_mxfp4; ggml-impl.h"
@@ -122,6 +130,7 @@ RECIPES: dict[str, Recipe] = {
             "fp8_block": _CT_FP8,
             "fp8_tensor": _CT_FP8,
         },
+        integers=_CT_INT,
     ),
     "modelopt": Recipe(
         "modelopt",

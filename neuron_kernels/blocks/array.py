@@ -69,6 +69,11 @@ class BlockFields:
     layout: BlockLayout
     per_tensor_scale: float | None
     rotation: tuple[int, ...] | None
+    #: Integer formats: the zero point of each block (int8, the scales' shape), or None (symmetric);
+    #: the group of each column along the block axis (int32, act-order's ``g_idx``), or None (column
+    #: ``c`` in block ``c // block_size``).
+    zero_points: Any = None
+    group_index: Any = None
 
     @property
     def fmt(self) -> str:
@@ -108,8 +113,10 @@ class BlockFields:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of codes and scales (and the per-tensor scale's 4, when there is one)."""
-        return int(self.codes.nbytes + self.scales.nbytes + (4 if self.per_tensor_scale is not None else 0))
+        """Bytes of codes and scales (and the per-tensor scale's 4, the zero points and the group
+        index, when there are)."""
+        extra = sum(int(a.nbytes) for a in (self.zero_points, self.group_index) if a is not None)
+        return int(self.codes.nbytes + self.scales.nbytes + (4 if self.per_tensor_scale is not None else 0) + extra)
 
     def _repr_head(self) -> str:
         extra = f", block_shape={self.block_shape}" if self.block_rows > 1 else ""
@@ -117,6 +124,10 @@ class BlockFields:
             extra += f", per_tensor_scale={self.per_tensor_scale:.6g}"
         if self.rotation is not None:
             extra += ", rotated"
+        if self.zero_points is not None:
+            extra += ", zero_points"
+        if self.group_index is not None:
+            extra += ", group_index"
         return (
             f"fmt={self.fmt!r}, shape={self.shape}, block_size={self.block_size}, axis={self.axis}{extra}, "
             f"packed={self.packed}"
@@ -148,6 +159,17 @@ class BlockArray(BlockFields):
     rotation
         The 16 signs of the random Hadamard rotation applied along the block axis before
         quantising, or None (see :func:`neuron_kernels.rotate`).
+    zero_points
+        The asymmetric integer formats (``int4_group_asym``, ...): the zero point of each block,
+        int8 of the scales' shape (None for every other format). A value is ``(q - z) * s``, ``q``
+        the two's-complement code.
+    group_index
+        Integer formats blocked along the last axis: the block of each column (int32, the
+        act-order ``g_idx`` of GPTQ and compressed-tensors), or None (column ``c`` in block
+        ``c // block_size``).
+
+    Integer codes are each the element's ``bits``-bit two's-complement pattern (4-bit ones packed
+    two per byte with ``packed``); :meth:`integer_codes` gives them as int8 values.
 
     The constructor's earlier form, ``BlockArray(codes, scales, fmt, block_size, axis, shape,
     packed=False, block_rows=1, per_tensor_scale=None, rotation=None)``, still works and warns
@@ -159,6 +181,8 @@ class BlockArray(BlockFields):
     layout: BlockLayout
     per_tensor_scale: float | None = None
     rotation: tuple[int, ...] | None = None
+    zero_points: np.ndarray | None = None
+    group_index: np.ndarray | None = None
 
     def __init__(
         self,
@@ -168,6 +192,8 @@ class BlockArray(BlockFields):
         *fields: Any,
         per_tensor_scale: float | None = None,
         rotation: tuple[int, ...] | None = None,
+        zero_points: np.ndarray | None = None,
+        group_index: np.ndarray | None = None,
         **named: Any,
     ) -> None:
         if not isinstance(layout, BlockLayout):
@@ -182,6 +208,8 @@ class BlockArray(BlockFields):
         object.__setattr__(self, "layout", layout)
         object.__setattr__(self, "per_tensor_scale", per_tensor_scale)
         object.__setattr__(self, "rotation", rotation)
+        object.__setattr__(self, "zero_points", zero_points)
+        object.__setattr__(self, "group_index", group_index)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -201,6 +229,8 @@ class BlockArray(BlockFields):
             problem = f"scales must be {self.format.scale} bytes, got dtype {self.scales.dtype}"
         if problem is None:
             problem = _extra_problem(self.format, self.per_tensor_scale, self.rotation)
+        if problem is None:
+            problem = _integer_problem(self.layout, self.zero_points, self.group_index)
         if problem:
             family = BLOCK_FORMATS[self.fmt].family if self.fmt in BLOCK_FORMATS else "a"
             raise InvalidValueError(f"inconsistent {family} block array: {problem}")
@@ -273,6 +303,14 @@ class BlockArray(BlockFields):
         if not self.packed:
             return self.codes
         return nibbles.unpack(self.codes, self.shape[self.axis], self.axis)
+
+    def integer_codes(self) -> np.ndarray:
+        """Integer formats: the codes as int8 values (sign-extended from the element's width), unpacked."""
+        if not self.format.integer:
+            raise InvalidTypeError(f"{self.fmt} has no integer codes; element_codes() gives its codes")
+        half = np.int16(1 << (self.format.element_bits - 1))
+        values: np.ndarray = ((self.unpacked_codes().astype(np.int16) ^ half) - half).astype(np.int8)
+        return values
 
     def element_codes(self) -> np.ndarray:
         """The codes as an array of the element's dtype (int8 for mxint8), unpacked."""
@@ -364,6 +402,8 @@ class BlockArray(BlockFields):
         *fields: Any,
         per_tensor_scale: Any = None,
         rotation: Any = None,
+        zero_points: Any = None,
+        group_index: Any = None,
         **named: Any,
     ) -> BlockArray:
         """A block array from its parts as read from a file (``layout``'s fields as read too),
@@ -382,6 +422,8 @@ class BlockArray(BlockFields):
         problem = layout.problem((codes.shape, codes.dtype), (scales.shape, scales.dtype))
         if problem is None:
             problem = _extra_problem(layout.format, per_tensor_scale, rotation)
+        if problem is None:
+            problem = _integer_problem(layout.normalised(), zero_points, group_index)
         if problem:
             raise InvalidValueError(f"{where}: {problem}")
         fmt = layout.format
@@ -398,7 +440,37 @@ class BlockArray(BlockFields):
             layout.normalised(),
             per_tensor_scale=None if per_tensor_scale is None else float(per_tensor_scale),
             rotation=None if rotation is None else tuple(int(v) for v in rotation),
+            zero_points=None if zero_points is None else np.ascontiguousarray(zero_points),
+            group_index=None if group_index is None else np.ascontiguousarray(group_index),
         )
+
+
+def _integer_problem(layout: BlockLayout, zero_points: Any, group_index: Any) -> str | None:
+    """What is wrong with the zero points and group index of an array of ``layout``, or None."""
+    fmt = layout.format
+    if (zero_points is not None or group_index is not None) and not fmt.integer:
+        return f"zero points and a group index are for the integer formats; {fmt.name} has none"
+    if fmt.integer and (zero_points is None) == fmt.zero_points:
+        return f"{fmt.name} has {'a zero point per block' if fmt.zero_points else 'no zero points'}"
+    if zero_points is not None:
+        element = fmt.element_format
+        if not isinstance(zero_points, np.ndarray) or zero_points.dtype != np.int8:
+            return "zero points must be an int8 numpy array"
+        if zero_points.shape != layout.scales_shape:
+            return f"zero points must have the scales' shape {layout.scales_shape}, got {zero_points.shape}"
+        if zero_points.size and (zero_points.min() < element.lowest or zero_points.max() > element.max):
+            return f"zero points must lie in [{element.lowest:.0f}, {element.max:.0f}] ({element.name})"
+    if group_index is not None:
+        if not isinstance(group_index, np.ndarray) or group_index.dtype != np.int32 or group_index.ndim != 1:
+            return "the group index must be a 1-D int32 numpy array"
+        if layout.axis != len(layout.shape) - 1 or layout.block_rows > 1:
+            return "a group index needs blocks along the last axis"
+        if group_index.shape != (layout.shape[-1],):
+            return f"the group index must have one entry per column ({layout.shape[-1]}), got {group_index.shape}"
+        blocks = layout.scales_shape[-1]
+        if group_index.size and (group_index.min() < 0 or group_index.max() >= blocks):
+            return f"the group index must name blocks in [0, {blocks})"
+    return None
 
 
 def _positive_in_float32(x: float) -> bool:

@@ -18,12 +18,13 @@ import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BlockFormat, Format
-from ..recipes import RECIPES, RecipeRule
+from ..recipes import RecipeRule
 from ..registry import block_kernels
+from . import nibbles
 from .array import BlockArray
 from .inputs import input_array
 from .layout import BlockLayout
-from .recipe_options import check_finite, ct_global_scale
+from .recipe_options import check_finite, ct_global_scale, recipe_rule
 from .rotation import check_length, rotate_array, rotated_amax
 
 __all__ = ["BlockJob", "input_array", "per_tensor_scale_of", "tensor_amax"]
@@ -82,7 +83,7 @@ class BlockJob:
         """The recipe's rule for this job's format, where a recipe replaces the package's kernels."""
         if not self.recipe:
             return None
-        rule = RECIPES[self.recipe].rules[self.fmt.name]
+        rule = recipe_rule(self.recipe, self.fmt)
         return None if rule.scale == "package" else rule
 
     def with_amax(self, amax: float) -> BlockJob:
@@ -176,6 +177,16 @@ class BlockJob:
         arrays and ``out`` returned (a copy of it sharing those arrays where the per-tensor scale
         differs from ``out``'s: a block array's fields are fixed)."""
         lay = self.layout(arr.shape)
+        if self.fmt.integer:
+            q = self._integers(arr, src, lay)
+            if out is None:
+                return q
+            self.out_buffers(out, arr)  # checked as for every format; the fields copied in
+            out.codes[...] = q.codes
+            out.scales[...] = q.scales
+            if q.zero_points is not None and out.zero_points is not None:
+                out.zero_points[...] = q.zero_points
+            return out
         if out is None:
             codes = np.empty(lay.codes_shape, np.uint8)
             scales = self._scale_buffer(lay.scales_shape)
@@ -198,6 +209,23 @@ class BlockJob:
             BlockLayout(self.fmt.name, arr.shape, self.axis, size, rows, self.pack),
             per_tensor_scale=pts,
             rotation=self.rotation,
+        )
+
+    def _integers(self, arr: np.ndarray, src: Format, lay: BlockLayout) -> BlockArray:
+        """The integer codes (one per byte, then packed where the layout packs), scales in the
+        scale dtype and zero points of ``arr`` (see :mod:`~neuron_kernels.kernels.block_kernels.integers`)."""
+        plain = replace(lay, packed=False)
+        codes = np.empty(plain.codes_shape, np.uint8)
+        scales = np.empty(lay.scales_shape, np.float32)
+        zeros = np.empty(lay.scales_shape, np.int8) if self.fmt.zero_points else None
+        if arr.size:
+            block_kernels().integer_quantize(self, arr, src.name, codes, scales, zeros)
+        if lay.packed:
+            codes = nibbles.pack(codes, lay.axis)
+        size, rows = self._stored(arr.shape)
+        stored = scales if self.fmt.scale == "float32" else scales.astype(self.fmt.scale_format.result_dtype)
+        return BlockArray(
+            codes, stored, BlockLayout(self.fmt.name, arr.shape, self.axis, size, rows, lay.packed), zero_points=zeros
         )
 
     def _by_recipe(self, arr: np.ndarray, src: Format, codes: np.ndarray, scales: np.ndarray) -> None:
@@ -230,7 +258,7 @@ class BlockJob:
     def fake_quantize(self, arr: np.ndarray, src: Format, out: np.ndarray, idx0: int = 0) -> None:
         """The dequantised values of every element of ``arr`` into the C-contiguous float32 ``out``."""
         lay = self.layout(arr.shape)
-        if arr.size and self.rule is not None:  # the recipe's codes, dequantised
+        if arr.size and (self.rule is not None or self.fmt.integer):  # the codes, dequantised
             self.quantize(arr, src, idx0).dequantize(out=out.reshape(arr.shape))
         elif arr.size:
             source, name = self._source(arr, src, lay)
@@ -241,7 +269,13 @@ class BlockJob:
         pass that writes no codes (see :func:`~neuron_kernels.kernels.block_kernels.quantize_error_kernel`);
         None where the statistics need the codes: blocks not along the last axis, 2-D blocks, a
         rotation, another rounding than nearest-even."""
-        if self.rotation is not None or self.rounding != "nearest_even" or self.block_rows > 1 or self.rule is not None:
+        if (
+            self.rotation is not None
+            or self.rounding != "nearest_even"
+            or self.block_rows > 1
+            or self.rule is not None
+            or self.fmt.integer
+        ):
             return None
         lay = self.layout(arr.shape)
         if not lay.kernel_shapes().row:

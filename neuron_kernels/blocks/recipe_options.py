@@ -35,19 +35,22 @@ def recipe_rule(name: str, bf: BlockFormat) -> RecipeRule:
     """The rule of recipe ``name`` for the format ``bf``, or a :class:`NotApplicableError` naming
     the formats the recipe writes."""
     recipe = recipe_of(name)
+    if bf.integer and recipe.integers is not None:
+        return recipe.integers
     if bf.name not in recipe.rules:
-        raise NotApplicableError(
-            f"recipe {name!r} ({recipe.producer}) does not write {bf.name}; it writes: {', '.join(recipe.rules)}"
-        )
+        writes = ", ".join(recipe.rules) + (" and the integer formats" if recipe.integers is not None else "")
+        raise NotApplicableError(f"recipe {name!r} ({recipe.producer}) does not write {bf.name}; it writes: {writes}")
     return recipe.rules[bf.name]
 
 
-def weight_dtype(rule: RecipeRule, dtype: Any, recipe: str) -> str:
+def weight_dtype(rule: RecipeRule, dtype: Any, recipe: str, bf: BlockFormat | None = None) -> str:
     """The dtype a recipe's intermediate results are rounded to, for input of ``dtype`` (a name,
-    or None where unknown: float32)."""
+    or None where unknown: float32); the integer formats' kernels compute in float16 too."""
     name = "float32" if dtype is None else str(dtype)
     if rule.intermediate == "float32" or name in ("float32", "float64"):
         return "float32"
+    if bf is not None and bf.integer and name == "float16":
+        return name
     if name != "bfloat16":
         raise NotApplicableError(
             f"recipe {recipe!r} computes in the weight's dtype; it is followed for float32 and bfloat16 "
@@ -63,7 +66,9 @@ def recipe_options(name: str, bf: BlockFormat, options: dict[str, Any], given: s
     fixed = {"scale_mode", "rounding", "scale_bound", "four_over_six", "scale_search", "rht"}
     if rule.per_tensor == "none":  # otherwise a given one is a fused layer's (shared_per_tensor_scale)
         fixed.add("per_tensor_scale")
-    if rule.scale != "package" or bf.float_scales:
+    if bf.integer:  # the groups are the user's; the scales are in the weight's dtype
+        fixed.add("scale_dtype")
+    elif rule.scale != "package" or bf.float_scales:
         fixed |= {"block_size", "block_shape", "scale_dtype"}
     clash = sorted(given & fixed)
     if clash:

@@ -103,11 +103,11 @@ class Scheme:
             given.add("per_tensor_scale")
         recipe = str(self.recipe)
         rule = recipe_options(recipe, own, {"axis": self.axis, "ndim": ndim}, given)
-        intermediate = weight_dtype(rule, dtype, recipe)
+        intermediate = weight_dtype(rule, dtype, recipe, own)
         plain = Scheme(
             self.format, block_size=self.block_size, block_shape=self.block_shape, axis=self.axis, pack=self.pack,
             scale_mode=rule.scale_mode if rule.scale == "package" else DEFAULT,
-            scale_dtype=intermediate if rule.scale != "package" and own.float_scales else None,
+            scale_dtype=intermediate if (rule.scale != "package" or own.integer) and own.float_scales else None,
         )  # fmt: skip
         job = plain._job(ndim, formats, what)
         if rule.scale != "package" and rule.per_tensor == "none":
@@ -136,6 +136,8 @@ class Scheme:
         _float_scales(bf, mode)
         _policies(bf, self.four_over_six, self.scale_search)
         rotation = rotation_signs(self.rht)
+        if bf.integer:
+            _integer(bf, rows, ax, ndim, rounding, rotation)
         if rotation is not None:
             if rows > 1:
                 raise InvalidValueError("rht= rotates along the block axis of 1-D blocks, not 2-D tiles")
@@ -158,6 +160,17 @@ class Scheme:
             scale_search=self.scale_search,
             rotation=rotation,
         )
+
+
+def _integer(bf: BlockFormat, rows: int, axis: int, ndim: int, rounding: str, rotation: Any) -> None:
+    """What the integer formats take: groups along the last axis (a weight's input), rounded to
+    nearest even, without a rotation."""
+    if rows > 1 or axis != ndim - 1:
+        raise NotApplicableError(f"{bf.name} groups the last axis (a weight's input columns), in 1-D blocks")
+    if rounding != "nearest_even":
+        raise NotApplicableError(f"{bf.name} rounds to nearest even (as its producers do); got rounding {rounding!r}")
+    if rotation is not None:
+        raise NotApplicableError(f"{bf.name} takes no rotation (rht=)")
 
 
 #: The options of a quantisation, in the order of :func:`neuron_kernels.quantize`'s signature.

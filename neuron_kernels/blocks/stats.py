@@ -73,6 +73,9 @@ class ErrorStats:
         if by_rows(q):
             self._add_rows(x, q)
             return
+        if q.group_index is not None:  # act-order columns: a piece cut along them has no index of its own
+            self._add(x, q)
+            return
         pieces = Pieces(q.layout)
         flat = x.reshape(-1)
         codes, scales = q.codes.reshape(-1), q.scales.reshape(-1)
@@ -86,6 +89,7 @@ class ErrorStats:
                 BlockLayout(q.fmt, shape, lay.axis, q.block_size, q.block_rows, q.packed),
                 per_tensor_scale=q.per_tensor_scale,
                 rotation=q.rotation,
+                zero_points=None if q.zero_points is None else q.zero_points.reshape(-1)[s0:s1].reshape(sshape),
             )
             self._add(flat[start:stop].reshape(shape), part)
 
@@ -135,17 +139,28 @@ class ErrorStats:
         rotated = q.rotation is not None
         dq = q.dequantize(np.float32, unrotate=rotated, out=self._buffer("dq", x.size, np.float32).reshape(x.shape))
         dq = dq.reshape(-1)
-        # The largest value each block holds: the largest element code dequantised with its scale,
-        # compared with the values as quantised (rotated, with a rotation).
-        top = q.format.element_format.max_code
-        code = top | top << 4 if q.packed else top
-        full = self._buffer(f"full{code}", q.codes.size, np.uint8, code)
-        lim = q.with_codes(full.reshape(q.codes.shape)).dequantize(
-            np.float32, out=self._buffer("lim", x.size, np.float32).reshape(x.shape)
-        )
-        lim = np.abs(lim, out=lim).reshape(-1)
+        lim = self._largest(q, x.shape)
         xs = rotate_array(x, input_array(x)[1].name, q.axis, q.rotation or ()).reshape(-1) if rotated else xv
         self._fold(*block_kernels().error_fold(xv, dq, xs, lim))
+
+    def _largest(self, q: BlockArray, shape: tuple[int, ...]) -> np.ndarray:
+        """The largest magnitude each element's block holds: the largest element code dequantised
+        with its scale (integers: the larger of the lowest and highest code's, zero points taken
+        in), to compare with the values as quantised (rotated, with a rotation)."""
+        element = q.format.element_format
+        tops = [element.max_code] if not q.format.integer else [int(element.max), int(element.lowest)]
+        lim: np.ndarray | None = None
+        for i, top in enumerate(tops):
+            top &= (1 << element.bits) - 1
+            code = top | top << 4 if q.packed else top
+            full = self._buffer(f"full{code}", q.codes.size, np.uint8, code)
+            values = q.with_codes(full.reshape(q.codes.shape)).dequantize(
+                np.float32, out=self._buffer(f"lim{i}", q.size, np.float32).reshape(shape)
+            )
+            values = np.abs(values, out=values).reshape(-1)
+            lim = values if lim is None else np.maximum(lim, values, out=lim)  # type: ignore[assignment, unused-ignore]
+        assert lim is not None
+        return lim
 
     def result(self) -> QuantizationStats:
         n = max(self.count, 1)
@@ -175,8 +190,8 @@ def row_sums(x: np.ndarray, q: BlockArray) -> np.ndarray:
 
 def by_rows(q: Any) -> bool:
     """Whether the statistics of ``q`` (a block array, in memory or lazy) are folded from per-row
-    sums (:func:`row_sums`): blocks along the last axis, no rotation."""
-    return q.layout.kernel_shapes().row and q.rotation is None
+    sums (:func:`row_sums`): blocks along the last axis, no rotation, float elements."""
+    return q.layout.kernel_shapes().row and q.rotation is None and not q.format.integer
 
 
 def quantization_error(x: Any, q: BlockArray) -> QuantizationStats:

@@ -19,6 +19,7 @@ from .._parallel import PARALLEL_MIN_ELEMENTS, get_num_threads, read_only, run_t
 from ..formats import FORMATS, BlockFormat
 from . import block_kernels as K
 from . import codec as C
+from .block_kernels import integers as INT
 from .block_kernels.spec import element_of, source_of, vector_length
 from .recipe_kernels import RecipeSpec, element_id, recipe_amax, recipe_rows, recipe_scales, rule_id, zero_id
 
@@ -31,6 +32,7 @@ __all__ = [
     "error_sums",
     "fake_quantize",
     "input_view",
+    "integer_quantize",
     "quantize",
     "recipe_quantize",
     "rotate_rows",
@@ -180,8 +182,44 @@ def binding(job: Any, row: bool, src: str, quantize: bool) -> str:
     return K.binding(src, job.fmt, job.rounding, job.block_size, row, _policy(job) != K.PLAIN, quantize)
 
 
+def integer_quantize(
+    job: Any, arr: np.ndarray, src: str, codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None
+) -> None:
+    """The codes (one per byte), float32 scales and, where ``zeros`` is given, zero points of the
+    integer job ``job`` on ``arr`` (C-contiguous, of dtype ``src``, grouped along its last axis)."""
+    length = arr.shape[job.axis]  # the last axis, or a piece's block axis (A, L, 1)
+    rows = arr.size // max(length, 1)
+    kernel = INT.quantize_kernel(src, INT.ROUNDING_OF[job.fmt.scale], not job.fmt.zero_points)
+    grid = (rows, -1)
+    spare = np.empty((1, 1), np.int8)
+    args = (
+        K.input_view(arr).reshape(rows, length),
+        codes.reshape(rows, length),
+        scales.reshape(grid),
+        spare if zeros is None else zeros.reshape(grid),
+        min(job.block_size, length),
+        job.fmt.element_bits,
+    )
+    run_tasks(kernel, rows, arr.size, args)
+
+
+def _integer_dequantize(q: Any, values: np.ndarray) -> None:
+    length = q.shape[q.axis]
+    rows = q.size // max(length, 1)  # blocks along the last axis of the values, or of a piece's
+    codes = q.unpacked_codes().reshape(rows, length)
+    scales = np.ascontiguousarray(q.scales, np.float32).reshape(rows, -1)
+    zeros = np.empty((1, 1), np.int8) if q.zero_points is None else q.zero_points.reshape(rows, -1)
+    gidx = np.empty(0, np.int32) if q.group_index is None else np.ascontiguousarray(q.group_index, np.int32)
+    kernel = INT.dequantize_kernel(INT.ROUNDING_OF[q.format.scale], q.zero_points is None, q.group_index is not None)
+    args = (read_only(codes), read_only(scales), read_only(zeros), read_only(gidx), values.reshape(rows, length))
+    run_tasks(kernel, rows, q.size, (*args, min(q.block_size, length), q.format.element_bits))
+
+
 def dequantize(q: Any, values: np.ndarray) -> None:
     """The values of the block array ``q`` (float32) into ``values``, of its shape."""
+    if q.format.integer:
+        _integer_dequantize(q, values)
+        return
     lay = q.layout
     ks = lay.kernel_shapes()
     pack = (K.PACK_COLS if lay.two_d else K.PACK_ROWS) if q.packed and not ks.row else int(q.packed)

@@ -1,0 +1,137 @@
+"""The kernels of the integer block formats (``int2_group`` ... ``int8_channel``): quantise and
+dequantise rows of groups, with compressed-tensors' arithmetic.
+
+A value's code is ``q = round(x / s)`` (symmetric) or ``round(x / s + z)`` (with a zero point),
+clamped to ``[-2^(b-1), 2^(b-1) - 1]``; its value is ``(q - z) * s``. The producers compute each
+step in the weight's dtype (torch rounds every bfloat16 or float16 operation's float32 result to
+the dtype): the kernels do the same, every operation in float32 followed by the rounding of
+:func:`rounded` to the scale's dtype (``dt``: :data:`AS_FLOAT32`, :data:`AS_BFLOAT16`,
+:data:`AS_FLOAT16`, a constant compiled in). The scale of a group: ``amax / ((qmax - qmin) / 2)``
+symmetric, ``(max - min) / (qmax - qmin)`` with the zero point ``round(clamp(qmin - min / s))``
+otherwise (min and max taken with 0; computed before a zero scale becomes the dtype's epsilon, as
+compressed-tensors does: 0 for an all-zero group, whose ``qmin - 0 / 0`` torch casts to 0). A group holding a
+NaN or an infinity gets a NaN scale, codes and zero point 0, and dequantises to NaN.
+
+Codes are ``b``-bit two's-complement patterns, one per byte; zero points int8; scales float32
+values (rounded to the scale's dtype).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from ..._jit import f32_bits, f32_from_bits, jit, u32_add, u32_and, u32_shr
+from .elements import load_value
+from .spec import source_of
+
+#: The dtype every step of the arithmetic is rounded to, as the kernels number them.
+AS_FLOAT32, AS_BFLOAT16, AS_FLOAT16 = 0, 1, 2
+
+#: The kernels' number of each scale dtype.
+ROUNDING_OF = {"float32": AS_FLOAT32, "bfloat16": AS_BFLOAT16, "float16": AS_FLOAT16}
+
+#: The smallest positive normal value of each, and the epsilon (the scale of an all-zero group).
+_EPS = {AS_FLOAT32: 2.0**-23, AS_BFLOAT16: 2.0**-7, AS_FLOAT16: 2.0**-10}
+
+
+@jit(inline="always")
+def rounded(v, dt):  # pragma: no cover - compiled
+    """The float32 ``v`` rounded to nearest even in the dtype ``dt`` (its value, in float32)."""
+    if dt == AS_FLOAT32 or v != v:
+        return v
+    u = f32_bits(v)
+    if dt == AS_BFLOAT16:
+        return f32_from_bits(u32_and(u32_add(u, 0x7FFF + u32_and(u32_shr(u, 16), 1)), 0xFFFF0000))
+    a = abs(v)
+    if a >= np.float32(65520.0):
+        return np.float32(np.inf) if v > 0 else np.float32(-np.inf)
+    if a < np.float32(2.0**-14):  # float16's subnormals: multiples of 2^-24, by the adder
+        r = (a + np.float32(0.5)) - np.float32(0.5)
+    else:
+        ab = f32_bits(a)
+        r = f32_from_bits(u32_and(u32_add(ab, 0xFFF + u32_and(u32_shr(ab, 13), 1)), 0xFFFFE000))
+    return r if v >= 0 else -r
+
+
+@cache
+def quantize_kernel(source: str, dt: int, symmetric: bool) -> Any:
+    """Kernel ``(x, codes, scales, zeros, group, bits, t0, t1)`` over rows ``[t0, t1)`` of (A, L)
+    arrays: ``x`` the input as :func:`~.spec.input_view` gives it, ``codes`` uint8 (A, L),
+    ``scales`` float32 (A, groups), ``zeros`` int8 (A, groups) (unused when ``symmetric``),
+    ``group`` the group length, ``bits`` the element width."""
+    src = source_of(source)
+    kind, codec = src.kind, src.codec
+    eps = np.float32(_EPS[dt])
+
+    @jit
+    def kernel(x, codes, scales, zeros, group, bits, t0, t1):  # pragma: no cover - compiled
+        qmin = np.float32(-(1 << (bits - 1)))
+        qmax = np.float32((1 << (bits - 1)) - 1)
+        span = qmax - qmin
+        half = rounded(span / np.float32(2.0), dt)
+        mask = (1 << bits) - 1
+        length = x.shape[1]
+        for r in range(t0, t1):
+            for g in range(scales.shape[1]):
+                c0 = g * group
+                c1 = min(c0 + group, length)
+                lo = np.float32(0.0)
+                hi = np.float32(0.0)
+                bad = False
+                for c in range(c0, c1):
+                    v = f32_from_bits(load_value(x[r, c], kind, codec))
+                    bad |= not (abs(v) < np.float32(np.inf))
+                    lo = min(lo, v)
+                    hi = max(hi, v)
+                if bad:
+                    scales[r, g] = np.float32(np.nan)
+                    if not symmetric:
+                        zeros[r, g] = 0
+                    for c in range(c0, c1):
+                        codes[r, c] = 0
+                    continue
+                z = np.float32(0.0)
+                if symmetric:
+                    s = rounded(max(-lo, hi) / half, dt)
+                else:
+                    s = rounded(rounded(hi - lo, dt) / span, dt)
+                    if s != 0:
+                        z = rounded(qmin - rounded(lo / s, dt), dt)
+                        z = np.float32(np.rint(min(max(z, qmin), qmax)))
+                    elif lo < 0:  # a range whose scale underflowed: qmin - lo / 0 is +inf, clamped
+                        z = qmax
+                    # else qmin - 0 / 0 is NaN, which torch's cast to int8 makes 0
+                    zeros[r, g] = np.int8(z)
+                s = s if s != 0 else eps
+                scales[r, g] = s
+                for c in range(c0, c1):
+                    v = rounded(f32_from_bits(load_value(x[r, c], kind, codec)) / s, dt)
+                    if not symmetric:
+                        v = rounded(v + z, dt)
+                    q = np.rint(min(max(v, qmin), qmax))
+                    codes[r, c] = np.uint8(np.int32(q) & mask)
+
+    return kernel
+
+
+@cache
+def dequantize_kernel(dt: int, symmetric: bool, permuted: bool) -> Any:
+    """Kernel ``(codes, scales, zeros, gidx, out, group, bits, t0, t1)`` over rows ``[t0, t1)``:
+    ``out[r, c] = (q - z) * s`` of column ``c``'s group (``gidx[c]`` where ``permuted``, else
+    ``c // group``), each step rounded to ``dt`` as the producers compute it."""
+
+    @jit
+    def kernel(codes, scales, zeros, gidx, out, group, bits, t0, t1):  # pragma: no cover - compiled
+        half = 1 << (bits - 1)
+        for r in range(t0, t1):
+            for c in range(codes.shape[1]):
+                g = gidx[c] if permuted else c // group
+                q = np.float32((np.int32(codes[r, c]) ^ half) - half)
+                if not symmetric:
+                    q = q - np.float32(zeros[r, g])
+                out[r, c] = rounded(q * scales[r, g], dt)
+
+    return kernel
