@@ -325,6 +325,58 @@ def test_transformers_loads_the_fp8_layouts_the_command_writes(fp8_loaded, name)
         assert written["model.layers.0.mlp.down_proj.weight"].scales.shape == (2, 3)
 
 
+#: (output folder, command options) of each integer checkpoint the command writes (compressed-tensors
+#: pack-quantized), on the 256 x 320 Llama: groups of 32 and 64 (320 columns are whole groups of
+#: both, not of 128), per channel, with zero points, 8 and 3 bits.
+INT_WRITTEN = {
+    "int4-g32": ("--format", "int4_group", "--block-size", "32", "--recipe", "llm-compressor"),
+    "int4-g64-asym": ("--format", "int4_group_asym", "--block-size", "64"),
+    "int4-channel": ("--format", "int4_channel"),
+    "int8-g32": ("--format", "int8_group", "--block-size", "32"),
+    "int3-g32-asym": ("--format", "int3_group_asym", "--block-size", "32"),
+}
+
+
+@pytest.fixture(scope="module")
+def int_loaded(runtime, tmp_path_factory):
+    """The 320 Llama written by the command in each integer scheme and loaded by transformers with
+    compressed-tensors (one process): name -> (loading info, loaded weights)."""
+    d = tmp_path_factory.mktemp("int")
+    runtime(MAKE_LLAMA_320, d / "llama")
+    args = []
+    for name, options in INT_WRITTEN.items():
+        run("quantize", "llama", name, *options, cwd=d)
+        args += [d / name, d / f"{name}.npz", "compressed-tensors"]
+    infos = [json.loads(line) for line in runtime(LOAD, *args).splitlines()[-len(INT_WRITTEN) :]]
+    return d, {n: (info, np.load(d / f"{n}.npz")) for n, info in zip(INT_WRITTEN, infos)}
+
+
+@pytest.mark.parametrize("name", list(INT_WRITTEN))
+def test_transformers_loads_the_integer_checkpoints_the_command_writes(int_loaded, name):
+    """compressed-tensors pack-quantized as the command writes it: transformers loads it with no
+    missing, unexpected or mismatched key, and its decompression gives each weight the package's
+    dequantisation (in the scales' dtype, bfloat16) bit for bit; every other tensor as it was."""
+    d, loaded = int_loaded
+    info, weights = loaded[name]
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    options = INT_WRITTEN[name]
+    fmt = options[options.index("--format") + 1]
+    size = int(options[options.index("--block-size") + 1]) if "--block-size" in options else None
+    original = nk.load_checkpoint(d / "llama")
+    written = nk.load_checkpoint(d / name)
+    quantised = {n for n, v in written.items() if isinstance(v, nk.BlockArray)}
+    assert quantised == {n for n in original if n.endswith("_proj.weight")}
+    for n in quantised:
+        q = nk.quantize(original[n], fmt, block_size=size, scale_dtype="bfloat16")
+        assert written[n].fmt == fmt, n
+        assert np.array_equal(written[n].integer_codes(), q.integer_codes()), n
+        assert np.array_equal(written[n].scales, q.scales), n
+        np.testing.assert_array_equal(weights[n], q.dequantize("bfloat16").astype(np.float32), err_msg=n)
+    for n in original:
+        if n not in quantised:
+            np.testing.assert_array_equal(weights[n], original[n].astype(np.float32), err_msg=n)
+
+
 def test_transformers_refuses_fine_grained_fp8_in_partial_tiles_and_the_summary_says_so(fp8_loaded, runtime):
     """transformers' bug (neuron_kernels/checkpoints/runtimes.py): it derives the block from the
     scale grid, so down_proj's 320 columns in tiles of 128 are refused (vLLM, which allocates the

@@ -36,6 +36,7 @@ from .cluster import write_on_cluster
 from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
+from .layouts.integer_weights import offset_fields, pack_words
 from .layouts.records import FOREIGN_PARTS, KV_SCALES, kv_cache_name
 from .reports import TensorReport, exact_stats, pipelined_stats
 from .scheme_map import OWN, SchemeMap
@@ -362,7 +363,10 @@ def plan_quantization(
     first = next(schemes.schemes(), None)
     for each, shapes in (by_scheme or ({first: {}} if first is not None else {})).items():
         chosen_dtype = each.job(2).fmt.scale if each.scale_dtype is not None else None
-        layout.fits(ckpt, shapes, each.format, arch=arch, scale_dtype=chosen_dtype, ignored=tuple(ignored))
+        size = each.job(2).block_size
+        layout.fits(
+            ckpt, shapes, each.format, arch=arch, scale_dtype=chosen_dtype, ignored=tuple(ignored), block_size=size
+        )
     if not quantised:
         why_kept = Counter(r.reason for r in reports).most_common(3)
         raise FileFormatError(
@@ -383,7 +387,8 @@ def plan_quantization(
         config = layout.mixed(parts, kept, ignored, _Modules(arch))
     elif not layout.single_file:
         (only_scheme,) = by_scheme
-        config = layout.config(only_scheme.format, kept, ignored)
+        groups = {"group_size": only_scheme.job(2).block_size} if BLOCK_FORMATS[only_scheme.format].integer else {}
+        config = layout.config(only_scheme.format, kept, ignored, **groups)
         activations = schemes.activations(only_scheme)
         if activations is not OWN and layout.activations is not None:
             config = layout.activations(config, activations)
@@ -433,7 +438,8 @@ def _check_scheme(layout: CheckpointLayout, scheme: Scheme) -> None:
     if scheme.axis not in (-1, None):
         raise FileFormatError("checkpoint layouts block the last axis (the input dimension); --axis must be -1")
     probe = scheme.job(2)
-    if not layout.single_file and (probe.block_size, probe.block_rows) != (probe.fmt.block_size, probe.fmt.block_rows):
+    own = (probe.block_size, probe.block_rows) == (probe.fmt.block_size, probe.fmt.block_rows)
+    if not layout.single_file and not own and not (probe.fmt.integer and probe.block_rows == 1):  # groups: any
         raise FileFormatError(
             f"the {layout.name} layout stores {fmt} with {_blocks_of(probe.fmt)}; "
             f"--block-size/--block-shape other than that need --layout npz"
@@ -732,14 +738,28 @@ def _quantize_item(
 
     def fill(sinks: dict[str, Any]) -> None:
         done = resolved.pop()
-        codes, scales = sinks[by_role["codes"]], sinks[by_role["scales"]]
+        scales = sinks[by_role["scales"]]
+        bits = done.fmt.element_bits
+        zeros: list[np.ndarray] = []
 
         def write(mx: BlockArray) -> None:
-            codes.write(mx.codes.reshape(-1).view(codes.spec.dtype))
+            if "packed_codes" in by_role:  # integers in int32 words, each code offset to unsigned
+                fields = offset_fields(mx.unpacked_codes().reshape(-1, mx.shape[mx.axis]), bits)
+                sinks[by_role["packed_codes"]].write(pack_words(fields, bits).reshape(-1))
+            else:
+                codes = sinks[by_role["codes"]]
+                codes.write(mx.codes.reshape(-1).view(codes.spec.dtype))
             scales.write(mx.scales.reshape(-1).view(np.uint8).view(scales.spec.dtype))
+            if mx.zero_points is not None and "packed_zeros" in by_role:
+                zeros.append(mx.zero_points.reshape(-1, mx.layout.scales_shape[mx.axis]))
 
         pieces = transposed_pieces(entry, done) if transpose else quantized_pieces(entry, done, chunk_bytes)
         report.stats = pipelined_stats(pieces, write, progress, stats or require_exact)
+        if "shape" in by_role:
+            sinks[by_role["shape"]].write(np.array(entry.shape, np.int64))
+        if "packed_zeros" in by_role:  # packed along the output dimension: written once all rows are known
+            fields = offset_fields(np.concatenate(zeros).T, bits)
+            sinks[by_role["packed_zeros"]].write(np.ascontiguousarray(pack_words(fields, bits).T).reshape(-1))
         if "per_tensor" in by_role:
             pts = done.per_tensor_scale
             assert isinstance(pts, float)

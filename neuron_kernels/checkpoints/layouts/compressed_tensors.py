@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...blocks.layout import BlockLayout
-from ...formats import BLOCK_FORMATS, BlockFormat
+from ...formats import BLOCK_FORMATS, INTEGER_FORMATS, WHOLE, BlockFormat
 from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.safetensors import TensorSpec
 from ..architecture import module_of
@@ -35,6 +35,7 @@ from ..runtimes import LARGEST_DIVISOR, expert_notes, mixed_notes
 from ..scheme_map import OWN
 from ..selection import module_decision
 from ..targets import Refused, ct_group, ct_matches, vllm_group
+from .integer_weights import BYTES, DENSE, PADDED, integer_weight, packed_width
 from .records import (
     KV_SCALES,
     CheckpointLayout,
@@ -71,9 +72,29 @@ def _ct_codes(bf: BlockFormat) -> str:
     return "weight_packed" if bf.packable else "weight"
 
 
+def _ct_integer_outputs(base: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
+    """``pack-quantized``: the codes as int32 words (``packed_codes``), the scales, the weight's
+    shape and, with zero points, those packed along the output dimension (``packed_zeros``)."""
+    bf = BLOCK_FORMATS[layout.fmt]
+    out, cols = layout.shape
+    bits = bf.element_bits
+    words = (out, packed_width(cols, bits, DENSE))
+    specs: list[Output] = [
+        (TensorSpec(f"{base}.weight_packed", np.dtype(np.int32), words), "packed_codes"),
+        (TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf, scale_dtype), layout.scales_shape), "scales"),
+        (TensorSpec(f"{base}.weight_shape", np.dtype(np.int64), (2,)), "shape"),
+    ]
+    if bf.zero_points:
+        zeros = (packed_width(out, bits, DENSE), layout.scales_shape[-1])
+        specs.append((TensorSpec(f"{base}.weight_zero_point", np.dtype(np.int32), zeros), "packed_zeros"))
+    return specs
+
+
 def _ct_outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
     base = module_of(name)
     bf = BLOCK_FORMATS[layout.fmt]
+    if bf.integer:
+        return _ct_integer_outputs(base, layout, scale_dtype)
     codes = TensorSpec(f"{base}.{_ct_codes(bf)}", stored_codes_dtype(bf), layout.codes_shape)
     grid = (1,) if bf.per_matrix else layout.scales_shape  # one scale per tensor: [1]
     scales = TensorSpec(f"{base}.weight_scale", stored_scales_dtype(bf, scale_dtype), grid)
@@ -98,11 +119,42 @@ def _ct_fp8_group(fmt: str) -> dict[str, Any]:
     }
 
 
-def _ct_group(fmt: str) -> dict[str, Any]:
+def _ct_integer_group(fmt: str, group_size: int | None) -> dict[str, Any]:
+    """The config group of an integer format as llm-compressor's W{b}A16 presets write it
+    (tests/fixtures/llmcompressor/w4a16*): groups of ``group_size`` columns, or per channel."""
+    bf = BLOCK_FORMATS[fmt]
+    channel = bf.block_size == WHOLE
+    weights = {
+        "actorder": None,
+        "block_structure": None,
+        "dynamic": False,
+        "group_size": None if channel else (group_size or bf.block_size),
+        "num_bits": bf.element_bits,
+        "observer": None,
+        "observer_kwargs": {},
+        "scale_dtype": None,
+        "strategy": "channel" if channel else "group",
+        "symmetric": not bf.zero_points,
+        "type": "int",
+        "zp_dtype": "torch.int8" if bf.zero_points else None,
+    }
+    return {
+        "format": _PACK_QUANTIZED,
+        "input_activations": None,
+        "output_activations": None,
+        "targets": ["Linear"],
+        "weights": weights,
+    }
+
+
+def _ct_group(fmt: str, group_size: int | None = None) -> dict[str, Any]:
     """The config group of a block format, targeting every Linear module (``format``: None for FP8
-    with float scales, as llm-compressor's presets write it; the format's string for the others)."""
+    with float scales, as llm-compressor's presets write it; the format's string for the others;
+    ``group_size``: the integer formats' groups, where not the format's own)."""
     if fmt in _CT_FP8:
         return _ct_fp8_group(fmt)
+    if BLOCK_FORMATS[fmt].integer:
+        return _ct_integer_group(fmt, group_size)
     bf = BLOCK_FORMATS[fmt]
     weights = {
         "num_bits": bf.element_bits,
@@ -127,11 +179,16 @@ def _ct_group(fmt: str) -> dict[str, Any]:
 
 
 def _ct_format(fmt: str) -> str:
+    if BLOCK_FORMATS[fmt].integer:
+        return _PACK_QUANTIZED
     return _FLOAT_QUANTIZED if fmt in _CT_FP8 else _CT_FORMATS[fmt]
 
 
-def _ct_config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str]) -> dict[str, Any]:
-    return _ct_document(_ct_format(fmt), {"group_0": _ct_group(fmt)}, ignore, _kv_cache_scheme(kept))
+def _ct_config(
+    fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str], group_size: int | None = None
+) -> dict[str, Any]:
+    group = _ct_group(fmt, group_size)
+    return _ct_document(_ct_format(fmt), {"group_0": group}, ignore, _kv_cache_scheme(kept))
 
 
 def _ct_activations(config: dict[str, Any], given: Any) -> dict[str, Any]:
@@ -250,7 +307,17 @@ def _ct_document(fmt: str, groups: dict[str, Any], ignore: list[str], kv: dict[s
 
 def _ct_fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, **context: Any) -> None:
     """vLLM refuses a fused layer whose shards are quantised in part (``should_ignore_layer``), and
-    FP8 blocks that do not fit a fused layer (:func:`~.records.check_fused_blocks`)."""
+    FP8 blocks that do not fit a fused layer (:func:`~.records.check_fused_blocks`); integer weights
+    are matrices whose columns are whole groups (compressed-tensors' decompression reshapes them
+    into groups, and vLLM's ``CompressedTensorsWNA16`` needs ``in % group_size == 0``)."""
+    if BLOCK_FORMATS[fmt].integer:
+        size = context.get("block_size") or BLOCK_FORMATS[fmt].block_size
+        for name, shape in quantised.items():
+            if len(shape) != 2 or (size != WHOLE and shape[1] % size):
+                raise FileFormatError(
+                    f"{name}: {fmt} in compressed-tensors takes matrices whose columns are whole groups of {size}; "
+                    f"its shape is {list(shape)} (choose another --block-size, or --ignore it)"
+                )
     check_fused_whole(ckpt, quantised, context.get("arch"))
     check_fused_blocks(ckpt, quantised, fmt, context.get("arch"))
 
@@ -280,7 +347,7 @@ def _ct_groups(ckpt: Checkpoint) -> list[_Group]:
     if not isinstance(groups, dict):
         raise FileFormatError(f"{ckpt.path}: quantization_config.config_groups is not an object of groups")
     top = qc.get("format")
-    known = {v: k for k, v in _CT_FORMATS.items()} | {_FLOAT_QUANTIZED: _FLOAT_QUANTIZED}
+    known = {v: k for k, v in _CT_FORMATS.items()} | {f: f for f in (_FLOAT_QUANTIZED, *_INTEGER_FORMATS)}
     if top is not None and top != "mixed-precision" and (not isinstance(top, str) or top not in known):
         raise FileFormatError(
             f"{ckpt.path}: compressed-tensors format {top!r} is not one this package reads "
@@ -325,6 +392,104 @@ def _ct_group_of(module: str, groups: list[_Group], ignore: Any) -> _Group | Non
 
 #: compressed-tensors' FP8 format (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK), read only.
 _FLOAT_QUANTIZED = "float-quantized"
+
+
+#: compressed-tensors' integer formats (W4A16, W8A16: codes packed in int32; W8A8: int8), read only.
+_PACK_QUANTIZED, _INT_QUANTIZED = "pack-quantized", "int-quantized"
+_INTEGER_FORMATS = (_PACK_QUANTIZED, _INT_QUANTIZED)
+
+#: The first compressed-tensors release known to pack 3, 5, 6 and 7-bit codes densely (the fixture
+#: tests/fixtures/llmcompressor/w3a16, written by 0.19.0); releases before 0.19 that packed those
+#: widths kept 32 // b codes per word.
+_DENSE_SINCE = (0, 19)
+
+
+def _version(value: Any) -> tuple[int, ...] | None:
+    parts = str(value).split(".")[:2] if isinstance(value, str) else []
+    return tuple(int(p) for p in parts) if len(parts) == 2 and all(p.isdigit() for p in parts) else None
+
+
+def _ct_packing(ckpt: Checkpoint, codes: ArrayEntry, bits: int, cols: int) -> str:
+    """How ``codes`` pack ``cols`` codes of ``bits`` bits a row: by the width where only one packing
+    gives it, else by the config's ``version``; refused where neither tells."""
+    dense, padded = packed_width(cols, bits, DENSE), packed_width(cols, bits, PADDED)
+    if bits in (2, 4, 8) or cols <= 32 // bits:  # the two packings place every code alike
+        return DENSE
+    if dense != padded:
+        return PADDED if codes.shape and codes.shape[-1] == padded else DENSE
+    version = _version((ckpt.quantization_config or {}).get("version"))
+    if version is not None and version >= _DENSE_SINCE:
+        return DENSE
+    raise FileFormatError(
+        f"{codes.where}: {bits}-bit codes of {cols} columns take {dense} int32 words packed densely and as many "
+        f"packed {32 // bits} to a word, and the config's version ({version}) does not say which (0.19 and later: "
+        f"densely); this package does not guess"
+    )
+
+
+def _ct_integer_weights(ckpt: Checkpoint, fmt: str, modules: dict[str, _Group]) -> list[Weight]:
+    """The integer weights of ``modules``: ``pack-quantized`` (``weight_packed`` int32 words,
+    ``weight_shape``) or ``int-quantized`` (``weight`` int8), ``weight_scale``, and, as the group's
+    arguments say, ``weight_zero_point`` (asymmetric) and ``weight_g_idx`` (act-order)."""
+    t = ckpt.tensors
+    packed = fmt == _PACK_QUANTIZED
+    found: list[Weight] = []
+    for base, scale, codes in scales_and_codes(ckpt, "weight_scale", "weight_packed" if packed else "weight", modules):
+        w = modules[base].weights
+        bits, strategy, group_size = w.get("num_bits"), w.get("strategy"), w.get("group_size")
+        if w.get("type") != "int" or not isinstance(bits, int) or isinstance(bits, bool) or not 2 <= bits <= 8:
+            raise FileFormatError(
+                f"{ckpt.path}: {fmt} weights of {bits!r} bits, type {w.get('type')!r}; integers of 2 to 8 bits are read"
+            )
+        if strategy not in ("group", "channel", "tensor") or (strategy == "group" and not isinstance(group_size, int)):
+            raise FileFormatError(
+                f"{ckpt.path}: {fmt} strategy {strategy!r} (group_size {group_size!r}) is not one this package reads "
+                f"(group with a group_size, channel, tensor)"
+            )
+        codes_name = f"{base}.{'weight_packed' if packed else 'weight'}"
+        parts = [codes_name, f"{base}.weight_scale"]
+        if packed:
+            shape = _weight_shape(ckpt, f"{base}.weight_shape")
+            parts.append(f"{base}.weight_shape")
+        elif len(codes.shape) == 2:
+            shape = (codes.shape[0], codes.shape[1])
+        else:
+            raise FileFormatError(f"{codes.where}: int-quantized weights of {len(codes.shape)} axes; 2 are read")
+        zname, gname = f"{base}.weight_zero_point", f"{base}.weight_g_idx"
+        symmetric = w.get("symmetric", True) is not False
+        if symmetric and zname in t:
+            raise FileFormatError(f"{ckpt.path}: {zname} is stored, but the config's group quantises symmetrically")
+        if not symmetric and zname not in t:
+            raise FileFormatError(f"{ckpt.path}: {codes_name} is asymmetric in the config but has no {zname}")
+        parts += [n for n in (zname, gname) if n in t]
+        parts += [f"{base}.{p}" for p in ("input_scale", "input_zero_point") if f"{base}.{p}" in t]
+        packing = _ct_packing(ckpt, codes, bits, shape[1]) if packed else BYTES
+        found.append(
+            integer_weight(
+                f"{base}.weight",
+                codes,
+                scale,
+                bits=bits,
+                shape=shape,
+                group_size=group_size if strategy == "group" else None,
+                packing=packing,
+                zeros=t.get(zname),
+                g_idx=t.get(gname),
+                parts=tuple(parts),
+                label=f"int{bits} ({fmt}{', asymmetric' if not symmetric else ''})",
+            )  # fmt: skip
+        )
+    return found
+
+
+def _weight_shape(ckpt: Checkpoint, name: str) -> tuple[int, int]:
+    entry = ckpt.tensors.get(name)
+    if entry is None:
+        raise FileFormatError(f"{ckpt.path}: a pack-quantized weight has no {name} beside it")
+    if entry.dtype.kind != "i" or entry.shape != (2,):
+        raise FileFormatError(f"{entry.where}: weight_shape must be 2 integers, found {entry.dtype} of {entry.shape}")
+    out, cols = (int(v) for v in entry.read())
+    return out, cols
 
 
 def _ct_fp8_block(ckpt: Checkpoint, w: dict[str, Any], rows: int, cols: int) -> tuple[tuple[int, int], str]:
@@ -385,7 +550,12 @@ def _ct_weights(ckpt: Checkpoint) -> list[Weight]:
         by_format.setdefault(group.format, {})[module] = group
     found: list[Weight] = []
     for fmt, modules in by_format.items():
-        found += _ct_fp8_weights(ckpt, modules) if fmt == _FLOAT_QUANTIZED else _ct_block_weights(ckpt, fmt, modules)
+        if fmt == _FLOAT_QUANTIZED:
+            found += _ct_fp8_weights(ckpt, modules)
+        elif fmt in _INTEGER_FORMATS:
+            found += _ct_integer_weights(ckpt, fmt, modules)
+        else:
+            found += _ct_block_weights(ckpt, fmt, modules)
     _ct_check_rest(ckpt, {p for w in found for p in w.parts})
     return found
 
@@ -516,8 +686,9 @@ def _ct_scale_dtype(dtype: np.dtype) -> str:
 
 LAYOUT = CheckpointLayout(
     "compressed-tensors",
-    "vLLM / transformers compressed-tensors (weight_packed, weight_scale, weight_global_scale; FP8 float-quantized)",
-    (*_CT_FORMATS, *_CT_FP8),
+    "vLLM / transformers compressed-tensors (weight_packed, weight_scale, weight_global_scale; FP8 float-quantized; "
+    "integers pack-quantized)",
+    (*_CT_FORMATS, *_CT_FP8, *INTEGER_FORMATS),
     _ct_outputs,
     _ct_config,
     _ct_detect,
