@@ -149,3 +149,74 @@ def test_experts_stacked_as_llama_cpp_stacks_them(tmp_path):
             assert got.per_tensor_scale == want.per_tensor_scale
     scales = _tensors(tmp_path / "c.gguf")["blk.0.ffn_up_exps.scale"]
     assert scales.data.shape == (4,) and len(set(scales.data.tolist())) == 4  # one per expert
+
+
+#: llm-compressor's integer checkpoints and the ggml block type each goes into exactly.
+INTEGER_EXACT = {"w4a16": ("Q4_0", 2), "w3a16": ("Q4_0", 2), "w8a16": ("Q8_0", 7), "w8a8": ("Q8_0", 7)}
+
+
+@pytest.mark.parametrize("scheme", list(INTEGER_EXACT))
+def test_integer_checkpoints_carried_into_ggml_blocks_exactly(tmp_path, scheme):
+    """Symmetric int4 / int3 in groups of 32 as Q4_0, int8 (groups of 32, or per channel) as Q8_0:
+    each tensor's blocks are those the reference builds from the source's codes and scales (the
+    rotary projections' rows in llama.cpp's order), under --require-exact."""
+    from .reference_integers import q4_0_blocks, q8_0_blocks
+
+    ggml_type, file_type = INTEGER_EXACT[scheme]
+    out = run(
+        "quantize", LLM_COMPRESSOR / scheme, "carried.gguf", "--template", TEMPLATE, "--require-exact", cwd=tmp_path
+    ).stdout  # fmt: skip
+    assert "7 weight(s) carried" in out and out.count("codes and scales carried exactly") == 7, out
+    source = nk.load_checkpoint(LLM_COMPRESSOR / scheme)
+    ours = _tensors(tmp_path / "carried.gguf")
+    template = _tensors(TEMPLATE)
+    heads = {"blk.0.attn_q.weight": 2, "blk.0.attn_k.weight": 2}
+    for name, hf in HF_NAMES.items():
+        q = source[hf]
+        codes, cols = q.integer_codes(), q.shape[1]
+        d = np.repeat(q.scales.astype(np.float16), min(q.block_size, cols) // 32, axis=1)
+        if name in heads:  # llama.cpp's permute: each head's two halves interleaved
+            order = np.arange(q.shape[0]).reshape(heads[name], 2, -1).swapaxes(1, 2).reshape(-1)
+            codes, d = codes[order], d[order]
+        build = q4_0_blocks if ggml_type == "Q4_0" else q8_0_blocks
+        assert ours[name].tensor_type.name == ggml_type, name
+        assert ours[name].data.tobytes() == build(codes, d), name
+    for name, t in template.items():
+        if name not in HF_NAMES:
+            assert ours[name].data.tobytes() == t.data.tobytes(), name
+    assert open_gguf(tmp_path / "carried.gguf").value("general.file_type") == file_type
+
+
+def test_integer_zero_points_go_into_q4_1_with_their_error_said(tmp_path):
+    """W4A16 with zero points as Q4_1 (``q * d + m``): ggml's decoding of each block is the
+    weight's ``(q - z) * s`` up to the float16 rounding of ``m = -z * s``, which the summary
+    reports; --require-exact refuses it, in one line, writing nothing."""
+    out = run("quantize", LLM_COMPRESSOR / "w4a16_asym", "q41.gguf", "--template", TEMPLATE, cwd=tmp_path).stdout
+    assert out.count("as Q4_1: not exact") == 7 and "max abs error" in out, out
+    source = nk.load_checkpoint(LLM_COMPRESSOR / "w4a16_asym")
+    reader = _tensors(tmp_path / "q41.gguf")
+    q = source["model.layers.0.mlp.down_proj.weight"]
+    t = reader["blk.0.ffn_down.weight"]
+    assert t.tensor_type.name == "Q4_1"
+    values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(q.shape)
+    group = np.arange(q.shape[1]) // q.block_size
+    exact = (q.integer_codes() - q.zero_points[:, group].astype(np.float64)) * q.scales.astype(np.float64)[:, group]
+    scale = q.scales.astype(np.float64)[:, group]
+    assert np.all(np.abs(values - exact) <= scale * 16 * 2.0**-11 + 1e-12)  # m's float16 rounding, at most
+    r = run(
+        "quantize", LLM_COMPRESSOR / "w4a16_asym", "exact.gguf", "--template", TEMPLATE, "--require-exact",
+        cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--require-exact" in r.stderr, r.stderr
+    assert not (tmp_path / "exact.gguf").exists()
+
+
+def test_integer_weights_ggml_cannot_hold_are_kept_and_said(tmp_path):
+    """Groups that are no whole ggml blocks (16 columns), 8-bit codes with zero points: the
+    template's tensor kept, the reason in the summary."""
+    run("quantize", FIXTURES / "modelopt" / "bf16", "g16", "--format", "int4_group", "--block-size", "16", cwd=tmp_path)
+    run("quantize", FIXTURES / "modelopt" / "bf16", "a8", "--format", "int8_group_asym", "--block-size", "32",
+        cwd=tmp_path)  # fmt: skip
+    for folder, why in (("g16", "no whole ggml blocks of 32"), ("a8", "no block of 8-bit codes with zero points")):
+        out = run("quantize", folder, "kept.gguf", "--template", TEMPLATE, "--force", cwd=tmp_path).stdout
+        assert "0 weight(s) carried" in out and out.count(why) == 7, out

@@ -64,12 +64,16 @@ def test_llama_cpp_runs_the_quantised_model(tmp_path, fmt, experts):
         ("llmcompressor/mxfp4", "mxfp4_e2m1"),
         ("gguf/mixtral-bf16", "nvfp4"),
         ("gguf/mixtral-bf16", "mxfp4_e2m1"),
+        ("llmcompressor/w4a16", "int4_group"),
+        ("llmcompressor/w4a16_asym", "int4_group_asym"),
+        ("llmcompressor/w3a16", "int3_group"),
     ],
 )
 def test_llama_cpp_runs_checkpoints_carried_over(tmp_path, source, fmt):
     """ModelOpt's and llm-compressor's checkpoints of the fixtures' tiny Llama, and the package's of
-    their tiny Mixtral (experts stacked), carried into the converter's GGUF file of the same model:
-    llama.cpp runs them as it runs their dequantised weights in F32."""
+    their tiny Mixtral (experts stacked), carried into the converter's GGUF file of the same model
+    (llm-compressor's integer ones as Q4_0 and Q4_1; Q8_0 is decoded below): llama.cpp runs them as it runs their
+    dequantised weights in F32."""
     _llama()
     fixtures = Path(__file__).parent / "fixtures"
     checkpoint = fixtures / source
@@ -129,3 +133,27 @@ def test_two_level_nvfp4_against_ggmls_own_quantiser():
     # which it breaks toward the smaller magnitude; none in this data): the values are equal.
     ggml_mx = ggml_decode(ggml_quantize(x, MXFP4), MXFP4, x.size).reshape(x.shape)
     np.testing.assert_array_equal(nk.fake_quantize(x, "mxfp4_e2m1"), ggml_mx)
+
+
+def test_llama_cpp_decodes_carried_integer_blocks_as_the_weights_values(tmp_path):
+    """ggml's own decoding (its to_float) of the Q4_0 and Q8_0 blocks carried from llm-compressor's
+    W4A16 and W8A16 (groups of 32) is each weight's ``q * s``, exactly (float32 holds the product
+    of a code and a bfloat16 scale), rows in llama.cpp's rotary order where it reorders them."""
+    _llama()
+    import neuron_kernels as nk
+    from neuron_kernels.io.gguf_file import open_gguf
+
+    from .ggml_lib import ggml_decode
+
+    fixtures = Path(__file__).parent / "fixtures"
+    for scheme, ggml_type in (("w4a16", 2), ("w8a16", 8)):  # ggml.h: GGML_TYPE_Q4_0, GGML_TYPE_Q8_0
+        run("quantize", fixtures / "llmcompressor" / scheme, f"{scheme}.gguf", "--template",
+            fixtures / "gguf" / "llama-bf16.gguf", cwd=tmp_path)  # fmt: skip
+        f = open_gguf(tmp_path / f"{scheme}.gguf")
+        source = nk.load_checkpoint(fixtures / "llmcompressor" / scheme)
+        for name, hf in (("blk.0.ffn_down.weight", "mlp.down_proj"), ("blk.0.attn_v.weight", "self_attn.v_proj")):
+            q = source[f"model.layers.0.{hf}.weight"]
+            group = np.arange(q.shape[1]) // q.block_size
+            exact = q.integer_codes().astype(np.float32) * q.scales.astype(np.float32)[:, group]
+            got = ggml_decode(f.tensors[name].raw(), ggml_type, q.size).reshape(q.shape)
+            np.testing.assert_array_equal(got, exact, err_msg=name)

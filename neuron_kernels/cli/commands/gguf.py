@@ -104,13 +104,16 @@ def _carry(args: argparse.Namespace) -> int:
         raise UsageError("with --template, INPUT is a quantised checkpoint folder (or .safetensors file)")
     with progress_bar(args, os.path.getsize(args.template), "carry into GGUF") as progress:
         reports = carry_into_gguf(
-            args.input, args.template, args.output, args.format, force=args.force, progress=progress
+            args.input,
+            args.template,
+            args.output,
+            args.format,
+            force=args.force,
+            progress=progress,
+            require_exact=bool(getattr(args, "require_exact", False)),
         )
     carried = [r for r in reports if r.action == "converted"]
-    print(
-        f"{args.output}: {len(carried)} weight(s) carried from {args.input} (bytes copied), "
-        f"the rest from {args.template}"
-    )
+    print(f"{args.output}: {len(carried)} weight(s) carried from {args.input}, the rest from {args.template}")
     width = max([32] + [len(r.name) + 2 for r in reports])
     for r in carried:
         print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")

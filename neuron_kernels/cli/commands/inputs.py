@@ -69,7 +69,8 @@ def by_input_kind(commands: Mapping[str, Callable[[argparse.Namespace], int]], a
 
 def _check_schemes(args: argparse.Namespace, kind: str) -> None:
     """``quantize`` needs ``--format``, but of a checkpoint, where ``--scheme`` or ``--recipe-file`` may
-    say the formats instead; those two are for checkpoints only, and not together."""
+    say the formats instead (and into GGUF with ``--template``, which carries every weight it can);
+    those two are for checkpoints only, and not together."""
     from ..parser import UsageError
 
     if args.command != "quantize":
@@ -79,7 +80,9 @@ def _check_schemes(args: argparse.Namespace, kind: str) -> None:
         raise UsageError("--scheme and --recipe-file choose the schemes of a checkpoint's modules (a folder)")
     if args.scheme and args.recipe_file is not None:
         raise UsageError("give --scheme PATTERN=FORMAT options or a --recipe-file, not both")
-    if args.format is None and not per_module:
+    carry = getattr(args, "template", None) is not None  # into GGUF: every weight it can carry, or --format's
+    if args.format is None and not per_module and not carry:
         raise UsageError(
-            "--format is required (of a checkpoint, --scheme PATTERN=FORMAT or --recipe-file may say the formats)"
+            "--format is required (of a checkpoint, --scheme PATTERN=FORMAT or --recipe-file may say the formats; "
+            "into GGUF with --template, every weight it holds by default)"
         )
