@@ -7,7 +7,9 @@ One module per layout, each holding its :class:`~.records.CheckpointLayout` reco
 - :mod:`.npz_layout`: ``npz``, the package's own file of block arrays;
 - :mod:`.modelopt`: ``modelopt`` (NVIDIA ModelOpt's NVFP4, MXFP8 and FP8 read; its FP8 per
   channel and per block written);
-- :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8).
+- :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8);
+- :mod:`.awq`: ``awq`` (AutoAWQ's GEMM integer weights, read only);
+- :mod:`.gptq`: ``gptq`` (AutoGPTQ's and GPTQModel's integer weights, v1 and v2, read only).
 
 :data:`WRITABLE` names the layouts ``--layout`` takes (those that store a format), and
 :data:`DEFAULT_LAYOUT` the one it takes by default.
@@ -19,7 +21,7 @@ import os
 
 from ...io.arrays import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
-from . import compressed_tensors, finegrained_fp8, gptoss, modelopt, npz_layout
+from . import awq, compressed_tensors, finegrained_fp8, gptoss, gptq, modelopt, npz_layout
 from .records import CheckpointLayout, Output, StoredWeight, Weight
 
 __all__ = [
@@ -30,8 +32,11 @@ __all__ = [
 #: Every checkpoint layout, by the name ``--layout`` takes.
 LAYOUTS: dict[str, CheckpointLayout] = {
     layout.name: layout
-    for layout in (compressed_tensors.LAYOUT, gptoss.LAYOUT, npz_layout.LAYOUT, modelopt.LAYOUT, finegrained_fp8.LAYOUT)
-}
+    for layout in (
+        compressed_tensors.LAYOUT, gptoss.LAYOUT, npz_layout.LAYOUT, modelopt.LAYOUT, finegrained_fp8.LAYOUT,
+        awq.LAYOUT, gptq.LAYOUT,
+    )
+}  # fmt: skip
 
 #: The layout a checkpoint folder is written in where none is chosen (``--layout``).
 DEFAULT_LAYOUT: str = compressed_tensors.LAYOUT.name
