@@ -31,8 +31,9 @@ import types
 import torch
 from safetensors.numpy import save_file
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-AWQ_HERE = os.path.join(os.path.dirname(HERE), "awq")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures")
+HERE = os.path.join(FIXTURES, "gptq")
+AWQ_HERE = os.path.join(FIXTURES, "awq")
 MODULES = ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj")
 SHAPES = {MODULES[0]: (64, 128), MODULES[1]: (64, 96)}  # [out, in]
 
