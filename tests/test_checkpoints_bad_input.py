@@ -127,7 +127,7 @@ def test_quantised_and_plain_inputs_in_the_wrong_command(tmp_path, w):
         assert read_dir(tmp_path / "qq")[0][name].tobytes() == value.tobytes(), name
     fails("dequantize", "m", "d", cwd=tmp_path, message="not a quantised checkpoint")
     config = json.loads((tmp_path / "q" / "config.json").read_text())
-    config["quantization_config"]["format"] = "pack-quantized"
+    config["quantization_config"]["format"] = "sparse-24-bitmask"  # a compressed-tensors format not read
     (tmp_path / "q" / "config.json").write_text(json.dumps(config))
     fails("dequantize", "q", "d", cwd=tmp_path, message="is not one this package reads")
     (tmp_path / "q" / "config.json").write_text("{not json")

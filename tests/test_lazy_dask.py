@@ -113,6 +113,23 @@ def test_mx_stochastic_and_packed_fp4_on_cluster(client, x):
     assert nk.quantization_error(dx, q).compute() == nk.quantization_error(x, expected)
 
 
+@pytest.mark.parametrize("fmt", ["int4_group_asym", "int8_channel"])
+def test_integers_on_cluster(client, x, fmt):
+    """Integer formats (docs/integers.md): codes, scales and zero points chunk by chunk, equal to
+    the in-memory quantisation; the dequantisation and the statistics too."""
+    size = 32 if "group" in fmt else None
+    expected = nk.quantize(x, fmt, block_size=size, scale_dtype="bfloat16")
+    dx = da.from_array(x, chunks=(3, 40))
+    q = nk.quantize(dx, fmt, block_size=size, scale_dtype="bfloat16")
+    _same_blocks(q, expected)
+    got = q.compute()
+    assert (got.zero_points is None) == (expected.zero_points is None)
+    if expected.zero_points is not None:
+        _same(got.zero_points, expected.zero_points)
+    _same(q.dequantize().compute(), expected.dequantize())
+    assert nk.quantization_error(dx, q).compute() == nk.quantization_error(x, expected)
+
+
 @pytest.mark.parametrize("chunks", [(3, 40), (8, 16)])
 def test_nvfp4_on_cluster(client, x, chunks):
     _nvfp4_on(x, chunks)

@@ -125,10 +125,15 @@ def _bytes_equal(x: StoredWeight | ArrayEntry, y: StoredWeight | ArrayEntry, chu
         if (x.layout, x.transpose) != (y.layout, y.transpose):
             return None
         same_pts = x.per_tensor_scale == y.per_tensor_scale
+        # integer weights: their zero points and act-order index too (each both or neither)
+        extra = [(getattr(x, f, None), getattr(y, f, None)) for f in ("zeros", "g_idx")]
+        if any((a is None) != (b is None) for a, b in extra):
+            return None
         return (
             same_pts
             and _entries_equal(x.codes, y.codes, chunk_bytes)
             and _entries_equal(x.scales, y.scales, chunk_bytes)
+            and all(a is None or _entries_equal(a, b, chunk_bytes) for a, b in extra)
         )
     if isinstance(x, ArrayEntry) and isinstance(y, ArrayEntry):
         if (x.dtype, x.shape) != (y.dtype, y.shape):

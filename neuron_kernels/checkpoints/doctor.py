@@ -357,7 +357,8 @@ def _zero_scaled_codes(w: StoredWeight, zero: np.ndarray, chunk_bytes: int) -> i
     lay = w.layout
     if lay.two_d or w.transpose or lay.axis != len(lay.shape) - 1 or lay.block_rows != 1:
         return 0
-    nonzero_bits = np.uint8(0x77 if lay.packed else 0x7F)  # a code's magnitude bits (E2M1 nibbles, E4M3)
+    # a code's magnitude bits (E2M1 nibbles, E4M3); every bit of an integer's two's-complement code
+    nonzero_bits = np.uint8(0xFF if lay.format.integer else 0x77 if lay.packed else 0x7F)
     per_block = lay.block_size // 2 if lay.packed else lay.block_size
     zero = zero.reshape(-1, lay.scales_shape[-1])
     lost, row = 0, 0

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..blocks.array import BlockArray
 from ..blocks.layout import BlockLayout
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError
 from ..formats import BLOCK_FORMATS, FORMATS
 from .arrays import ArrayEntry, FileFormatError, open_arrays
 from .npz import NpzWriter
@@ -207,6 +207,11 @@ class BlockFileWriter:
     ) -> Iterator[_ArrayPieces]:
         """``scale_dtype``: the dtype of float scales (their format's default if not given)."""
         bf = layout.format
+        if bf.zero_points:
+            raise NotApplicableError(
+                f"the package's block file holds no zero points yet, which {bf.name} needs; write it to a checkpoint "
+                f"(--layout compressed-tensors), or choose the symmetric {bf.name.removesuffix('_asym')}"
+            )
         if bf.float_scales:
             scale_dtype = scale_dtype or bf.scale
             stored = FORMATS[scale_dtype].storage_dtype
@@ -225,6 +230,11 @@ class BlockFileWriter:
     def add(self, name: str | None, blocks: Any) -> None:
         """Write a whole in-memory block array (anything with ``layout``, ``codes``, ``scales``,
         ``per_tensor_scale`` and ``rotation``)."""
+        if getattr(blocks, "group_index", None) is not None:
+            raise NotApplicableError(
+                "the package's block file holds no group index (act-order) yet; dequantize the array, or keep it in "
+                "its checkpoint"
+            )
         dtype = blocks.scales.dtype.name if blocks.layout.format.float_scales else None
         with self.array(name, blocks.layout, blocks.per_tensor_scale, blocks.rotation, dtype) as rows:
             rows.write(blocks.codes, blocks.scales)

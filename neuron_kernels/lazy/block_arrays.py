@@ -28,7 +28,7 @@ from ..blocks.layout import BlockLayout, Pieces
 from ..blocks.rotation import check_length
 from ..blocks.stats import ErrorStats, QuantizationStats, by_rows, row_sums
 from ..dtypes import get_format
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError
 from ..formats import BlockFormat, Format
 from . import require
 from .chunks import Chunks, block_chunks, chunk_shape, contiguous_runs, rechunk_for
@@ -93,18 +93,20 @@ def _chunks_of(chunks: Chunks, lay: BlockLayout) -> tuple[Chunks, Chunks]:
 def _quantize_block(
     block: np.ndarray, job: BlockJob, source: str, shape: tuple[int, ...], block_info: Any = None
 ) -> Any:
-    """(codes, scale bytes) of one chunk (a task's result; the two arrays are taken apart after)."""
+    """(codes, scale bytes, zero points) of one chunk (a task's result; the arrays are taken apart
+    after; the zero points of the integer formats that have them, else an empty array)."""
     arr, _ = input_array(block)
     src = get_format(source)
     if job.rounding != "stochastic":
         q = job.quantize(arr, src)
-        return q.codes, _raw_scales(q.scales, job.fmt)
+        zeros = q.zero_points if q.zero_points is not None else np.empty(0, np.int8)
+        return q.codes, _raw_scales(q.scales, job.fmt), zeros
     lay = job.layout(arr.shape)
     codes, scales = np.empty(lay.codes_shape, np.uint8), np.empty(lay.scales_shape, _raw_dtype(job.fmt))
     for idx, start in contiguous_runs(shape, block_info[0]["array-location"], _first_axis(job, len(shape))):
         q = replace(job, axis=job.axis - len(idx)).quantize(arr[idx], src, idx0=start)
         codes[idx], scales[idx] = q.codes, _raw_scales(q.scales, job.fmt)
-    return codes, scales
+    return codes, scales, np.empty(0, np.int8)  # stochastic rounding: no integer format
 
 
 def _raw_dtype(fmt: BlockFormat) -> np.dtype:
@@ -170,6 +172,11 @@ def quantize_lazy(x: Any, job: BlockJob) -> LazyBlockArray:
     scales = parts.map_blocks(
         operator.itemgetter(1), chunks=scales_chunks, dtype=raw, meta=np.empty((0,) * x.ndim, raw)
     )
+    zeros = None
+    if job.fmt.zero_points:
+        zeros = parts.map_blocks(
+            operator.itemgetter(2), chunks=scales_chunks, dtype=np.int8, meta=np.empty((0,) * x.ndim, np.int8)
+        )
     size = x.shape[job.axis]
     layout = BlockLayout(
         job.fmt.name,
@@ -180,7 +187,7 @@ def quantize_lazy(x: Any, job: BlockJob) -> LazyBlockArray:
         job.pack,
     )
     pts = job.per_tensor_scale if not isinstance(job.per_tensor_scale, str) else None
-    return LazyBlockArray(codes, scales, layout, pts, job.rotation, x.chunks)
+    return LazyBlockArray(codes, scales, layout, pts, job.rotation, x.chunks, zeros)
 
 
 def fake_quantize_lazy(x: Any, job: BlockJob) -> Any:
@@ -189,8 +196,10 @@ def fake_quantize_lazy(x: Any, job: BlockJob) -> Any:
     return x.map_blocks(_fake_block, job, src.name, x.shape, dtype=np.float32, meta=np.empty((0,) * x.ndim, np.float32))
 
 
-def _part(q: LazyBlockArray, codes: np.ndarray, scales: np.ndarray, shape: tuple[int, ...]) -> BlockArray:
-    """The block array of one chunk of ``q``."""
+def _part(
+    q: LazyBlockArray, codes: np.ndarray, scales: np.ndarray, shape: tuple[int, ...], zeros: Any = None
+) -> BlockArray:
+    """The block array of one chunk of ``q`` (``zeros``: its zero points, for the formats with them)."""
     return BlockArray(
         np.ascontiguousarray(codes),
         np.ascontiguousarray(scales)
@@ -199,6 +208,7 @@ def _part(q: LazyBlockArray, codes: np.ndarray, scales: np.ndarray, shape: tuple
         replace(q.layout, shape=shape),
         per_tensor_scale=q.per_tensor_scale,
         rotation=q.rotation,
+        zero_points=None if zeros is None else np.ascontiguousarray(zeros, np.int8),
     )
 
 
@@ -206,6 +216,19 @@ def _dequantize_block(
     codes: np.ndarray, scales: np.ndarray, q: LazyBlockArray, dtype: str, unrotate: bool, block_id: Any = None
 ) -> np.ndarray:
     return _part(q, codes, scales, chunk_shape(q.chunks, block_id)).dequantize(dtype, unrotate=unrotate)
+
+
+def _dequantize_zeros_block(
+    codes: np.ndarray,
+    scales: np.ndarray,
+    zeros: np.ndarray,
+    q: LazyBlockArray,
+    dtype: str,
+    unrotate: bool,
+    block_id: Any = None,
+) -> np.ndarray:
+    part = _part(q, codes, scales, chunk_shape(q.chunks, block_id), zeros)
+    return part.dequantize(dtype, unrotate=unrotate)
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,11 +249,13 @@ class LazyBlockArray(BlockFields):
     per_tensor_scale: float | None
     rotation: tuple[int, ...] | None
     chunks: Chunks
+    #: The zero points (int8, chunked like the scales) of the integer formats that have them.
+    zero_points: Any = None
 
     @property
     def spec(self) -> LazyBlockArray:
         """The same fields without the Dask arrays: what the tasks of one chunk carry."""
-        return replace(self, codes=None, scales=None)
+        return replace(self, codes=None, scales=None, zero_points=None)
 
     def __repr__(self) -> str:
         return (
@@ -240,13 +265,19 @@ class LazyBlockArray(BlockFields):
 
     def compute(self, **kwargs: Any) -> BlockArray:
         """The block array in memory (``kwargs`` go to ``dask.compute``: ``scheduler=`` ...)."""
-        codes, scales = dask.compute(self.codes, self.scales, **kwargs)
-        return _part(self, codes, scales, self.shape)
+        if self.zero_points is None:
+            codes, scales = dask.compute(self.codes, self.scales, **kwargs)
+            return _part(self, codes, scales, self.shape)
+        codes, scales, zeros = dask.compute(self.codes, self.scales, self.zero_points, **kwargs)
+        return _part(self, codes, scales, self.shape, zeros)
 
     def persist(self, **kwargs: Any) -> LazyBlockArray:
-        """The same array with its codes and scales computed and kept by the scheduler."""
-        codes, scales = dask.persist(self.codes, self.scales, **kwargs)
-        return replace(self, codes=codes, scales=scales)
+        """The same array with its codes and scales (and zero points) computed and kept by the scheduler."""
+        if self.zero_points is None:
+            codes, scales = dask.persist(self.codes, self.scales, **kwargs)
+            return replace(self, codes=codes, scales=scales)
+        codes, scales, zeros = dask.persist(self.codes, self.scales, self.zero_points, **kwargs)
+        return replace(self, codes=codes, scales=scales, zero_points=zeros)
 
     def dequantize(self, dtype: Any = np.float32, *, unrotate: bool = False) -> Any:
         """The values as a lazy Dask array of ``dtype``, chunked like the quantised values (see
@@ -258,10 +289,10 @@ class LazyBlockArray(BlockFields):
             raise InvalidTypeError(f"unrotate must be True or False, got {unrotate!r}")
         if unrotate and self.rotation is None:
             raise InvalidValueError("unrotate=True needs an array quantised with a rotation (rht=); this one has none")
+        arrays = (self.codes, self.scales) if self.zero_points is None else (self.codes, self.scales, self.zero_points)
         return da.map_blocks(
-            _dequantize_block,
-            self.codes,
-            self.scales,
+            _dequantize_block if self.zero_points is None else _dequantize_zeros_block,
+            *arrays,
             self.spec,
             out.name,
             bool(unrotate),
@@ -288,13 +319,16 @@ def _piece_totals(
     cshape: tuple[int, ...],
     sshape: tuple[int, ...],
     axis: int,
+    zeros: Any = None,
 ) -> np.ndarray:
     """The error sums of one piece of :class:`~..blocks.layout.Pieces` (flat ranges of the values,
-    codes and scale bytes), as the in-memory statistics compute that piece."""
+    codes and scale bytes, and zero points where the format has them), as the in-memory statistics
+    compute that piece."""
     arr, _ = input_array(np.ascontiguousarray(x).reshape(shape))
     part = replace(q, layout=replace(q.layout, axis=axis, shape=shape))
+    zp = None if zeros is None else np.asarray(zeros).reshape(sshape)
     stats = ErrorStats()
-    stats._add(arr, _part(part, np.asarray(codes).reshape(cshape), np.asarray(scales).reshape(sshape), shape))
+    stats._add(arr, _part(part, np.asarray(codes).reshape(cshape), np.asarray(scales).reshape(sshape), shape, zp))
     return stats.totals()
 
 
@@ -320,6 +354,9 @@ def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
     units = {q.axis: unit, **({len(q.shape) - 2: q.block_rows} if q.block_rows > 1 else {})}
     values = block_chunks(values, q.shape, units)
     codes_chunks, scales_chunks = _chunks_of(values, q.layout)
+    if q.group_index is not None:
+        raise NotApplicableError("an integer block array with a group index (act-order) is not cut into Dask chunks")
+    zeros = None if q.zero_points is None else da.from_array(q.zero_points, chunks=scales_chunks)
     return LazyBlockArray(
         da.from_array(q.codes, chunks=codes_chunks),
         da.from_array(_raw_scales(q.scales, q.format), chunks=scales_chunks),
@@ -327,6 +364,7 @@ def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
         q.per_tensor_scale,
         q.rotation,
         values,
+        zeros,
     )
 
 
@@ -371,6 +409,7 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
     # in the values, codes and scales), each one task, folded in the same order.
     pieces = Pieces(q.layout)
     flat_x, flat_codes, flat_scales = (a.reshape(-1) for a in (x, codes, scales))
+    flat_zeros = None if q.zero_points is None else q.zero_points.reshape(-1)
     totals = []
     for cut in pieces.cuts(1 << 20):
         start, stop, shape = pieces.values(cut)
@@ -385,6 +424,7 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
                 cshape,
                 sshape,
                 pieces.piece_layout(cut).axis,
+                None if flat_zeros is None else flat_zeros[s0:s1],
             )
         )
     return dask.delayed(_from_totals)(*totals)

@@ -123,6 +123,12 @@ class IntegerWeight(StoredWeight):
         width = self.codes.shape[-1]
         words = np.asarray(self.codes.read_flat(r0 * width, r1 * width)).reshape(r1 - r0, width)
         if self.packing == BYTES:
+            values = words.view(np.int8)
+            low = -(1 << (self.bits - 1))
+            if self.bits < 8 and values.size and (values.min() < low or values.max() > -low - 1):
+                raise FileFormatError(
+                    f"{self.codes.where}: int8 codes of {self.bits}-bit weights outside [{low}, {-low - 1}]"
+                )
             codes = (words.view(np.uint8) & np.uint8((1 << self.bits) - 1)).astype(np.uint8)
         else:
             codes = signed_codes(unpack_words(words, self.bits, cols, self.packing), self.bits)
@@ -139,6 +145,15 @@ class IntegerWeight(StoredWeight):
 
     def block_array(self) -> BlockArray:
         return self._rows(0, self.layout.shape[0], self._zero_points(), self._group_index())
+
+    def row_pieces(self, chunk_bytes: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(codes one per byte, as their ``bits``-bit patterns; scales) of runs of whole rows."""
+        rows = self.layout.shape[0]
+        step = max(1, chunk_bytes // max(self.codes.shape[-1] * self.codes.dtype.itemsize, 1))
+        zeros, gidx = self._zero_points(), self._group_index()
+        for r0 in range(0, rows, step):
+            part = self._rows(r0, min(rows, r0 + step), zeros, gidx)
+            yield part.codes, part.scales
 
     def decoded_pieces(self, dtype: str, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
         rows = self.layout.shape[0]

@@ -240,8 +240,8 @@ def _largest_magnitudes(tiles: np.ndarray) -> np.ndarray:
     return largest
 
 
-#: The last name components of the tensors of quantised layouts the package does not read (GPTQ,
-#: AWQ): a checkpoint holding one is refused like one of a layout it reads without its config.
+#: The last name components of the tensors of GPTQ's and AWQ's layouts: a checkpoint holding one
+#: without a config saying which layout (and so which packing) is refused, never guessed.
 FOREIGN_PARTS = ("qweight", "scales", "qzeros")
 
 #: The KV cache's scales (and the queries' under attention quantisation): tensors of an attention
