@@ -20,7 +20,6 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BlockFormat, Format
 from ..recipes import RecipeRule
 from ..registry import block_kernels
-from . import nibbles
 from .array import BlockArray
 from .inputs import input_array
 from .layout import BlockLayout
@@ -214,14 +213,11 @@ class BlockJob:
     def _integers(self, arr: np.ndarray, src: Format, lay: BlockLayout) -> BlockArray:
         """The integer codes (one per byte, then packed where the layout packs), scales in the
         scale dtype and zero points of ``arr`` (see :mod:`~neuron_kernels.kernels.block_kernels.integers`)."""
-        plain = replace(lay, packed=False)
-        codes = np.empty(plain.codes_shape, np.uint8)
+        codes = np.zeros(lay.codes_shape, np.uint8)
         scales = np.empty(lay.scales_shape, np.float32)
         zeros = np.empty(lay.scales_shape, np.int8) if self.fmt.zero_points else None
         if arr.size:
             block_kernels().integer_quantize(self, arr, src.name, codes, scales, zeros)
-        if lay.packed:
-            codes = nibbles.pack(codes, lay.axis)
         size, rows = self._stored(arr.shape)
         stored = scales if self.fmt.scale == "float32" else scales.astype(self.fmt.scale_format.result_dtype)
         return BlockArray(
@@ -251,6 +247,8 @@ class BlockJob:
         ``shape`` and dtype ``src`` (see :func:`~neuron_kernels.kernels.block_kernels.binding`)."""
         if self.rule is not None:
             return f"recipe {self.recipe}: recipe_rows ({self.rule.scale})"
+        if self.fmt.integer:
+            return "integers: rows of groups (kernels/block_kernels/integers.py)"
         row = self.layout(shape).kernel_shapes().row
         source = "float32" if self.rotation is not None else src.name
         return str(block_kernels().binding(self, row, source, quantize))

@@ -185,16 +185,18 @@ def binding(job: Any, row: bool, src: str, quantize: bool) -> str:
 def integer_quantize(
     job: Any, arr: np.ndarray, src: str, codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None
 ) -> None:
-    """The codes (one per byte), float32 scales and, where ``zeros`` is given, zero points of the
-    integer job ``job`` on ``arr`` (C-contiguous, of dtype ``src``, grouped along its last axis)."""
-    length = arr.shape[job.axis]  # the last axis, or a piece's block axis (A, L, 1)
+    """The codes (packed two per byte where the job packs 4-bit codes), float32 scales and, where
+    ``zeros`` is given, zero points of the integer job ``job`` on ``arr`` (C-contiguous, of dtype
+    ``src``, grouped along its block axis: the last, or a piece's (A, L, 1))."""
+    length = arr.shape[job.axis]
     rows = arr.size // max(length, 1)
-    kernel = INT.quantize_kernel(src, INT.ROUNDING_OF[job.fmt.scale], not job.fmt.zero_points)
+    packed = bool(job.pack) and job.fmt.packable
+    kernel = INT.quantize_kernel(src, INT.ROUNDING_OF[job.fmt.scale], not job.fmt.zero_points, packed)
     grid = (rows, -1)
     spare = np.empty((1, 1), np.int8)
     args = (
         K.input_view(arr).reshape(rows, length),
-        codes.reshape(rows, length),
+        codes.reshape(rows, -1),
         scales.reshape(grid),
         spare if zeros is None else zeros.reshape(grid),
         min(job.block_size, length),
@@ -206,11 +208,13 @@ def integer_quantize(
 def _integer_dequantize(q: Any, values: np.ndarray) -> None:
     length = q.shape[q.axis]
     rows = q.size // max(length, 1)  # blocks along the last axis of the values, or of a piece's
-    codes = q.unpacked_codes().reshape(rows, length)
+    codes = q.codes.reshape(rows, -1)
     scales = np.ascontiguousarray(q.scales, np.float32).reshape(rows, -1)
     zeros = np.empty((1, 1), np.int8) if q.zero_points is None else q.zero_points.reshape(rows, -1)
     gidx = np.empty(0, np.int32) if q.group_index is None else np.ascontiguousarray(q.group_index, np.int32)
-    kernel = INT.dequantize_kernel(INT.ROUNDING_OF[q.format.scale], q.zero_points is None, q.group_index is not None)
+    kernel = INT.dequantize_kernel(
+        INT.ROUNDING_OF[q.format.scale], q.zero_points is None, q.group_index is not None, bool(q.packed)
+    )
     args = (read_only(codes), read_only(scales), read_only(zeros), read_only(gidx), values.reshape(rows, length))
     run_tasks(kernel, rows, q.size, (*args, min(q.block_size, length), q.format.element_bits))
 

@@ -70,6 +70,7 @@ __all__ = [
     "numpy_reference_quantize",
     "numpy_reference_nvfp4",
     "numpy_reference_fp8",
+    "numpy_reference_int",
     "peer_of",
     "torchao_peer",
     "bench_blocks",
@@ -342,8 +343,12 @@ BLOCK_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("mxfp8_e4m3 bf16", "mxfp8_e4m3", {SOURCE: "bfloat16"}),
     ("mxfp4_e2m1 bf16", "mxfp4_e2m1", {SOURCE: "bfloat16"}),
     ("nvfp4 bf16", "nvfp4", {SOURCE: "bfloat16"}),
-    *((name, name, {}) for name, f in BLOCK_FORMATS.items() if f.float_scales),
+    *((name, name, {}) for name, f in BLOCK_FORMATS.items() if f.float_scales and not f.integer),
     ("fp8_block bf16", "fp8_block", {SOURCE: "bfloat16", "scale_dtype": "bfloat16"}),
+    # integers (docs/integers.md): W4A16's groups, with zero points, W8A8's channels, from bfloat16 too
+    *((name, name, {}) for name in ("int4_group", "int4_group_asym", "int8_channel")),
+    ("int4_group bf16", "int4_group", {SOURCE: "bfloat16", "scale_dtype": "bfloat16"}),
+    ("int8_group bf16", "int8_group", {SOURCE: "bfloat16", "scale_dtype": "bfloat16"}),
 ]
 
 
@@ -431,6 +436,26 @@ def numpy_reference_fp8(x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray
     return codes.reshape(tiles.shape[0] * tiles.shape[1], -1)[:rows, :cols], s[:, 0, :, 0]
 
 
+def numpy_reference_int(x: np.ndarray, layout: Any) -> tuple[np.ndarray, ...]:
+    """The integer formats' rule (compressed-tensors') in vectorised numpy, in float32 (without the
+    rounding of each step to the scale's dtype): codes, scales and zero points of groups along the
+    last axis. The peer of the integer rows."""
+    bf = layout.format
+    low, high = bf.element_format.lowest, bf.element_format.max
+    g = np.asarray(x, np.float32).reshape(-1, layout.scales_shape[-1], min(layout.block_size, layout.shape[-1]))
+    lo = np.minimum(g.min(axis=2, keepdims=True), 0)
+    hi = np.maximum(g.max(axis=2, keepdims=True), 0)
+    if bf.zero_points:
+        s = (hi - lo) / np.float32(high - low)
+        s = np.where(s == 0, np.float32(2.0**-23), s)
+        z = np.clip(np.rint(low - lo / s), low, high)
+        q = np.clip(np.rint(g / s + z), low, high).astype(np.int8)
+        return q, s, z.astype(np.int8)
+    s = np.maximum(-lo, hi) / np.float32((high - low) / 2)
+    s = np.where(s == 0, np.float32(2.0**-23), s)
+    return np.clip(np.rint(g / s), low, high).astype(np.int8), s
+
+
 def torchao_peer(
     fmt: str, options: dict[str, Any], shape: tuple[int, ...] | None = None
 ) -> Callable[[np.ndarray], Any] | None:
@@ -443,6 +468,8 @@ def torchao_peer(
         from torchao.prototype.mx_formats.mx_tensor import to_mx
         from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
     except Exception:  # noqa: BLE001 - any failure to import means the peer is absent
+        return None
+    if BLOCK_FORMATS[fmt].integer:  # torchao's integer layouts are its own (tinygemm): no like-for-like peer
         return None
     if BLOCK_FORMATS[fmt].float_scales:  # FP8: torch's own ops, as compressed-tensors runs them on a CPU
         top = BLOCK_FORMATS[fmt].max_element
@@ -516,6 +543,8 @@ def bench_blocks(
             if q.format.per_tensor_scale:
                 pts = q.per_tensor_scale
                 peer = measure(lambda: numpy_reference_nvfp4(source, pts), moved, few)
+            elif q.format.integer:
+                peer = measure(lambda: numpy_reference_int(source, q.layout), moved, few)
             elif q.format.float_scales:
                 peer = measure(lambda: numpy_reference_fp8(source, fmt), moved, few)
             else:

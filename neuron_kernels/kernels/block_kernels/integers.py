@@ -57,11 +57,13 @@ def rounded(v, dt):  # pragma: no cover - compiled
 
 
 @cache
-def quantize_kernel(source: str, dt: int, symmetric: bool) -> Any:
+def quantize_kernel(source: str, dt: int, symmetric: bool, packed: bool = False) -> Any:
     """Kernel ``(x, codes, scales, zeros, group, bits, t0, t1)`` over rows ``[t0, t1)`` of (A, L)
-    arrays: ``x`` the input as :func:`~.spec.input_view` gives it, ``codes`` uint8 (A, L),
-    ``scales`` float32 (A, groups), ``zeros`` int8 (A, groups) (unused when ``symmetric``),
-    ``group`` the group length, ``bits`` the element width."""
+    arrays: ``x`` the input as :func:`~.spec.input_view` gives it, ``codes`` uint8 (A, L), or
+    (A, ceil(L / 2)) with ``packed`` 4-bit codes (element 2i in the low nibble), ``scales`` float32
+    (A, groups), ``zeros`` int8 (A, groups) (unused when ``symmetric``), ``group`` the group
+    length, ``bits`` the element width. Each group is read twice (its range, then its codes),
+    from the cache; its loops are over slices, which LLVM vectorises."""
     src = source_of(source)
     kind, codec = src.kind, src.codec
     eps = np.float32(_EPS[dt])
@@ -74,24 +76,31 @@ def quantize_kernel(source: str, dt: int, symmetric: bool) -> Any:
         half = rounded(span / np.float32(2.0), dt)
         mask = (1 << bits) - 1
         length = x.shape[1]
+        row_codes = np.empty(length if packed else 0, np.uint8)
         for r in range(t0, t1):
+            row = x[r]
+            out = row_codes if packed else codes[r]
             for g in range(scales.shape[1]):
                 c0 = g * group
                 c1 = min(c0 + group, length)
-                lo = np.float32(0.0)
-                hi = np.float32(0.0)
-                bad = False
-                for c in range(c0, c1):
-                    v = f32_from_bits(load_value(x[r, c], kind, codec))
-                    bad |= not (abs(v) < np.float32(np.inf))
-                    lo = min(lo, v)
-                    hi = max(hi, v)
-                if bad:
+                seg = row[c0:c1]
+                dst = out[c0:c1]
+                # the largest positive and negative magnitudes as float32 patterns: integer maxima,
+                # which vectorise (float min/max reductions do not), and which show a NaN or an infinity
+                pos = np.uint32(0)
+                neg = np.uint32(0)
+                for i in range(seg.size):
+                    u = load_value(seg[i], kind, codec)
+                    negative = u >= np.uint32(0x80000000)
+                    pos = max(pos, np.uint32(0) if negative else u)
+                    neg = max(neg, u32_and(u, 0x7FFFFFFF) if negative else np.uint32(0))
+                hi = f32_from_bits(pos)  # max(group, 0)
+                lo = -f32_from_bits(neg)  # min(group, 0)
+                if max(pos, neg) >= np.uint32(0x7F800000):  # a NaN or an infinity
                     scales[r, g] = np.float32(np.nan)
                     if not symmetric:
                         zeros[r, g] = 0
-                    for c in range(c0, c1):
-                        codes[r, c] = 0
+                    dst[:] = 0
                     continue
                 z = np.float32(0.0)
                 if symmetric:
@@ -107,31 +116,63 @@ def quantize_kernel(source: str, dt: int, symmetric: bool) -> Any:
                     zeros[r, g] = np.int8(z)
                 s = s if s != 0 else eps
                 scales[r, g] = s
-                for c in range(c0, c1):
-                    v = rounded(f32_from_bits(load_value(x[r, c], kind, codec)) / s, dt)
+                for i in range(seg.size):
+                    v = rounded(f32_from_bits(load_value(seg[i], kind, codec)) / s, dt)
                     if not symmetric:
                         v = rounded(v + z, dt)
                     q = np.rint(min(max(v, qmin), qmax))
-                    codes[r, c] = np.uint8(np.int32(q) & mask)
+                    dst[i] = np.uint8(np.int32(q) & mask)
+            if packed:
+                pairs = length // 2
+                dst = codes[r]
+                for j in range(pairs):
+                    dst[j] = row_codes[2 * j] | (row_codes[2 * j + 1] << 4)
+                if length % 2:
+                    dst[pairs] = row_codes[length - 1]
 
     return kernel
 
 
 @cache
-def dequantize_kernel(dt: int, symmetric: bool, permuted: bool) -> Any:
+def dequantize_kernel(dt: int, symmetric: bool, permuted: bool, packed: bool = False) -> Any:
     """Kernel ``(codes, scales, zeros, gidx, out, group, bits, t0, t1)`` over rows ``[t0, t1)``:
     ``out[r, c] = (q - z) * s`` of column ``c``'s group (``gidx[c]`` where ``permuted``, else
-    ``c // group``), each step rounded to ``dt`` as the producers compute it."""
+    ``c // group``), each step rounded to ``dt`` as the producers compute it; ``codes`` as
+    :func:`quantize_kernel` writes them (``packed``: two per byte)."""
 
     @jit
     def kernel(codes, scales, zeros, gidx, out, group, bits, t0, t1):  # pragma: no cover - compiled
-        half = 1 << (bits - 1)
+        half = np.int32(1 << (bits - 1))
+        length = out.shape[1]
+        row_codes = np.empty(length + 1 if packed else 0, np.uint8)
         for r in range(t0, t1):
-            for c in range(codes.shape[1]):
-                g = gidx[c] if permuted else c // group
-                q = np.float32((np.int32(codes[r, c]) ^ half) - half)
-                if not symmetric:
-                    q = q - np.float32(zeros[r, g])
-                out[r, c] = rounded(q * scales[r, g], dt)
+            crow = codes[r]
+            if packed:
+                for j in range(crow.size):
+                    b = crow[j]
+                    row_codes[2 * j] = b & 0xF
+                    row_codes[2 * j + 1] = b >> 4
+                crow = row_codes
+            orow = out[r]
+            if permuted:
+                for c in range(length):
+                    g = gidx[c]
+                    q = np.float32((np.int32(crow[c]) ^ half) - half)
+                    if not symmetric:
+                        q = q - np.float32(zeros[r, g])
+                    orow[c] = rounded(q * scales[r, g], dt)
+                continue
+            for g in range(scales.shape[1]):
+                c0 = g * group
+                c1 = min(c0 + group, length)
+                s = scales[r, g]
+                z = np.float32(0.0) if symmetric else np.float32(zeros[r, g])
+                src = crow[c0:c1]
+                dst = orow[c0:c1]
+                for i in range(src.size):
+                    q = np.float32((np.int32(src[i]) ^ half) - half)
+                    if not symmetric:
+                        q = q - z
+                    dst[i] = rounded(q * s, dt)
 
     return kernel
