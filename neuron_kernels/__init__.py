@@ -36,7 +36,7 @@ from .errors import (
     NotApplicableError,
     UnknownFormatError,
 )
-from .formats import BLOCK_FORMATS, FORMATS, MX_FORMATS, BlockFormat, Format, NKDType
+from .formats import BLOCK_FORMATS, FORMATS, INTEGER_FORMATS, MX_FORMATS, BlockFormat, Format, NKDType
 from .io import load_blocks, save_blocks
 from .io.arrays import FileFormatError
 from .neuron.auto_cast import auto_cast
@@ -71,6 +71,7 @@ __all__ = [
     "BLOCK_FORMATS",
     "FORMATS",
     "MX_FORMATS",
+    "INTEGER_FORMATS",
     "BlockArray",
     "BlockFormat",
     "BlockLayout",

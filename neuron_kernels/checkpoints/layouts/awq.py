@@ -102,12 +102,12 @@ def _awq_weights(ckpt: Checkpoint) -> list[Weight]:
 def _awq_weight(
     module: str, qweight: ArrayEntry, qzeros: ArrayEntry, scales: ArrayEntry, group_size: int | None
 ) -> TransposedIntegerWeight:
-    if qweight.dtype.name != "int32" or len(qweight.shape) != 2 or 0 in qweight.shape:
+    if qweight.dtype != np.dtype(np.int32) or len(qweight.shape) != 2 or 0 in qweight.shape:
         raise FileFormatError(
             f"{qweight.where}: an AWQ qweight must be int32 of shape [in, out / 8], found {qweight.dtype} of shape "
             f"{list(qweight.shape)}"
         )
-    if scales.dtype.name != "float16" or len(scales.shape) != 2 or 0 in scales.shape:
+    if scales.dtype != np.dtype(np.float16) or len(scales.shape) != 2 or 0 in scales.shape:
         raise FileFormatError(
             f"{scales.where}: AWQ scales must be float16 of shape [in / group_size, out], found {scales.dtype} of "
             f"shape {list(scales.shape)}"

@@ -47,6 +47,9 @@ __all__ = [
     "check_rest", "config_int", "config_flag", "config_group_size", "expect",
 ]  # fmt: skip
 
+#: The words GPTQ packs codes and zero points into (GPTQModel's ``pack_dtype`` may name others).
+_WORDS = np.dtype(np.int32)
+
 #: The code widths GPTQ checkpoints are read in (AutoGPTQ's and GPTQModel's packers).
 GPTQ_BITS = (2, 3, 4, 8)
 #: ``checkpoint_format`` values read: v1 (zero points stored minus one) and v2 (stored as they are).
@@ -327,8 +330,8 @@ def _gptq_settings(ckpt: Checkpoint) -> _Settings:
     if version not in GPTQ_VERSIONS or qc.get("is_marlin_format", False) is not False:
         shown = "marlin (is_marlin_format)" if version in GPTQ_VERSIONS else repr(version)
         raise FileFormatError(f"{ckpt.path}: GPTQ checkpoint_format {shown} is not read; 'gptq' (v1) and 'gptq_v2' are")
-    pack_dtype = qc.get("pack_dtype", "int32")
-    if pack_dtype != "int32":
+    pack_dtype = qc.get("pack_dtype", _WORDS.name)
+    if pack_dtype != _WORDS.name:  # a config string naming the words' dtype
         raise FileFormatError(
             f"{ckpt.path}: GPTQ pack_dtype {pack_dtype!r} (GPTQModel's words of other widths) is not read; int32 is"
         )
@@ -379,19 +382,19 @@ def _gptq_weight(
     settings: _Settings,
 ) -> TransposedIntegerWeight:
     bits = settings.bits
-    if scales.dtype.name != "float16" or len(scales.shape) != 2 or 0 in scales.shape:
+    if scales.dtype != np.dtype(np.float16) or len(scales.shape) != 2 or 0 in scales.shape:
         raise FileFormatError(
             f"{scales.where}: GPTQ scales must be float16 of shape [groups, out], found {scales.dtype} of shape "
             f"{list(scales.shape)}"
         )
-    if qweight.dtype.name != "int32" or len(qweight.shape) != 2 or 0 in qweight.shape:
+    if qweight.dtype != np.dtype(np.int32) or len(qweight.shape) != 2 or 0 in qweight.shape:
         raise FileFormatError(
             f"{qweight.where}: a GPTQ qweight must be int32 of shape [in * {bits} / 32, out], found {qweight.dtype} "
             f"of shape {list(qweight.shape)}"
         )
     out = scales.shape[1]
     if g_idx is not None:
-        if g_idx.dtype.name != "int32" or len(g_idx.shape) != 1 or g_idx.shape[0] == 0:
+        if g_idx.dtype != np.dtype(np.int32) or len(g_idx.shape) != 1 or g_idx.shape[0] == 0:
             raise FileFormatError(
                 f"{g_idx.where}: g_idx must be int32 of shape [in], found {g_idx.dtype} of shape {list(g_idx.shape)}"
             )
