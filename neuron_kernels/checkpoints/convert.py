@@ -384,7 +384,9 @@ def plan_quantization(
     if not layout.single_file and len(by_scheme) > 1:
         assert layout.mixed is not None
         parts = [(s.format, tuple(by_scheme[s]), schemes.activations(s)) for s in by_scheme]
-        config = layout.mixed(parts, kept, ignored, _Modules(arch))
+        sizes = [s.job(2).block_size if BLOCK_FORMATS[s.format].integer else None for s in by_scheme]
+        extra = {"group_sizes": sizes} if any(sizes) else {}  # integer groups: layouts that hold them take sizes
+        config = layout.mixed(parts, kept, ignored, _Modules(arch), **extra)
     elif not layout.single_file:
         (only_scheme,) = by_scheme
         groups = {"group_size": only_scheme.job(2).block_size} if BLOCK_FORMATS[only_scheme.format].integer else {}

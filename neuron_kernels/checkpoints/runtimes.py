@@ -49,6 +49,27 @@ def transformers_version() -> str | None:
         return None
 
 
+#: transformers' compressed route (``CompressedTensorsConfig()``, run_compressed) allocates a
+#: pack-quantized module's ``weight_zero_point`` unpacked, [out, groups], and refuses the packed
+#: [ceil(out * b / 32), groups] compressed-tensors writes (llm-compressor's own W4A16_ASYM too;
+#: tests/test_checkpoints_runtimes.py holds it as a strict xfail). Its ``dequantize=True`` route and
+#: vLLM read them.
+ZERO_POINT_BUG = (
+    "loads zero points (the _asym formats) only with CompressedTensorsConfig(run_compressed=False); its compressed "
+    "route refuses the packed weight_zero_point compressed-tensors writes, as it refuses llm-compressor's own "
+    "W4A16_ASYM"
+)
+
+
+def integer_notes(fmt: str) -> list[str]:
+    """The summary's note on transformers' reading of zero points, for a format that has them."""
+    from ..formats import BLOCK_FORMATS
+
+    if not BLOCK_FORMATS[fmt].zero_points:
+        return []
+    return [f"{_transformers()} {ZERO_POINT_BUG} (a bug known through {CHECKED_WITH}; vLLM loads them)"]
+
+
 def expert_notes(fmt: str, arch: Any, quantised: dict[str, tuple[int, ...]]) -> list[str]:
     """The summary's notes on transformers' MoE bugs (:data:`TRANSFORMERS_EXPERT_BUGS`) for the
     weights ``quantised`` (their shapes) of a compressed-tensors checkpoint in ``fmt``."""

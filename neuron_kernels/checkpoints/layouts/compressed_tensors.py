@@ -31,7 +31,7 @@ from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.safetensors import TensorSpec
 from ..architecture import module_of
 from ..folder import Checkpoint
-from ..runtimes import LARGEST_DIVISOR, expert_notes, mixed_notes
+from ..runtimes import LARGEST_DIVISOR, expert_notes, integer_notes, mixed_notes
 from ..scheme_map import OWN
 from ..selection import module_decision
 from ..targets import Refused, ct_group, ct_matches, vllm_group
@@ -198,16 +198,22 @@ def _ct_activations(config: dict[str, Any], given: Any) -> dict[str, Any]:
 
 
 def _ct_mixed(
-    parts: list[tuple[str, tuple[str, ...], Any]], kept: list[tuple[str, ArrayEntry]], ignore: list[str], modules: Any
+    parts: list[tuple[str, tuple[str, ...], Any]],
+    kept: list[tuple[str, ArrayEntry]],
+    ignore: list[str],
+    modules: Any,
+    group_sizes: list[int | None] | None = None,
 ) -> dict[str, Any]:
     """A ``mixed-precision`` config: a group per scheme, each with its ``format`` (vLLM reads a
     group's own) and targets that name its modules alone (:func:`_mixed_targets`), so that
     compressed-tensors and vLLM, whose orders of matching differ (:mod:`..targets`), give every
-    module the same group; checked on a module of each target before anything is written."""
+    module the same group; checked on a module of each target before anything is written.
+    ``group_sizes``: the integer schemes' groups, by the position of their part."""
     targets = _mixed_targets([names for _, names, _ in parts], modules)
+    sizes = group_sizes or [None] * len(parts)
     groups: dict[str, Any] = {}
     for i, ((fmt, _, acts), mine) in enumerate(zip(parts, targets)):
-        group = {**_ct_group(fmt), "targets": mine, "format": _ct_format(fmt)}
+        group = {**_ct_group(fmt, sizes[i]), "targets": mine, "format": _ct_format(fmt)}
         if acts is not OWN:
             group["input_activations"] = acts
         groups[f"group_{i}"] = group
@@ -703,7 +709,7 @@ LAYOUT = CheckpointLayout(
     per_tensor_part="weight_global_scale",
     per_tensor_divides=True,
     fused_scale=LARGEST_DIVISOR,
-    notes=expert_notes,
+    notes=lambda fmt, arch, quantised: expert_notes(fmt, arch, quantised) + integer_notes(fmt),
     producer=_ct_producer,
     ignore_key="ignore",
     mixed=_ct_mixed,
