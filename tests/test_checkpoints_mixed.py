@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from neuron_kernels import quantize
 from neuron_kernels.checkpoints import load_checkpoint
 from neuron_kernels.checkpoints.targets import Refused, ct_group, vllm_group
 from neuron_kernels.io.arrays import FileFormatError
@@ -264,10 +265,15 @@ def test_schemes_that_cannot_be_written_are_refused_in_one_line(tmp_path, option
     [
         ("scheme: NVFP4\ntargets: [Linear]\n", "needs calibration data (NVFP4A16 quantises the weights only)"),
         ("scheme: FP8\n", "static per-tensor activation scales"),
-        ("scheme: W4A16\n", "not one this package writes"),
+        ("scheme: W8A8\n", "int8 activations"),
+        ("scheme: W4A16_AWQ\n", "not one this package writes"),
         ("scheme: FP8_DYNAMIC\nkv_cache_scheme: {num_bits: 8, type: float}\n", "kv_cache_scheme needs calibration"),
         ("config_groups:\n  g: {targets: [Linear], weights: {num_bits: 4, type: int, strategy: group, "
-         "group_size: 128}}\n", "not a scheme this package writes"),
+         "group_size: 128, actorder: group}}\n", "not a scheme this package writes"),
+        ("config_groups:\n  g: {targets: [Linear], weights: {num_bits: 4, type: int, strategy: group, "
+         "group_size: 32}, input_activations: {num_bits: 8, type: int, strategy: token, dynamic: true}}\n",
+         "activations of integer weights"),
+        ("scheme: W4A16\n", "whole groups of 128"),
         ("config_groups:\n  g: {targets: [Linear], weights: {num_bits: 8, type: float, strategy: channel}, "
          "input_activations: {num_bits: 8, type: float, strategy: tensor, dynamic: false}}\n", "static scales"),
         ("stages: [1, 2]\n", "no config_groups or scheme found"),
@@ -279,6 +285,40 @@ def test_recipes_that_need_calibration_or_other_formats_are_refused(tmp_path, re
     r = run("quantize", TINY_LLAMA, tmp_path / "out", "--recipe-file", "r.yaml", cwd=tmp_path, check=False)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+INTEGER_RECIPE = """
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      ignore: [lm_head]
+      config_groups:
+        mlp:
+          targets: ["re:.*mlp.*"]
+          weights: {num_bits: 4, type: int, symmetric: false, strategy: group, group_size: 32}
+        attention:
+          targets: ["re:.*self_attn.*"]
+          weights: {num_bits: 8, type: int, symmetric: true, strategy: channel}
+"""
+
+
+def test_a_recipe_of_integer_groups_is_written_with_each_groups_size(tmp_path):
+    """An llm-compressor recipe of integer groups (W4A16_ASYM in groups of 32, int8 per channel):
+    each module quantised in its group's format and group size, the config's groups saying them."""
+    (tmp_path / "r.yaml").write_text(INTEGER_RECIPE)
+    run("quantize", TINY_LLAMA, tmp_path / "out", "--recipe-file", "r.yaml", cwd=tmp_path)
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    groups = {g["weights"]["num_bits"]: g["weights"] for g in qc["config_groups"].values()}
+    assert groups[4]["group_size"] == 32 and groups[4]["symmetric"] is False and groups[4]["strategy"] == "group"
+    assert groups[8]["strategy"] == "channel" and groups[8]["group_size"] is None
+    original, got = load_checkpoint(TINY_LLAMA), load_checkpoint(tmp_path / "out")
+    for name, q in got.items():
+        if not name.endswith("_proj.weight"):
+            continue
+        fmt, size = ("int4_group_asym", 32) if ".mlp." in name else ("int8_channel", None)
+        want = quantize(original[name], fmt, block_size=size, scale_dtype="bfloat16")
+        assert q.fmt == fmt and np.array_equal(q.integer_codes(), want.integer_codes()), name
+        assert np.array_equal(q.scales, want.scales), name
 
 
 def test_a_scheme_takes_its_own_options_and_an_unchanged_module_is_copied(tmp_path, mixed):

@@ -168,6 +168,10 @@ RECIPE_PRESETS: dict[str, tuple[str, Any] | str] = {
     "NVFP4A16": ("nvfp4", None),
     "MXFP4A16": ("mxfp4_e2m1", None),
     "MXFP8A16": ("mxfp8_e4m3", None),
+    # integers: W{b}A16 in groups of 128, W4A16_ASYM with zero points (compressed-tensors' presets)
+    **{f"W{b}A16": (f"int{b}_group", None) for b in range(2, 9)},
+    "W4A16_ASYM": ("int4_group_asym", None),
+    "W8A8": "int8 activations, which this package writes in no layout yet (it reads W8A8's int-quantized)",
     "FP8": "static per-tensor activation scales, which need calibration data (FP8_DYNAMIC needs none)",
     "NVFP4": "an activation global scale, which needs calibration data (NVFP4A16 quantises the weights only)",
 }
@@ -296,7 +300,7 @@ def _group(where: str, name: str, g: dict[str, Any], group_format: Callable[[dic
             f"{w.get('strategy')}, group_size {w.get('group_size')}, block_structure {w.get('block_structure')} are "
             f"not a scheme this package writes (NVFP4: 4-bit float tensor_group of 16; MXFP4: 4-bit float group of "
             f"32; MXFP8: 8-bit float group of 32 with uint8 scales; FP8: 8-bit float channel, tensor or block "
-            f"[128, 128])"
+            f"[128, 128]; integers: 2 to 8-bit int, group or channel, without act-order)"
         )
     acts = g.get("input_activations")
     if acts is not None:
@@ -307,4 +311,17 @@ def _group(where: str, name: str, g: dict[str, Any], group_format: Callable[[dic
             )
     if g.get("output_activations"):
         raise FileFormatError(f"{where}: config_groups.{name} quantises output activations, which needs calibration")
-    return Group(_targets(where, f"config_groups.{name}", g.get("targets")), Scheme(fmt), acts)
+    options: dict[str, Any] = {}
+    if BLOCK_FORMATS[fmt].integer:
+        if acts is not None:
+            raise FileFormatError(
+                f"{where}: config_groups.{name} quantises the activations of integer weights, which this package "
+                f"writes in no layout yet; give weights only (W{BLOCK_FORMATS[fmt].element_bits}A16)"
+            )
+        size = w.get("group_size")
+        if w.get("strategy") == "group":
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise FileFormatError(f"{where}: config_groups.{name}: group_size {size!r} is not a positive integer")
+            options["block_size"] = size  # the group's own, over the command line's
+    targets = _targets(where, f"config_groups.{name}", g.get("targets"))
+    return Group(targets, Scheme(fmt, **options), acts, options)

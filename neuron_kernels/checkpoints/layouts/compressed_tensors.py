@@ -663,9 +663,15 @@ def _ct_group_format(group: dict[str, Any]) -> str | None:
     said): the format whose group this layout writes has the same bits, type, strategy, group
     size, block structure and (where the recipe says one) scale dtype; None for any other."""
     w = group.get("weights") or {}
-    if w.get("symmetric") is False or w.get("dynamic") not in (None, False):
+    if w.get("dynamic") not in (None, False):
+        return None
+    if w.get("type") == "int":
+        return _ct_integer_format(group)
+    if w.get("symmetric") is False:
         return None
     for fmt in LAYOUT.formats:
+        if BLOCK_FORMATS[fmt].integer:
+            continue
         own = _ct_group(fmt)["weights"]
         if any(w.get(k) != own.get(k) for k in _DEFINING if k in own or w.get(k) is not None):
             continue
@@ -676,6 +682,20 @@ def _ct_group_format(group: dict[str, Any]) -> str | None:
             continue
         return fmt
     return None
+
+
+def _ct_integer_format(group: dict[str, Any]) -> str | None:
+    """The integer format of a recipe's group (``type: int``): its bits, ``strategy`` group (any
+    group size: the scheme takes it) or channel, ``symmetric``; None for what this layout does not
+    write (act-order, blocks, tensors, int8 activations beside)."""
+    w = group["weights"]
+    bits, strategy = w.get("num_bits"), w.get("strategy")
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 2 <= bits <= 8 or w.get("actorder"):
+        return None
+    if strategy not in ("group", "channel") or group.get("format") not in (None, _PACK_QUANTIZED):
+        return None
+    name = f"int{bits}_{strategy}" + ("" if w.get("symmetric", True) is not False else "_asym")
+    return name if name in BLOCK_FORMATS else None
 
 
 def _ct_producer(ckpt: Checkpoint) -> str | None:

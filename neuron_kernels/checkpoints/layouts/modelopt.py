@@ -423,6 +423,7 @@ def _fits(
     arch: Any = None,
     scale_dtype: str | None = None,
     ignored: tuple[str, ...] = (),
+    block_size: int | None = None,
 ) -> None:
     """What vLLM (``model_executor/layers/quantization/modelopt.py``) would not load, refused:
     MoE experts (``ModelOptFp8MoEMethod`` reads per-tensor weight and input scales for every FP8
@@ -432,7 +433,7 @@ def _fits(
     break the tiles (:func:`check_fused_blocks`), and a
     module left plain whose name is part of a quantised module's (``is_layer_excluded`` matches
     ``exclude_modules`` as substrings too, after exact names: vLLM would load the quantised
-    module as a plain one)."""
+    module as a plain one). ``block_size``: the scheme's blocks, which ModelOpt's formats fix."""
     if scale_dtype not in (None, "float32"):
         raise FileFormatError(
             f"the modelopt layout stores float32 FP8 scales (ModelOpt's), not --scale-dtype {scale_dtype}"
