@@ -248,7 +248,7 @@ class BlockJob:
         if self.rule is not None:
             return f"recipe {self.recipe}: recipe_rows ({self.rule.scale})"
         if self.fmt.integer:
-            return "integers: rows of groups (kernels/block_kernels/integers.py)"
+            return "integers: rows of groups"
         row = self.layout(shape).kernel_shapes().row
         source = "float32" if self.rotation is not None else src.name
         return str(block_kernels().binding(self, row, source, quantize))

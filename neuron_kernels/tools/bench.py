@@ -71,6 +71,7 @@ __all__ = [
     "numpy_reference_nvfp4",
     "numpy_reference_fp8",
     "numpy_reference_int",
+    "benched_formats",
     "peer_of",
     "torchao_peer",
     "bench_blocks",
@@ -345,11 +346,18 @@ BLOCK_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("nvfp4 bf16", "nvfp4", {SOURCE: "bfloat16"}),
     *((name, name, {}) for name, f in BLOCK_FORMATS.items() if f.float_scales and not f.integer),
     ("fp8_block bf16", "fp8_block", {SOURCE: "bfloat16", "scale_dtype": "bfloat16"}),
-    # integers (docs/integers.md): W4A16's groups, with zero points, W8A8's channels, from bfloat16 too
-    *((name, name, {}) for name in ("int4_group", "int4_group_asym", "int8_channel")),
+    # integers (docs/integers.md): each kind (groups, channels; with zero points or not) once, from
+    # bfloat16 too; the widths share one kernel (the width is an argument)
+    *((name, name, {}) for name in ("int4_group", "int4_group_asym", "int8_channel", "int8_channel_asym")),
     ("int4_group bf16", "int4_group", {SOURCE: "bfloat16", "scale_dtype": "bfloat16"}),
     ("int8_group bf16", "int8_group", {SOURCE: "bfloat16", "scale_dtype": "bfloat16"}),
 ]
+
+
+def benched_formats() -> set[str]:
+    """The block formats :data:`BLOCK_CASES` measures: every one, the integer ones one width per
+    kind (per group or channel, with zero points or not: the widths share a kernel)."""
+    return {fmt for _, fmt, _ in BLOCK_CASES}
 
 
 def numpy_reference_quantize(x: np.ndarray, fmt: str, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -569,12 +577,12 @@ def format_block_table(rows: list[BlockBenchRow]) -> str:
     """The rows of :func:`bench_blocks` as a fixed-width table: allocating ``quantize`` against the fresh
     ceiling, the ``out=`` calls against copy."""
     head = (
-        f"{'block format':<16}{'quantise':>10}{'vs fresh':>9}{'dequant out=':>14}{'vs copy':>9}"
+        f"{'block format':<18}{'quantise':>10}{'vs fresh':>9}{'dequant out=':>14}{'vs copy':>9}"
         f"{'fake out=':>11}{'vs copy':>9}{'fresh':>8}{'copy':>8}{'peer':>8}{'vs peer':>9}{'torchao':>9}{'vs':>7}"
         f"{'SQNR dB':>9}  {'binding':<36}"
     )
     units = (
-        f"{'':<16}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}{'GB/s':>8}"
+        f"{'':<18}{'GB/s':>10}{'':>9}{'GB/s':>14}{'':>9}{'GB/s':>11}{'':>9}{'GB/s':>8}{'GB/s':>8}{'GB/s':>8}"
         f"{'':>9}{'GB/s':>9}"
     )
     lines = [head, units, "-" * len(head)]
@@ -582,7 +590,7 @@ def format_block_table(rows: list[BlockBenchRow]) -> str:
         ta = "-" if r.torchao_gbs is None else f"{r.torchao_gbs:.2f}"
         vs = "-" if r.vs_torchao is None else f"{r.vs_torchao:.1f}x"
         lines.append(
-            f"{r.label:<16}{r.quantize_gbs:>10.1f}{r.vs_fresh:>8.2f}x{r.dequantize_gbs:>14.1f}"
+            f"{r.label:<18}{r.quantize_gbs:>10.1f}{r.vs_fresh:>8.2f}x{r.dequantize_gbs:>14.1f}"
             f"{r.dequantize_vs_copy:>8.2f}x{r.fake_gbs:>11.1f}{r.fake_vs_copy:>8.2f}x{r.fresh_gbs:>8.1f}{r.copy_gbs:>8.1f}"
             f"{r.peer_gbs:>8.2f}{r.vs_peer:>8.1f}x{ta:>9}{vs:>7}{r.sqnr_db:>9.2f}  {r.binding:<36}"
         )

@@ -21,7 +21,7 @@ from ..checkpoint_helpers import make_deepseek_v4
 __all__ = ["VERSION", "build_seeds", "seeds_folder"]
 
 #: Bumped when the seeds change: a folder of another version is made anew.
-VERSION = 3
+VERSION = 4
 HIDDEN, INTER, VOCAB = 64, 128, 32
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -240,6 +240,15 @@ def build_seeds(root: str | None = None) -> str:
          "*.self_attn.*=mxfp8_e4m3", cwd=tmp)  # fmt: skip
     shutil.copytree(os.path.join(fixtures, "llmcompressor", "mixed"), os.path.join(tmp, "llmcompressor-mixed"))
     make_deepseek_v4(os.path.join(tmp, "deepseek-v4"))
+    # integers: llm-compressor's W4A16_ASYM, W3A16 (codes across words) and W8A8, AutoGPTQ's act-order
+    # and AutoAWQ's GEMM checkpoints, and the command's integer groups beside FP8 attention
+    for name, folder in (("w4a16_asym", "llmcompressor-w4a16-asym"), ("w3a16", "llmcompressor-w3a16"),
+                         ("w8a8", "llmcompressor-w8a8")):  # fmt: skip
+        shutil.copytree(os.path.join(fixtures, "llmcompressor", name), os.path.join(tmp, folder))
+    shutil.copytree(os.path.join(fixtures, "gptq", "autogptq_int4_actorder"), os.path.join(tmp, "gptq-int4"))
+    shutil.copytree(os.path.join(fixtures, "awq", "autoawq_gemm_int4"), os.path.join(tmp, "awq-int4"))
+    _cli("quantize", "plain", "ct-int-mixed", "--format", "fp8_channel", "--scheme",
+         "*.mlp.*=int4_group_asym,block_size=32", cwd=tmp)  # fmt: skip
     shutil.copytree(os.path.join(tmp, "plain"), os.path.join(tmp, "recipe"))
     with open(os.path.join(tmp, "recipe", "recipe.yaml"), "w") as fh:
         fh.write(_RECIPE)

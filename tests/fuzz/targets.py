@@ -319,6 +319,12 @@ _ADDED = {
     "modelopt-mixed": ("hf_quant_config.json", "config.json", "model.safetensors"),
     "llmcompressor-mixed": ("config.json", "model.safetensors"),
     "deepseek-v4": ("config.json", "model.safetensors"),
+    "llmcompressor-w4a16-asym": ("config.json", "model.safetensors"),
+    "llmcompressor-w3a16": ("config.json", "model.safetensors"),
+    "llmcompressor-w8a8": ("config.json", "model.safetensors"),
+    "gptq-int4": ("config.json", "model.safetensors", "quantize_config.json"),
+    "awq-int4": ("config.json", "model.safetensors"),
+    "ct-int-mixed": ("config.json", "model.safetensors"),
 }
 
 
@@ -360,6 +366,8 @@ TARGETS: dict[str, Target] = {
                 Slot("ct-mixed", "config.json", ("--format", "mxfp8_e4m3", "--scheme", "*.mlp.*=mxfp4_e2m1")),
                 Slot("modelopt-mixed", "hf_quant_config.json", ("--format", "nvfp4")),
                 Slot("deepseek-v4", "model.safetensors", ("--format", "nvfp4", "--only", "*.experts.*")),
+                Slot("gptq-int4", "model.safetensors", ("--format", "int4_group", "--block-size", "32")),
+                Slot("llmcompressor-w4a16-asym", "config.json", ("--format", "fp8_channel")),
             ),
             _quantize,
         ),
