@@ -233,3 +233,16 @@ def test_a_width_both_packings_give_without_a_version_is_refused(tmp_path):
     )
     r = run("dequantize", folder, tmp_path / "out", cwd=tmp_path, check=False)
     assert r.returncode == 2 and "does not guess" in r.stderr, r.stderr
+
+
+def test_quantize_state_dict_writes_what_llm_compressor_writes():
+    """In memory (``quantize_state_dict``): the tensors of llm-compressor's W4A16_ASYM in groups of
+    32, byte for byte, and its config group's group size."""
+    tensors, _ = read_safetensors("tests/fixtures/modelopt/bf16/model.safetensors")
+    config = json.loads(open_text("tests/fixtures/modelopt/bf16/config.json"))
+    out, qc = nk.quantize_state_dict(tensors, "int4_group_asym", config=config, block_size=32)
+    theirs, _ = read_safetensors(f"{FIXTURES}/w4a16_asym/model.safetensors")
+    assert set(out) == set(theirs)
+    for name, value in theirs.items():
+        assert np.asarray(out[name]).tobytes() == value.tobytes(), name
+    assert qc["config_groups"]["group_0"]["weights"]["group_size"] == 32

@@ -61,13 +61,26 @@ ZERO_POINT_BUG = (
 )
 
 
+#: The widths vLLM's ``CompressedTensorsWNA16`` runs (``WNA16_SUPPORTED_BITS`` in
+#: vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16.py).
+VLLM_WNA16_BITS = (4, 8)
+
+
 def integer_notes(fmt: str) -> list[str]:
-    """The summary's note on transformers' reading of zero points, for a format that has them."""
+    """The summary's notes on integer formats: transformers' reading of zero points, for a format
+    that has them; vLLM's widths, for one it does not run."""
     from ..formats import BLOCK_FORMATS
 
-    if not BLOCK_FORMATS[fmt].zero_points:
-        return []
-    return [f"{_transformers()} {ZERO_POINT_BUG} (a bug known through {CHECKED_WITH}; vLLM loads them)"]
+    bf = BLOCK_FORMATS[fmt]
+    notes = []
+    if bf.integer and bf.element_bits not in VLLM_WNA16_BITS:
+        notes.append(
+            f"vLLM runs compressed-tensors integer weights of {' and '.join(map(str, VLLM_WNA16_BITS))} bits only "
+            f"(CompressedTensorsWNA16's WNA16_SUPPORTED_BITS); these {bf.element_bits}-bit ones load in transformers"
+        )
+    if bf.zero_points:
+        notes.append(f"{_transformers()} {ZERO_POINT_BUG} (a bug known through {CHECKED_WITH}; vLLM loads them)")
+    return notes
 
 
 def expert_notes(fmt: str, arch: Any, quantised: dict[str, tuple[int, ...]]) -> list[str]:
