@@ -290,3 +290,14 @@ def test_error_statistics_of_integer_codes(fmt):
     )
     lim = np.maximum(np.abs(top.dequantize()), np.abs(low.dequantize())).astype(np.float64)
     assert stats.saturated == np.sum(np.abs(x) > lim) / x.size
+
+
+def test_integer_elements_are_no_cast_targets():
+    """int2 ... int7 are elements of block formats only (as mxint8's fixed-point one): the registry
+    has no cast to or from them, and a cast names what it accepts."""
+    from neuron_kernels.registry import supported_casts
+
+    narrow = {f"int{b}" for b in range(2, 8)}
+    assert not [k for k in supported_casts() if k.source in narrow or k.target in narrow]
+    with pytest.raises(nk.UnsupportedCastError, match="no cast from float32 to int4"):
+        nk.cast(np.ones(4, np.float32), "int4")

@@ -262,7 +262,8 @@ def builtin_kernels() -> Iterator[
     (whose ``CastOptions`` the functions take as ``options``; ``ufuncs(rounding, saturate)`` gives
     the pair's NumPy ufunc, None for packed containers): floats and packed containers to each
     other, integers to everything (nothing casts a float to an integer)."""
-    castable = [f for f in FORMATS.values() if f.kind != "fixed"]  # fixed-point rows are block elements only
+    # fixed-point and narrow integer rows are block elements only
+    castable = [f for f in FORMATS.values() if f.kind not in ("fixed", "qint")]
     for s in castable:
         for t in castable:
             if t.kind == "int" and s.kind != "int":
