@@ -40,6 +40,7 @@ from ...blocks.array import BlockArray
 from ...blocks.layout import BlockLayout
 from ...io.arrays import ArrayEntry, FileFormatError
 from ..folder import Checkpoint
+from .integer_weights import decoded_amax
 from .records import CheckpointLayout, StoredWeight, Weight
 
 __all__ = [
@@ -160,11 +161,7 @@ class TransposedIntegerWeight(StoredWeight):
         return ArrayEntry(self.codes.path, self.out_name, self.layout.shape, np.dtype(np.float32), read)
 
     def finite_amax(self, chunk_bytes: int = 64 << 20) -> float:
-        amax = 0.0
-        for values, _ in self.decoded_pieces("float32", chunk_bytes):
-            finite = np.abs(values[np.isfinite(values)])
-            amax = max(amax, float(finite.max())) if finite.size else amax
-        return amax
+        return decoded_amax(self, chunk_bytes)
 
 
 def transposed_integer_weight(

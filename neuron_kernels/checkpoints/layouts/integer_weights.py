@@ -25,7 +25,8 @@ from ...io.arrays import ArrayEntry, FileFormatError
 from .records import StoredWeight
 
 __all__ = [
-    "IntegerWeight", "integer_weight", "unpack_words", "pack_words", "offset_fields", "signed_codes", "packed_width",
+    "IntegerWeight", "integer_weight", "decoded_amax", "unpack_words", "pack_words", "offset_fields", "signed_codes",
+    "packed_width",
     "DENSE", "PADDED", "BYTES",
 ]  # fmt: skip
 
@@ -178,11 +179,17 @@ class IntegerWeight(StoredWeight):
         return ArrayEntry(self.codes.path, self.out_name, self.layout.shape, np.dtype(np.float32), read)
 
     def finite_amax(self, chunk_bytes: int = 64 << 20) -> float:
-        amax = 0.0
-        for values, _ in self.decoded_pieces("float32", chunk_bytes):
-            finite = np.abs(values[np.isfinite(values)])
-            amax = max(amax, float(finite.max())) if finite.size else amax
-        return amax
+        return decoded_amax(self, chunk_bytes)
+
+
+def decoded_amax(weight: StoredWeight, chunk_bytes: int) -> float:
+    """The largest finite |value| of an integer weight, from its values decoded piece by piece
+    (its codes alone do not tell: a zero point shifts them)."""
+    amax = 0.0
+    for values, _ in weight.decoded_pieces("float32", chunk_bytes):
+        finite = np.abs(values[np.isfinite(values)])
+        amax = max(amax, float(finite.max())) if finite.size else amax
+    return amax
 
 
 def integer_weight(
