@@ -221,6 +221,22 @@ def test_load_checkpoint_gives_block_arrays(ckpt, written, layout, fmt):
             np.testing.assert_array_equal(bits(loaded[name]), bits(x))
 
 
+@pytest.mark.parametrize("fmt", ["fp8_channel", "int4_group_asym"])
+def test_npz_layout_of_float_scales_and_zero_points(ckpt, fmt, tmp_path):
+    """The npz layout of a format with float scales (their bits stored as unsigned integers) and of
+    one with zero points: the command dequantises and checks the file as quantised in memory."""
+    d, t = ckpt
+    run("quantize", d / "model", "q.npz", "--layout", "npz", "--format", fmt, "--no-stats", cwd=tmp_path)
+    run("dequantize", "q.npz", "back", "--dtype", "float32", cwd=tmp_path)
+    got, _ = read_dir(tmp_path / "back")
+    assert got and set(got) <= set(t)
+    for name in got:
+        want = nk.quantize(t[name], fmt).dequantize(np.float32)
+        np.testing.assert_array_equal(bits(got[name]), bits(want))
+    r = run("check", "q.npz", cwd=tmp_path, check=False)
+    assert r.returncode == 0 and f"{len(got)} quantised weight(s): 0 error(s), 0 warning(s)" in r.stdout, r.stdout
+
+
 def test_npz_layout_and_single_file_input(ckpt, tmp_path):
     d, t = ckpt
     one = tmp_path / "one.safetensors"

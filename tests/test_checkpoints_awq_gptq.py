@@ -225,6 +225,38 @@ def test_the_command_dequantizes_the_checkpoint_exactly(case, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_act_order_weights_keep_their_group_index_in_the_package_file(tmp_path):
+    """GPTQ's act-order weights, read, written to the package's block file (zero points and group
+    index with them), and read back through the ``npz`` layout: the command dequantises the file to
+    the reference's values, its pieces make the whole, and the doctor finds nothing wrong."""
+    from neuron_kernels.checkpoints.layouts import open_any, stored_weights
+    from neuron_kernels.io.blockfile import BlockFileWriter
+
+    case = CASES[3]
+    _, want = make_checkpoint(tmp_path / "ckpt", case)
+    got = load_checkpoint(tmp_path / "ckpt")
+    with BlockFileWriter(str(tmp_path / "q.npz")) as writer:
+        for name in want:
+            assert got[name].group_index is not None and got[name].zero_points is not None
+            writer.add(name, got[name])
+    r = run("dequantize", "q.npz", "plain", "--dtype", "float16", cwd=tmp_path)
+    plain, _ = read_safetensors(tmp_path / "plain" / "model.safetensors")
+    assert sorted(plain) == sorted(want)
+    for name, values in want.items():
+        assert differing(plain[name], values) == 0, name
+    ckpt, layout = open_any(str(tmp_path / "q.npz"))
+    for w in stored_weights(ckpt, layout):
+        whole = w.block_array().dequantize("float32")
+        entry = w.decoded_entry()
+        flat = np.concatenate([entry.read_flat(a, min(a + 1000, entry.size)) for a in range(0, entry.size, 1000)])
+        np.testing.assert_array_equal(flat.reshape(entry.shape), whole)
+        pieces = [(p.copy(), n) for p, n in w.decoded_pieces("float16", 7 * w.shape[1] * 4)]  # buffers reused
+        assert len(pieces) > 1 and differing(np.concatenate([p for p, _ in pieces]), want[w.name]) == 0
+        assert w.finite_amax() == float(np.abs(whole).max())
+    r = run("check", "q.npz", cwd=tmp_path, check=False)
+    assert r.returncode == 0 and "npz layout, 2 quantised weight(s): 0 error(s), 0 warning(s)" in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=lambda c: c.id)
 def test_the_doctor_finds_nothing_wrong(case, tmp_path):
     make_checkpoint(tmp_path / "ckpt", case)

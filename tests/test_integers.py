@@ -11,7 +11,7 @@ import pytest
 import neuron_kernels as nk
 from neuron_kernels.checkpoints.layouts.integer_weights import DENSE, PADDED, unpack_words
 from neuron_kernels.formats import INTEGER_BITS, INTEGER_FORMATS
-from tests.checkpoint_helpers import read_safetensors
+from tests.checkpoint_helpers import read_safetensors, write_safetensors
 from tests.reference_integers import (
     ct_dequantize_ref,
     ct_pack_dense,
@@ -301,3 +301,127 @@ def test_integer_elements_are_no_cast_targets():
     assert not [k for k in supported_casts() if k.source in narrow or k.target in narrow]
     with pytest.raises(nk.UnsupportedCastError, match="no cast from float32 to int4"):
         nk.cast(np.ones(4, np.float32), "int4")
+
+
+def act_order_array(bits: int = 4) -> tuple[nk.BlockArray, np.ndarray]:
+    """An asymmetric array with a permuted group index, and its values by the reference."""
+    rng = np.random.default_rng(bits)
+    lo, hi = -(1 << (bits - 1)), 1 << (bits - 1)
+    q = rng.integers(lo, hi, (6, 64)).astype(np.int8)
+    scales = rng.uniform(0.01, 0.1, (6, 4)).astype(BF16)
+    zp = rng.integers(lo, hi, (6, 4)).astype(np.int8)
+    g_idx = rng.permutation(np.arange(64) // 16).astype(np.int32)
+    arr = nk.BlockArray(
+        (q.view(np.uint8) & np.uint8((1 << bits) - 1)), scales, nk.BlockLayout(f"int{bits}_group_asym", (6, 64), 1, 16),
+        zero_points=zp, group_index=g_idx,
+    )  # fmt: skip
+    return arr, ct_dequantize_ref(q, scales, zp, 16, g_idx)
+
+
+def block_file_meta(path, name: str = "meta.npy") -> dict:
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as z, z.open(name) as f:
+        return json.loads(np.lib.format.read_array(f).tobytes())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_block_files_keep_zero_points_and_the_group_index(bits, tmp_path):
+    """save_blocks / load_blocks give back the codes, scales, zero points and group index bit for
+    bit; the file is read piece by piece (whole rows, as each column's group is anywhere in its
+    row) to the reference's values; a group index makes the file version 2."""
+    from neuron_kernels.io.file_jobs import dequantize_file
+
+    arr, want = act_order_array(bits)
+    nk.save_blocks(tmp_path / "a.npz", arr)
+    back = nk.load_blocks(tmp_path / "a.npz")
+    for field in ("codes", "scales", "zero_points", "group_index"):
+        got, expected = getattr(back, field), getattr(arr, field)
+        assert got.dtype == expected.dtype and got.shape == expected.shape, field
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8), err_msg=field)
+    assert block_file_meta(tmp_path / "a.npz")["version"] == 2
+    np.testing.assert_array_equal(back.dequantize("bfloat16").view(np.uint16), want.view(np.uint16))
+    dequantize_file(str(tmp_path / "a.npz"), str(tmp_path / "b.npy"), dtype="bfloat16", chunk_bytes=64 * 4)
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy").view(np.uint16), want.view(np.uint16))
+
+
+def test_a_block_file_without_a_group_index_stays_version_1(tmp_path):
+    w = weights(8, 96, np.float32)
+    q = nk.quantize(w, "int4_group_asym", block_size=32)
+    nk.save_blocks(tmp_path / "a.npz", q)
+    assert block_file_meta(tmp_path / "a.npz")["version"] == 1
+    back = nk.load_blocks(tmp_path / "a.npz")
+    np.testing.assert_array_equal(back.zero_points, q.zero_points)
+    np.testing.assert_array_equal(back.dequantize(np.float32), q.dequantize(np.float32))
+
+
+def test_quantize_file_writes_zero_points_piece_by_piece(tmp_path):
+    """An asymmetric format quantised from a file in pieces of a few rows: the file holds the codes,
+    scales and zero points of the whole array's quantisation."""
+    from neuron_kernels.io.file_jobs import quantize_file
+
+    w = weights(40, 96, BF16, seed=5)
+    whole = nk.quantize(w, "int4_group_asym", block_size=32)
+    write_safetensors(tmp_path / "w.safetensors", {"w": w})
+    src = str(tmp_path / "w.safetensors")
+    quantize_file(src, str(tmp_path / "q.npz"), "int4_group_asym", block_size=32, chunk_bytes=96 * 2 * 3)
+    back = nk.load_blocks(tmp_path / "q.npz", name="w")
+    for field in ("codes", "scales", "zero_points"):
+        np.testing.assert_array_equal(getattr(back, field).view(np.uint8), getattr(whole, field).view(np.uint8))
+
+
+def _respoil(src, dst, change) -> None:
+    """A copy of block file ``src`` with its members changed by ``change(dict of arrays)``."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as z:
+        members = {n.removesuffix(".npy"): np.lib.format.read_array(z.open(n)) for n in z.namelist()}
+    change(members)
+    np.savez(dst, **members)
+
+
+def _meta(**changes):
+    import json
+
+    def change(members):
+        meta = json.loads(members["meta"].tobytes())
+        meta.update(changes)
+        members["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: m.pop("zeros"), "needs zero points"),
+        (lambda m: m.update(zeros=m["zeros"].astype(np.int16)), "zero points must be int8"),
+        (lambda m: m.update(zeros=m["zeros"][:-1]), "the scales' shape"),
+        (lambda m: m.update(group_index=m["group_index"][:-1]), "int32 of shape"),
+        (lambda m: m.update(group_index=m["group_index"] + 4), r"outside \[0, 4\)"),
+        (lambda m: m.update(group_index=m["group_index"].astype(np.int64)), "int32 of shape"),
+        (_meta(version=1), "is version 2, this one says 1"),
+        (_meta(fmt="int4_group"), "int4_group has no zero points"),
+        (_meta(version=3), "version 3 is not supported"),
+    ],
+    ids=["no-zeros", "zeros-int16", "zeros-shape", "gidx-short", "gidx-range", "gidx-int64", "gidx-v1", "sym-zeros",
+         "v3"],
+)  # fmt: skip
+def test_inconsistent_block_files_of_integers_are_refused(change, message, tmp_path):
+    arr, _ = act_order_array()
+    nk.save_blocks(tmp_path / "a.npz", arr)
+    _respoil(tmp_path / "a.npz", tmp_path / "b.npz", change)
+    with pytest.raises(ValueError, match=message):
+        nk.load_blocks(tmp_path / "b.npz")
+
+
+def test_a_group_index_on_a_float_format_file_is_refused(tmp_path):
+    q = nk.quantize(weights(8, 64, np.float32), "mxfp8_e4m3")
+    nk.save_blocks(tmp_path / "a.npz", q)
+    _respoil(
+        tmp_path / "a.npz", tmp_path / "b.npz",
+        lambda m: (m.update(group_index=np.zeros(64, np.int32)), _meta(version=2)(m)),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="a group index belongs to an integer format"):
+        nk.load_blocks(tmp_path / "b.npz")

@@ -850,7 +850,9 @@ def _quantize_to_block_file(
             pts = job.per_tensor_scale if isinstance(job.per_tensor_scale, float) else None
             with writer.array(name, job.layout(entry.shape), pts, job.rotation, job.fmt.scale) as out:
                 pieces = quantized_pieces(entry, job, chunk_bytes)
-                report.stats = pipelined_stats(pieces, lambda mx: out.write(mx.codes, mx.scales), progress, stats)
+                report.stats = pipelined_stats(
+                    pieces, lambda mx: out.write(mx.codes, mx.scales, mx.zero_points), progress, stats
+                )
             report.outputs = (name,)
 
 

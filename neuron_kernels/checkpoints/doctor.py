@@ -319,9 +319,12 @@ def _decoded_extremes(w: StoredWeight, chunk_bytes: int) -> tuple[float, int, in
 
 def _by_codes(w: StoredWeight) -> bool:
     """Whether :func:`_packed_extremes` reads the weight: 4-bit codes two per byte in 1-D blocks
-    along the last axis (NVFP4, MXFP4), whose values are never NaN but through their scale."""
+    along the last axis (NVFP4, MXFP4), whose values are never NaN but through their scale (not
+    the integer formats: their codes are no E2M1 magnitudes, and a zero point shifts them)."""
     lay = w.layout
-    return lay.packed and not lay.two_d and not w.transpose and lay.axis == len(lay.shape) - 1 and lay.block_rows == 1
+    if not lay.packed or lay.format.integer or lay.two_d or w.transpose:
+        return False
+    return lay.axis == len(lay.shape) - 1 and lay.block_rows == 1
 
 
 def _packed_extremes(w: StoredWeight, chunk_bytes: int) -> tuple[float, int, int]:

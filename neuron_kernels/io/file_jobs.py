@@ -181,7 +181,7 @@ def quantize_file(
                 entry.name if named else None, job.layout(entry.shape), pts, job.rotation, job.fmt.scale
             ) as out:
                 for arr, mx in quantized_pieces(entry, job, chunk_bytes):
-                    out.write(mx.codes, mx.scales)
+                    out.write(mx.codes, mx.scales, mx.zero_points)
                     acc.add(arr, mx)
                     progress(arr.size * entry.dtype.itemsize)
             stats[entry.label] = acc.result()
@@ -197,10 +197,14 @@ def decoded_pieces(
     dtype: str,
     chunk_bytes: int,
     scale_dtype: str | None = None,
+    zeros: ArrayEntry | None = None,
+    group_index: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, int]]:
     """(values, bytes of codes and scales read) of a stored block array, piece by piece in C
     order: ``codes`` and ``scales`` hold its codes and scale bytes in C order (any shapes;
-    ``scale_dtype``: the dtype of float scales stored as the unsigned integers of their bits).
+    ``scale_dtype``: the dtype of float scales stored as the unsigned integers of their bits);
+    ``zeros`` the zero points of an integer format with them (the scales' shape), ``group_index``
+    act-order's group of each column (then every piece is whole rows).
 
     The values of a piece are valid until the next piece is asked for: they live in buffers
     reused from piece to piece (fresh pages would cost the operating system's zeroing each time)."""
@@ -216,18 +220,26 @@ def decoded_pieces(
         return buffers[kind][:n].reshape(shape)
 
     narrow = dtype in ("float16", "bfloat16")
-    for cut in pieces.cuts(_budget(chunk_bytes, 4)):
-        (c0, c1, cshape), (s0, s1, sshape) = pieces.codes(cut), pieces.scales(cut)
+    budget = _budget(chunk_bytes, 4)
+    if group_index is not None:  # a piece of whole rows: each column's group is anywhere in its row
+        budget = max(budget, layout.shape[-1])
+    for cut in pieces.cuts(budget):
+        (c0, c1, _), (s0, s1, _) = pieces.codes(cut), pieces.scales(cut)
         piece = pieces.piece_layout(cut)
+        if group_index is not None:  # (rows, columns), as the group index is one per column
+            piece = dataclasses.replace(piece, shape=piece.shape[:2])
+        sshape = piece.scales_shape
         part = BlockArray.from_parts(
-            np.asarray(codes.read_flat(c0, c1)).reshape(cshape),
+            np.asarray(codes.read_flat(c0, c1)).reshape(piece.codes_shape),
             _scale_view(np.asarray(scales.read_flat(s0, s1)).reshape(sshape), scale_dtype),
             piece,
             codes.where,
             per_tensor_scale=per_tensor_scale,
             rotation=rotation,
+            zero_points=None if zeros is None else np.asarray(zeros.read_flat(s0, s1)).reshape(sshape),
+            group_index=group_index,
         )
-        used = part.codes.nbytes + part.scales.nbytes
+        used = part.codes.nbytes + part.scales.nbytes + (0 if part.zero_points is None else part.zero_points.nbytes)
         if dtype == "float32" or narrow:
             values = part.dequantize(np.float32, out=buffer("float32", np.float32, part.shape))
             if narrow:
@@ -278,7 +290,16 @@ def dequantize_file(
     def pieces(s: StoredBlocks) -> Callable[[], Iterator[np.ndarray]]:
         def run() -> Iterator[np.ndarray]:
             for values, used in decoded_pieces(
-                s.codes, s.scales, s.layout, s.per_tensor_scale, s.rotation, out_fmt.name, chunk_bytes, s.scale_dtype
+                s.codes,
+                s.scales,
+                s.layout,
+                s.per_tensor_scale,
+                s.rotation,
+                out_fmt.name,
+                chunk_bytes,
+                s.scale_dtype,
+                s.zeros,
+                s.group_index,
             ):
                 progress(used)
                 yield _stored_as(values, out_dtype)

@@ -16,12 +16,15 @@ import shutil
 import ml_dtypes
 import numpy as np
 
+from neuron_kernels.checkpoints import load_checkpoint
+from neuron_kernels.io.blockfile import BlockFileWriter
+
 from ..checkpoint_helpers import make_deepseek_v4
 
 __all__ = ["VERSION", "build_seeds", "seeds_folder"]
 
 #: Bumped when the seeds change: a folder of another version is made anew.
-VERSION = 4
+VERSION = 5
 HIDDEN, INTER, VOCAB = 64, 128, 32
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -249,6 +252,12 @@ def build_seeds(root: str | None = None) -> str:
     shutil.copytree(os.path.join(fixtures, "awq", "autoawq_gemm_int4"), os.path.join(tmp, "awq-int4"))
     _cli("quantize", "plain", "ct-int-mixed", "--format", "fp8_channel", "--scheme",
          "*.mlp.*=int4_group_asym,block_size=32", cwd=tmp)  # fmt: skip
+    # block files of integers: zero points, and act-order's group index (version 2)
+    _cli("quantize", "numpy.npy", "int-asym.npz", "--format", "int4_group_asym", "--block-size", "8", cwd=tmp)
+    with BlockFileWriter(os.path.join(tmp, "act-order.npz")) as writer:
+        for name, array in load_checkpoint(os.path.join(tmp, "gptq-int4")).items():
+            if getattr(array, "group_index", None) is not None:
+                writer.add(name, array)
     shutil.copytree(os.path.join(tmp, "plain"), os.path.join(tmp, "recipe"))
     with open(os.path.join(tmp, "recipe", "recipe.yaml"), "w") as fh:
         fh.write(_RECIPE)

@@ -337,6 +337,8 @@ _SHARDS = tuple(Slot(f, file) for f, files in _FOLDERS.items() for file in files
 )
 _NPZ = ("numpy.npz", "deflated.npz", "floats.npz", "x.npz", "mx.npz", "many.npz", "nv.npz", "fp8.npz", "layout.npz")
 _BLOCK_FILES = ("mx.npz", "many.npz", "nv.npz", "fp8.npz", "layout.npz")
+#: Block files of the integer formats (zero points; act-order's group index), added later.
+_INTEGER_BLOCK_FILES = ("int-asym.npz", "act-order.npz")
 _GGUF = ("model.gguf", "moe.gguf", "nvfp4.gguf", "moe-nvfp4.gguf", "mxfp4.gguf")
 
 #: Every target, by name. A target's slots are only ever added at the end of its list: a kept
@@ -348,8 +350,8 @@ TARGETS: dict[str, Target] = {
         Target("checkpoint", _folder_slots(list(_FOLDERS)) + _folder_slots(list(_ADDED)), _checkpoint),
         Target("gguf", tuple(Slot(g) for g in _GGUF), _gguf),
         Target("npy", (Slot("numpy.npy"), Slot("fortran.npy"), Slot("x.npy")), _numpy),
-        Target("npz", tuple(Slot(n) for n in _NPZ), _numpy),
-        Target("blocks", tuple(Slot(n) for n in _BLOCK_FILES), _blocks),
+        Target("npz", tuple(Slot(n) for n in _NPZ + _INTEGER_BLOCK_FILES), _numpy),
+        Target("blocks", tuple(Slot(n) for n in _BLOCK_FILES + _INTEGER_BLOCK_FILES), _blocks),
         Target(
             "quantize",
             _folder_slots(["plain", "sharded"], ("--format", "nvfp4"))
@@ -376,7 +378,8 @@ TARGETS: dict[str, Target] = {
             _folder_slots(_QUANTISED)
             + tuple(Slot(n, "", ("--dtype", "float32")) for n in _BLOCK_FILES)
             + tuple(Slot(g) for g in ("nvfp4.gguf", "moe-nvfp4.gguf", "mxfp4.gguf"))
-            + _folder_slots(list(_ADDED)),
+            + _folder_slots(list(_ADDED))
+            + tuple(Slot(n, "", ("--dtype", "float32")) for n in _INTEGER_BLOCK_FILES),
             _dequantize,
         ),
         Target(

@@ -72,7 +72,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
 
     args.dtype = args.dtype or "float32"
     stored = read_block_file(args.input)
-    total = sum(s.codes.nbytes + s.scales.nbytes for k, s in stored.items() if args.name in (None, k))
+    total = sum(s.nbytes for k, s in stored.items() if args.name in (None, k))
     with (
         progress_bar(args, total, "dequantize") as progress,
         atomic_output(args.output, args.force, (args.input,)) as tmp,
