@@ -130,6 +130,25 @@ def test_integers_on_cluster(client, x, fmt):
     assert nk.quantization_error(dx, q).compute() == nk.quantization_error(x, expected)
 
 
+def test_act_order_integers_on_cluster(client):
+    """An integer array with act-order's group index (as GPTQ's readers give it): cut into chunks
+    of whole rows (a column's group is anywhere in its row), dequantised and its statistics taken
+    on the cluster as in memory."""
+    from neuron_kernels.lazy.block_arrays import lazy_block_array
+    from tests.test_integers import act_order_array
+
+    q, want = act_order_array()
+    lazy = lazy_block_array(q, chunks=(2, 16))
+    assert lazy.chunks[-1] == (q.shape[-1],) and len(lazy.chunks[0]) == 3
+    _same(lazy.dequantize("bfloat16").compute(), want)
+    back = lazy.compute()
+    _same(back.group_index, q.group_index)
+    _same(back.zero_points, q.zero_points)
+    x = q.dequantize(np.float32) * np.float32(1.01)
+    dx = da.from_array(x, chunks=(2, 16))
+    assert nk.quantization_error(dx, q).compute() == nk.quantization_error(x, q)
+
+
 @pytest.mark.parametrize("chunks", [(3, 40), (8, 16)])
 def test_nvfp4_on_cluster(client, x, chunks):
     _nvfp4_on(x, chunks)

@@ -28,7 +28,7 @@ from ..blocks.layout import BlockLayout, Pieces
 from ..blocks.rotation import check_length
 from ..blocks.stats import ErrorStats, QuantizationStats, by_rows, row_sums
 from ..dtypes import get_format
-from ..errors import InvalidTypeError, InvalidValueError, NotApplicableError
+from ..errors import InvalidTypeError, InvalidValueError
 from ..formats import BlockFormat, Format
 from . import require
 from .chunks import Chunks, block_chunks, chunk_shape, contiguous_runs, rechunk_for
@@ -209,6 +209,7 @@ def _part(
         per_tensor_scale=q.per_tensor_scale,
         rotation=q.rotation,
         zero_points=None if zeros is None else np.ascontiguousarray(zeros, np.int8),
+        group_index=q.group_index,
     )
 
 
@@ -251,6 +252,8 @@ class LazyBlockArray(BlockFields):
     chunks: Chunks
     #: The zero points (int8, chunked like the scales) of the integer formats that have them.
     zero_points: Any = None
+    #: Act-order's group of each column (int32, in memory: every chunk holds whole rows), or None.
+    group_index: np.ndarray | None = None
 
     @property
     def spec(self) -> LazyBlockArray:
@@ -332,6 +335,15 @@ def _piece_totals(
     return stats.totals()
 
 
+def _whole_stats(
+    x: np.ndarray, codes: np.ndarray, scales: np.ndarray, zeros: Any, q: LazyBlockArray
+) -> QuantizationStats:
+    arr, _ = input_array(np.ascontiguousarray(x))
+    stats = ErrorStats()
+    stats.add(arr, _part(q, codes, scales, q.shape, zeros))
+    return stats.result()
+
+
 def _from_rows(sums: np.ndarray) -> QuantizationStats:
     stats = ErrorStats()
     if sums.size:
@@ -353,9 +365,9 @@ def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
     unit = q.block_size * (2 if q.packed and q.block_size % 2 else 1)
     units = {q.axis: unit, **({len(q.shape) - 2: q.block_rows} if q.block_rows > 1 else {})}
     values = block_chunks(values, q.shape, units)
+    if q.group_index is not None:  # a column's group is anywhere in its row: chunks of whole rows
+        values = values[:-1] + ((q.shape[-1],),)
     codes_chunks, scales_chunks = _chunks_of(values, q.layout)
-    if q.group_index is not None:
-        raise NotApplicableError("an integer block array with a group index (act-order) is not cut into Dask chunks")
     zeros = None if q.zero_points is None else da.from_array(q.zero_points, chunks=scales_chunks)
     return LazyBlockArray(
         da.from_array(q.codes, chunks=codes_chunks),
@@ -365,6 +377,7 @@ def lazy_block_array(q: BlockArray, chunks: Any = "auto") -> LazyBlockArray:
         q.rotation,
         values,
         zeros,
+        q.group_index,
     )
 
 
@@ -387,6 +400,8 @@ def quantization_error_lazy(x: Any, q: Any) -> Any:
     _source(x)
     x = da.asarray(x).rechunk(q.chunks)
     codes, scales = q.codes, q.scales
+    if q.group_index is not None:  # as the in-memory statistics: the whole array at once
+        return dask.delayed(_whole_stats)(x, codes, scales, q.zero_points, q.spec)
     if by_rows(q):
         from ..kernels.block_kernels import N_SUMS  # the error sums of a row, as the kernels store them
 
