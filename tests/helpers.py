@@ -336,3 +336,20 @@ def runtime_python() -> tuple[str | None, str]:
         f"needs {', '.join(RUNTIME_MODULES)} in this interpreter or in NEURON_KERNELS_RUNTIME_PYTHON "
         "(pip install torch transformers compressed-tensors)"
     )
+
+
+def act_order_array(bits: int = 4) -> tuple[nk.BlockArray, np.ndarray]:
+    from .reference_integers import ct_dequantize_ref
+
+    """An asymmetric array with a permuted group index, and its values by the reference."""
+    rng = np.random.default_rng(bits)
+    lo, hi = -(1 << (bits - 1)), 1 << (bits - 1)
+    q = rng.integers(lo, hi, (6, 64)).astype(np.int8)
+    scales = rng.uniform(0.01, 0.1, (6, 4)).astype(ml_dtypes.bfloat16)
+    zp = rng.integers(lo, hi, (6, 4)).astype(np.int8)
+    g_idx = rng.permutation(np.arange(64) // 16).astype(np.int32)
+    arr = nk.BlockArray(
+        (q.view(np.uint8) & np.uint8((1 << bits) - 1)), scales, nk.BlockLayout(f"int{bits}_group_asym", (6, 64), 1, 16),
+        zero_points=zp, group_index=g_idx,
+    )  # fmt: skip
+    return arr, ct_dequantize_ref(q, scales, zp, 16, g_idx)

@@ -12,6 +12,7 @@ import neuron_kernels as nk
 from neuron_kernels.checkpoints.layouts.integer_weights import DENSE, PADDED, unpack_words
 from neuron_kernels.formats import INTEGER_BITS, INTEGER_FORMATS
 from tests.checkpoint_helpers import read_safetensors, write_safetensors
+from tests.helpers import act_order_array
 from tests.reference_integers import (
     ct_dequantize_ref,
     ct_pack_dense,
@@ -301,21 +302,6 @@ def test_integer_elements_are_no_cast_targets():
     assert not [k for k in supported_casts() if k.source in narrow or k.target in narrow]
     with pytest.raises(nk.UnsupportedCastError, match="no cast from float32 to int4"):
         nk.cast(np.ones(4, np.float32), "int4")
-
-
-def act_order_array(bits: int = 4) -> tuple[nk.BlockArray, np.ndarray]:
-    """An asymmetric array with a permuted group index, and its values by the reference."""
-    rng = np.random.default_rng(bits)
-    lo, hi = -(1 << (bits - 1)), 1 << (bits - 1)
-    q = rng.integers(lo, hi, (6, 64)).astype(np.int8)
-    scales = rng.uniform(0.01, 0.1, (6, 4)).astype(BF16)
-    zp = rng.integers(lo, hi, (6, 4)).astype(np.int8)
-    g_idx = rng.permutation(np.arange(64) // 16).astype(np.int32)
-    arr = nk.BlockArray(
-        (q.view(np.uint8) & np.uint8((1 << bits) - 1)), scales, nk.BlockLayout(f"int{bits}_group_asym", (6, 64), 1, 16),
-        zero_points=zp, group_index=g_idx,
-    )  # fmt: skip
-    return arr, ct_dequantize_ref(q, scales, zp, 16, g_idx)
 
 
 def block_file_meta(path, name: str = "meta.npy") -> dict:

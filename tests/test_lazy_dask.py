@@ -135,7 +135,7 @@ def test_act_order_integers_on_cluster(client):
     of whole rows (a column's group is anywhere in its row), dequantised and its statistics taken
     on the cluster as in memory."""
     from neuron_kernels.lazy.block_arrays import lazy_block_array
-    from tests.test_integers import act_order_array
+    from tests.helpers import act_order_array
 
     q, want = act_order_array()
     lazy = lazy_block_array(q, chunks=(2, 16))
