@@ -573,6 +573,10 @@ _BLOCK_TABLE: tuple[BlockFormat, ...] = (
     BlockFormat("fp8_block", "float8_e4m3fn", "float32", 128, block_rows=128),
     BlockFormat("fp8_channel", "float8_e4m3fn", "float32", WHOLE),
     BlockFormat("fp8_tensor", "float8_e4m3fn", "float32", WHOLE, block_rows=WHOLE),
+    # FP8 of the IEEE-style E4M3 (max 240: Trn1 and Trn2), whose codes are float8_e4m3fn's up to 240
+    BlockFormat("fp8_e4m3_block", "float8_e4m3", "float32", 128, block_rows=128),
+    BlockFormat("fp8_e4m3_channel", "float8_e4m3", "float32", WHOLE),
+    BlockFormat("fp8_e4m3_tensor", "float8_e4m3", "float32", WHOLE, block_rows=WHOLE),
     # integers with float scales, symmetric or with zero points (``_asym``): per group of 128 (GPTQ,
     # AWQ, compressed-tensors' W4A16) or per channel (W8A8)
     *(

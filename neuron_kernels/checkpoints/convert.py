@@ -35,6 +35,7 @@ from .architecture import Architecture, architecture_of, module_of, transformers
 from .cluster import write_on_cluster
 from .experts import split_experts, stack_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
+from .fp8_range import MAGNITUDE, OCP_E4M3, beyond, halve
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
 from .layouts.integer_weights import offset_fields, pack_words
 from .layouts.records import FOREIGN_PARTS, KV_SCALES, kv_cache_name
@@ -228,7 +229,7 @@ def quantize_checkpoint(
         write_on_cluster(client, os.path.abspath(dst), shards, plan.resolve, progress)
     else:
         write_shards(dst, plan.items(progress), max_shard_bytes)
-    _finish_folder(ckpt, dst, plan.config, True, layout.files(plan.config))
+    _finish_folder(ckpt, dst, plan.config if layout.config_in_json else None, True, layout.files(plan.config))
     return result
 
 
@@ -250,6 +251,8 @@ class _Plan:
     require_exact: bool = False
     stats: bool = True
     renames: dict[str, str | None] = field(default_factory=dict)
+    #: FP8 weights brought into the layout's smaller range (:mod:`.fp8_range`).
+    rescales: dict[str, StoredWeight] = field(default_factory=dict)
 
     def items(self, progress: Progress) -> list[Item]:
         """The output's tensors, in the input's order, and how to fill each (a KV-cache scale under
@@ -272,6 +275,12 @@ class _Plan:
             divides = layout.per_tensor_divides
             if w is not None:
                 items.append(_converted_item(w, outputs, progress, divides))
+                continue
+            if name in self.rescales:
+                assert layout.fp8_max is not None
+                rescaled = self.rescales[name]
+                outputs = layout.outputs(name, job.layout(shape), "float32")
+                items.append(_rescaled_item(rescaled, outputs, report, layout.fp8_max, self.require_exact, progress))
                 continue
             item = _quantize_item(
                 name, entry, layout.transpose, outputs, report, self.resolve, self.chunk_bytes, progress,
@@ -320,6 +329,7 @@ def plan_quantization(
         inputs = split_experts(inputs, arch) if layout.splits_experts else stack_experts(inputs, arch)
     copies: dict[str, StoredWeight] = {}
     relays: dict[str, StoredWeight] = {}
+    rescales: dict[str, StoredWeight] = {}
     of: dict[str, Scheme] = {}  # each quantised tensor's scheme
     renames: dict[str, str | None] = {}  # KV-cache scales: each under the layout's name, or dropped (None)
     for name, entry in inputs.items():
@@ -344,6 +354,10 @@ def plan_quantization(
         if w is not None and source is not None and _copies_bytes(w, layout, mine):
             copies[name] = w
             how = f"bytes copied from {source.name}" + _dropped_note(w)
+            reports.append(TensorReport(name, entry.shape, fmt, "converted", how, format=fmt))
+        elif w is not None and source is not None and _rescales(w, layout, mine):
+            rescales[name] = w  # halved where a value exceeds the range (decided when it is written)
+            how = f"from {w.label} into +-{layout.fp8_max:g}" + _dropped_note(w)
             reports.append(TensorReport(name, entry.shape, fmt, "converted", how, format=fmt))
         elif isinstance(w, StoredWeight) and not layout.single_file and _relays(w, mine):
             relays[name] = w  # re-laid exactly if its exponents fit (decided when it is written)
@@ -398,6 +412,7 @@ def plan_quantization(
     notes += layout.mixed_notes() if len(by_scheme) > 1 else []
     plan = _Plan(layout, reports, chosen, resolve, copies, config, chunk_bytes, arch, list(dict.fromkeys(notes)))
     plan.renames = renames
+    plan.rescales = rescales
     return plan
 
 
@@ -592,6 +607,86 @@ def _copies_bytes(w: Weight, layout: Any, scheme: Scheme) -> bool:
             f"{', '.join(sorted(given))} cannot apply; dequantize the checkpoint first to quantise it anew"
         )
     return True
+
+
+def _rescales(w: Weight, layout: Any, scheme: Scheme) -> bool:
+    """Whether a stored OCP FP8 weight goes into ``layout``'s smaller FP8 range as its codes, halved
+    where needed (:mod:`.fp8_range`): the layout declares a maximum below float8_e4m3fn's, the
+    scheme's format is FP8 with float scales within it, in the blocks the weight is stored in, and
+    no option asks for a quantisation of its own."""
+    if layout.fp8_max is None or not isinstance(w, StoredWeight) or w.transpose or len(w.shape) != 2:
+        return False
+    source, target = w.layout.format, BLOCK_FORMATS[scheme.format]
+    if source.element_format is not OCP_E4M3 or not source.float_scales or not target.float_scales:
+        return False
+    if target.element_bits != 8 or target.max_element > layout.fp8_max:
+        return False
+    blocks = Scheme(scheme.format).job(len(w.shape)).stored_blocks(w.shape)
+    return (w.layout.block_size, w.layout.block_rows) == blocks and not _given(scheme)
+
+
+def _rescaled_item(
+    w: StoredWeight,
+    outputs: list[Output],
+    report: TensorReport,
+    largest: float,
+    require_exact: bool,
+    progress: Progress,
+) -> Item:
+    """An OCP FP8 weight written into a range of ``largest`` (:mod:`.fp8_range`): copied byte for
+    byte if every value lies within it, else every code halved and every scale doubled; the report
+    says which, and how many elements (the smallest subnormals) changed and by how much at most."""
+    by_role = {role: spec.name for spec, role in outputs}
+    rows, cols = w.shape
+    bm, bn = w.layout.block_rows, w.layout.block_size
+
+    def fill(sinks: dict[str, Any]) -> None:
+        step = max(1, (16 << 20) // max(cols, 1))
+        over = 0
+        for r0 in range(0, rows, step):
+            over += beyond(np.asarray(w.codes.read_flat(r0 * cols, min(rows, r0 + step) * cols)), largest)
+        grid = np.asarray(w.scales.read_flat(0, w.scales.size), np.float64).reshape(w.scales.shape)
+        scale_sink, codes_sink = sinks[by_role["scales"]], sinks[by_role["codes"]]
+        if not over:
+            report.reason = f"bytes copied: every value of {w.label} lies within +-{largest:g}"
+            if w.codes.offset is not None:
+                codes_sink.copy_from(w.codes.path, w.codes.offset, w.codes.nbytes)
+            else:
+                codes_sink.write(np.asarray(w.codes.read_flat(0, w.codes.size)).view(codes_sink.spec.dtype))
+            scale_sink.write(grid.astype(np.float32).reshape(scale_sink.spec.shape))
+            progress(w.codes.nbytes + w.scales.nbytes)
+            return
+        doubled = (grid * 2).astype(np.float32)
+        if not np.isfinite(doubled[np.isfinite(grid)]).all():
+            raise FileFormatError(f"{w.name}: a scale doubled exceeds float32; it cannot be brought into +-{largest:g}")
+        inexact, worst = 0, 0.0
+        col_block = np.arange(cols) // bn
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            codes = np.asarray(w.codes.read_flat(r0 * cols, r1 * cols)).view(np.uint8).reshape(r1 - r0, cols)
+            halved, changed = halve(codes)
+            if changed.any():
+                inexact += int(changed.sum())
+                r, c = np.nonzero(changed)
+                before = MAGNITUDE[codes[r, c]].astype(np.float64)
+                after = MAGNITUDE[halved[r, c]].astype(np.float64) * 2
+                worst = max(worst, float((np.abs(before - after) * np.abs(grid[(r + r0) // bm, col_block[c]])).max()))
+            codes_sink.write(halved.view(codes_sink.spec.dtype))
+            progress(codes.nbytes)
+        scale_sink.write(doubled.reshape(scale_sink.spec.shape))
+        report.inexact = inexact
+        report.reason = f"codes halved, scales doubled: {over} value(s) of {w.label} beyond +-{largest:g}; " + (
+            f"{inexact} element(s) not exact (the smallest subnormals), largest error {worst:.3g}"
+            if inexact
+            else "every value exact"
+        )
+        if require_exact and inexact:
+            raise FileFormatError(
+                f"{w.name}: {inexact} element(s) would change bringing it into +-{largest:g} (halving its smallest "
+                f"subnormals); --require-exact refuses"
+            )
+
+    return Item([spec for spec, _ in outputs], fill, report=report)
 
 
 def _given(scheme: Scheme) -> dict[str, Any]:

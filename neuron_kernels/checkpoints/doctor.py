@@ -50,6 +50,7 @@ from ..formats import FORMATS
 from ..io.arrays import ArrayEntry, FileFormatError
 from .architecture import Architecture, architecture_of, normalise
 from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
+from .fp8_range import OCP_E4M3, beyond
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
 from .layouts.records import check_fused_whole
 from .runtimes import fused_scale_ratio, fused_scale_rule
@@ -79,7 +80,8 @@ _SEVERITIES = ("error", "warning", "note")
 @dataclass(frozen=True)
 class Finding:
     """One thing found: ``severity`` (error, warning, note), ``kind`` (a short name: structure,
-    fused-scales, nan-scales, negative-scales, zero-scales, nan-values, all-zero, reciprocal),
+    fused-scales, nan-scales, negative-scales, zero-scales, nan-values, all-zero, reciprocal,
+    fp8-range),
     the tensors concerned and what was found; ``sqnr_db``: for fused scales, each shard's SQNR
     under the runtime's rule against its own scale."""
 
@@ -147,6 +149,7 @@ def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) 
     findings += _module_findings(ckpt, layout, weights, arch)
     for w in weights:
         findings += _value_findings(w, chunk_bytes)
+        findings += _range_findings(layout, w, chunk_bytes)
     findings += _fused_findings(layout, weights, arch)
     findings += _runtime_findings(layout, weights, arch)
     findings += [Finding(sev, code, message, tensors) for sev, code, message, tensors in scheme_findings(
@@ -235,6 +238,25 @@ def _structure_findings(ckpt: Checkpoint, layout: CheckpointLayout, most: int = 
                 return found
             del tensors[named[0][2]]
     return found
+
+
+def _range_findings(layout: CheckpointLayout, w: StoredWeight, chunk_bytes: int) -> list[Finding]:
+    """FP8 codes beyond the largest value the layout's runtime holds (Neuron's 240: NxD's
+    ``DtypeBound``; such values may become NaN on the device)."""
+    largest = layout.fp8_max
+    if largest is None or w.layout.format.element_format is not OCP_E4M3:
+        return []
+    step = max(1, chunk_bytes)
+    over = sum(beyond(np.asarray(w.codes.read_flat(a, min(a + step, w.codes.size))), largest)
+               for a in range(0, w.codes.size, step))  # fmt: skip
+    if not over:
+        return []
+    message = (
+        f"{w.name}: {over} FP8 value(s) beyond +-{largest:g}, which the {layout.name} layout's runtime does not hold "
+        f"(they may become NaN on the device); convert the FP8 checkpoint it came from with --layout {layout.name}, "
+        f"which halves the codes and doubles the scales"
+    )
+    return [Finding("error", "fp8-range", message, (w.name,))]
 
 
 def _value_findings(w: StoredWeight, chunk_bytes: int) -> list[Finding]:

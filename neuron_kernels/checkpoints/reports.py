@@ -33,13 +33,15 @@ class TensorReport:
     outputs: tuple[str, ...] = ()
     fused_with: tuple[str, ...] = ()
     format: str = ""
+    #: Of a converted weight, the elements whose values changed (FP8 brought into a smaller range).
+    inexact: int = 0
 
     @property
     def exact(self) -> bool | None:
-        """Whether every value came out as it went in: a converted weight always; a quantised one
-        when its error is zero everywhere (None for a tensor kept or dequantised)."""
+        """Whether every value came out as it went in: a converted weight unless some ``inexact``;
+        a quantised one when its error is zero everywhere (None for a tensor kept or dequantised)."""
         if self.action == "converted":
-            return True
+            return self.inexact == 0
         if self.action != "quantised" or self.stats is None:
             return None
         return exact_stats(self.stats)

@@ -162,12 +162,23 @@ def _check(scheme: Scheme, where: str) -> None:
 #: the activations each gives (the dynamic ones, which need no calibration), and those it refuses,
 #: with why (``compressed_tensors/quantization/quant_scheme.py``).
 _DYNAMIC_TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True}
+
+
+def _dynamic_mx(bits: int) -> dict[str, Any]:
+    """MX activations quantised on the fly (compressed-tensors' MXFP8 / MXFP4 presets)."""
+    return {"num_bits": bits, "type": "float", "symmetric": True, "group_size": 32, "strategy": "group",
+            "dynamic": True, "scale_dtype": "torch.uint8"}  # fmt: skip
+
+
 RECIPE_PRESETS: dict[str, tuple[str, Any] | str] = {
     "FP8_DYNAMIC": ("fp8_channel", OWN),
     "FP8_BLOCK": ("fp8_block", OWN),
     "NVFP4A16": ("nvfp4", None),
     "MXFP4A16": ("mxfp4_e2m1", None),
     "MXFP8A16": ("mxfp8_e4m3", None),
+    # MX weights with MX activations quantised on the fly (no calibration): the Neuron docs' Trn3 recipe
+    "MXFP8": ("mxfp8_e4m3", _dynamic_mx(8)),
+    "MXFP4": ("mxfp4_e2m1", _dynamic_mx(4)),
     # integers: W{b}A16 in groups of 128, W4A16_ASYM with zero points (compressed-tensors' presets)
     **{f"W{b}A16": (f"int{b}_group", None) for b in range(2, 9)},
     "W4A16_ASYM": ("int4_group_asym", None),

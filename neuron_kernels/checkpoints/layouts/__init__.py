@@ -9,7 +9,8 @@ One module per layout, each holding its :class:`~.records.CheckpointLayout` reco
   channel and per block written);
 - :mod:`.finegrained_fp8`: ``fp8`` (fine-grained FP8: DeepSeek, Qwen3-FP8);
 - :mod:`.awq`: ``awq`` (AutoAWQ's GEMM integer weights, read only);
-- :mod:`.gptq`: ``gptq`` (AutoGPTQ's and GPTQModel's integer weights, v1 and v2, read only).
+- :mod:`.gptq`: ``gptq`` (AutoGPTQ's and GPTQModel's integer weights, v1 and v2, read only);
+- :mod:`.nxd_inference`: ``neuron`` (NxD Inference's quantized checkpoint: Trn1, Trn2).
 
 :data:`WRITABLE` names the layouts ``--layout`` takes (those that store a format), and
 :data:`DEFAULT_LAYOUT` the one it takes by default.
@@ -21,7 +22,7 @@ import os
 
 from ...io.arrays import FileFormatError
 from ..folder import Checkpoint, open_checkpoint
-from . import awq, compressed_tensors, finegrained_fp8, gptoss, gptq, modelopt, npz_layout
+from . import awq, compressed_tensors, finegrained_fp8, gptoss, gptq, modelopt, npz_layout, nxd_inference
 from .records import CheckpointLayout, Output, StoredWeight, Weight
 
 __all__ = [
@@ -34,7 +35,7 @@ LAYOUTS: dict[str, CheckpointLayout] = {
     layout.name: layout
     for layout in (
         compressed_tensors.LAYOUT, gptoss.LAYOUT, npz_layout.LAYOUT, modelopt.LAYOUT, finegrained_fp8.LAYOUT,
-        awq.LAYOUT, gptq.LAYOUT,
+        awq.LAYOUT, gptq.LAYOUT, nxd_inference.LAYOUT,
     )
 }  # fmt: skip
 

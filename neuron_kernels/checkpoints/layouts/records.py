@@ -400,6 +400,12 @@ class CheckpointLayout:
         lambda ckpt, weights: []
     )
     activations: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    #: Whether the settings ``config`` gives go into config.json as its ``quantization_config``
+    #: (False: the runtime takes them elsewhere, and ``files`` writes them beside it).
+    config_in_json: bool = True
+    #: The largest FP8 value its runtime holds, where below float8_e4m3fn's 448 (Neuron's 240): an
+    #: FP8 weight beyond it is brought into range (:mod:`..fp8_range`), and the doctor reports one.
+    fp8_max: float | None = None
 
     def stored_per_tensor(self, pts: float) -> np.ndarray:
         """A per-tensor scale (the multiplier ``pts``) as the layout stores it: [1] float32, its

@@ -105,6 +105,12 @@ def _checked_layout(args: argparse.Namespace) -> Any:
     return layout
 
 
+def _how_converted(converted: list[Any]) -> str:
+    """How the weights converted as their codes kept their values: every one exactly, or not."""
+    changed = sum(1 for r in converted if not r.exact)
+    return "exactly (codes copied)" if not changed else f"({changed} with elements changed: see how)"
+
+
 def _print_summary(args: argparse.Namespace, layout: Any, reports: Any, ckpt: Any) -> None:
     """What the conversion did: each tensor quantised (with its statistics), converted or kept (with
     why), the towers kept, the fused layers, the files not copied, the runtimes' notes."""
@@ -116,7 +122,7 @@ def _print_summary(args: argparse.Namespace, layout: Any, reports: Any, ckpt: An
     print(
         f"{args.output}: {layout.name} layout, {_formats_said(args, reports)}{_where(args)}: {len(done)} tensor(s) "
         "quantised, "
-        + (f"{len(converted)} converted exactly (codes copied), " if converted else "")
+        + (f"{len(converted)} converted {_how_converted(converted)}, " if converted else "")
         + f"{len(kept)} kept"
     )
     width = max([32] + [len(r.name) + 2 for r in reports])
@@ -140,9 +146,10 @@ def _print_summary(args: argparse.Namespace, layout: Any, reports: Any, ckpt: An
             exact = sum(bool(r.exact) for r in from_stored)
             print(f"exact: {exact} of the {len(from_stored)} converted by quantising anew keep every value")
     if converted:
-        print(name_columns("converted", "shape", width, "format") + "  how")
+        fw = max([10] + [len(r.dtype) + 2 for r in converted])
+        print(name_columns("converted", "shape", width) + f"{'format':>{fw}}  how")
         for r in converted:
-            print(name_columns(r.name, str(r.shape), width, r.dtype) + f"  {r.reason}")
+            print(name_columns(r.name, str(r.shape), width) + f"{r.dtype:>{fw}}  {r.reason}")
     if kept:
         print(name_columns("kept", "shape", width, "dtype") + "  why")
         for r in kept:
