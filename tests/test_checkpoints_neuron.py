@@ -119,6 +119,7 @@ def test_fp8_blocks_come_into_range_by_halving(tmp_path):
     r = run("quantize", "fp8", "neuron", "--layout", "neuron", "--format", "fp8_e4m3_block", cwd=tmp_path)
     tensors, settings, config = read_output(tmp_path / "neuron")
     assert "quantization_config" not in config
+    assert "the runtime's settings: neuron/neuron_quantization.json" in r.stdout
     assert settings == {
         "quantized": True, "quantization_type": "blockwise_symmetric", "quantization_dtype": "f8e4m3",
         "modules_to_not_convert": ["lm_head"], "quantization_block_size": [128, 128], "quantization_block_axis": [0, 1],

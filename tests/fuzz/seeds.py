@@ -24,7 +24,7 @@ from ..checkpoint_helpers import make_deepseek_v4
 __all__ = ["VERSION", "build_seeds", "seeds_folder"]
 
 #: Bumped when the seeds change: a folder of another version is made anew.
-VERSION = 5
+VERSION = 6
 HIDDEN, INTER, VOCAB = 64, 128, 32
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -258,6 +258,8 @@ def build_seeds(root: str | None = None) -> str:
         for name, array in load_checkpoint(os.path.join(tmp, "gptq-int4")).items():
             if getattr(array, "group_index", None) is not None:
                 writer.add(name, array)
+    # NxD Inference's layout (Trn1/Trn2): FP8 within 240 per channel, settings beside the shards
+    _cli("quantize", "plain", "neuron", "--layout", "neuron", "--format", "fp8_e4m3_channel", cwd=tmp)
     shutil.copytree(os.path.join(tmp, "plain"), os.path.join(tmp, "recipe"))
     with open(os.path.join(tmp, "recipe", "recipe.yaml"), "w") as fh:
         fh.write(_RECIPE)

@@ -325,6 +325,7 @@ _ADDED = {
     "gptq-int4": ("config.json", "model.safetensors", "quantize_config.json"),
     "awq-int4": ("config.json", "model.safetensors"),
     "ct-int-mixed": ("config.json", "model.safetensors"),
+    "neuron": ("neuron_quantization.json", "config.json", "model.safetensors"),
 }
 
 

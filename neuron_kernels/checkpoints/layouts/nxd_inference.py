@@ -196,13 +196,6 @@ def _broadcast(scale: ArrayEntry, rows: int) -> ArrayEntry:
     return dataclasses.replace(scale, shape=(rows, 1), _reader=read, offset=None)
 
 
-def _notes(fmt: str, arch: Any, quantised: dict[str, tuple[int, ...]]) -> list[str]:
-    return [
-        f"NxD Inference (Trn1/Trn2): NeuronConfig(**settings, quantized_checkpoints_path=<this folder>) with the "
-        f"settings of {SETTINGS_FILE}; docs/neuron.md"
-    ]
-
-
 def _fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, **context: Any) -> None:
     bf = BLOCK_FORMATS[fmt]
     for name, shape in quantised.items():
@@ -228,7 +221,6 @@ LAYOUT = CheckpointLayout(
     _weights,
     decide=module_decision,
     fits=_fits,
-    notes=_notes,
     config_files=(SETTINGS_FILE,),
     scale_dtype=lambda dtype: "float32",
     files=lambda config: {SETTINGS_FILE: config},

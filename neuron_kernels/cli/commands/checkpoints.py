@@ -145,6 +145,9 @@ def _print_summary(args: argparse.Namespace, layout: Any, reports: Any, ckpt: An
         if from_stored and measured:
             exact = sum(bool(r.exact) for r in from_stored)
             print(f"exact: {exact} of the {len(from_stored)} converted by quantising anew keep every value")
+    if not layout.config_in_json:  # the runtime's settings, which config.json does not hold
+        for name in layout.config_files:
+            print(f"the runtime's settings: {os.path.join(args.output, name)} ({layout.help})")
     if converted:
         fw = max([10] + [len(r.dtype) + 2 for r in converted])
         print(name_columns("converted", "shape", width) + f"{'format':>{fw}}  how")
