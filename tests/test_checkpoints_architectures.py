@@ -413,6 +413,52 @@ def test_modelopt_fp8_of_every_architecture_follows_vllms_rules(models, arch, tm
             assert excluded(module), module
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_neuron_fp8_of_every_architecture_follows_nxds_rules(models, arch, tmp_path):
+    """The neuron layout (FP8 within 240 per channel) of each model of the matrix, under NxD
+    Inference's loading rule (tests/test_checkpoints_neuron.py; NxD needs Trainium): a module is
+    converted unless a ``modules_to_not_convert`` entry is a substring of its path without
+    ``model.`` (neuronx_distributed/quantization/quantize.py); each converted module holds exactly
+    ``weight`` float8_e4m3fn [out, in] within +-240 and ``scale`` float32 [out, 1] (and its
+    ``bias``), ``weight * scale`` the package's quantisation; every Linear the file holds plain is
+    not converted; no other tensor; the doctor finds nothing. Models whose experts are stacked
+    (not Linear layers) are refused in one line, GPT-2 and Mamba have nothing to quantise."""
+    src = models / "models" / arch
+    r = run("quantize", src, tmp_path / "out", "--layout", "neuron", "--format", "fp8_e4m3_channel", cwd=tmp_path,
+            check=False)  # fmt: skip
+    if r.returncode != 0:
+        assert arch in MOE or arch in REFUSED, r.stderr
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "stacked experts" in r.stderr or "no tensor to quantise" in r.stderr, r.stderr
+        return
+    settings = json.loads((tmp_path / "out" / "neuron_quantization.json").read_text())
+    keep = settings["modules_to_not_convert"]
+    plain, written = nk.load_checkpoint(src), read_dir(tmp_path / "out")[0]
+    arch_info = architecture_of(json.loads((src / "config.json").read_text()), nk.open_checkpoint(src).tensors)
+
+    def converted(module):
+        return not any(entry in module.removeprefix("model.") for entry in keep)
+
+    quantised = {n.rpartition(".")[0] for n, v in written.items() if v.dtype.name == "float8_e4m3fn"}
+    assert quantised, arch
+    for module in quantised:
+        assert converted(module), module
+        names = {n for n in written if n.rpartition(".")[0] == module}
+        assert names - {f"{module}.bias"} == {f"{module}.weight", f"{module}.scale"}, names
+        w, s = written[f"{module}.weight"], written[f"{module}.scale"]
+        assert s.dtype == np.float32 and s.shape == (w.shape[0], 1) and np.abs(w.astype(np.float32)).max() <= 240
+        want = nk.quantize(plain[f"{module}.weight"], "fp8_e4m3_channel", scale_dtype="float32")
+        assert np.array_equal((w.astype(np.float32) * s).view(np.uint32), want.dequantize().view(np.uint32)), module
+    for name, value in written.items():
+        module = name.rpartition(".")[0]
+        if module in quantised:
+            continue
+        assert name in plain and value.tobytes() == plain[name].tobytes(), name  # copied as it was
+        if name.endswith(".weight") and arch_info.kind(module) in ("linear", "head"):
+            assert not converted(module), module
+    assert check_checkpoint(tmp_path / "out").clean
+
+
 def _copy(src, dst, ignore=None, tensors=None):
     """The checkpoint folder ``src`` copied to ``dst``, with another ``ignore`` and other tensors."""
     shutil.copytree(src, dst)
