@@ -34,10 +34,16 @@ __all__ = ["RECIPES", "Recipe", "RecipeRule", "SCALE_RULES", "ELEMENT_RULES", "Z
 #:   0 for an all-zero block;
 #: - ``modelopt_e8m0`` (ModelOpt MXFP8): ``clamp(ceil(log2(a / max)), -127, 127)`` in float32, -127
 #:   for an all-zero block; elements multiplied by ``2^-e``;
-#: - ``ct_float`` (compressed-tensors FP8): ``s = W(a / max)``, the dtype's epsilon for a zero
-#:   scale; stored in the weight's dtype; elements divided by ``s``.
+#: - ``ct_float`` (compressed-tensors FP8, NxD's FP8 per tensor): ``s = W(a / max)``, the dtype's
+#:   epsilon for a zero scale; stored in the weight's dtype; elements divided by ``s``;
+#: - ``nxd_float`` (NxD's FP8 per channel): ``s = max(a / max, floor)`` in float32 (``floor``: the
+#:   rule's ``scale_floor``); elements divided by ``s``;
+#: - ``torch_int`` (torch.ao's observers and ``quantize_per_channel``, which NxD's int8 uses): ``s =
+#:   max(a / qmax, float32 epsilon)``; codes ``round(x * float32(1 / s))`` to nearest even, clamped
+#:   (the integer kernels; ``qmax`` 127 for int8).
 SCALE_RULES: tuple[str, ...] = (
-    "package", "ct_e4m3", "modelopt_e4m3", "ggml_ue4m3", "ct_e8m0", "ggml_e8m0", "modelopt_e8m0", "ct_float"
+    "package", "ct_e4m3", "modelopt_e4m3", "ggml_ue4m3", "ct_e8m0", "ggml_e8m0", "modelopt_e8m0", "ct_float",
+    "nxd_float", "torch_int",
 )  # fmt: skip
 
 #: How an element becomes a code: ``divide`` (``x / v`` in float32, then rounded to the
@@ -75,12 +81,15 @@ class RecipeRule(NamedTuple):
     #: ``package`` rules: the scale mode of the package's kernels; ``ct_e8m0``: ``bump_bits``.
     scale_mode: str = ""
     bump_bits: int = 0
+    #: ``nxd_float``: the smallest scale (a float32 value).
+    scale_floor: float = 0.0
     #: The producer's source lines this rule follows.
     source: str = ""
 
 
 class Recipe(NamedTuple):
-    """A producer's recipes: its name, the release followed, and its rule per block format."""
+    """A producer's recipes: its name, the release followed, and its rule per block format (an
+    integer format's own, where it has one, before :attr:`integers`)."""
 
     name: str
     producer: str
@@ -111,6 +120,11 @@ _CT_INT = RecipeRule(
 )  # fmt: skip
 _MO = "modelopt/torch/quantization/qtensor/nvfp4_tensor.py get_weights_scaling_factor(_2), _cast_fp4"
 _GGML = "ggml/src/ggml-quants.c quantize_row_mxfp4_ref, quantize_row_nvfp4_ref, best_index_mxfp4; ggml-impl.h"
+_NXD = "neuronx-distributed fbac349 (2.29), src/neuronx_distributed/quantization/"
+_NXD_FP8 = (
+    _NXD + "quantization_utils.py quantize_fp8_per_channel, quantize_fp8_per_tensor, QuantizedLinear.from_float; "
+    "NxD Inference 4bcdc54 models/application_base.py generate_quantized_state_dict (the model loaded in float32)"
+)
 _TORCHAO = "torchao/prototype/mx_formats nvfp4_tensor.py nvfp4_quantize, mx_tensor.py to_mx"
 
 #: The recipes, by the name ``recipe=`` and ``--recipe`` take.
@@ -151,6 +165,22 @@ RECIPES: dict[str, Recipe] = {
                 f: RecipeRule("package", scale_mode="floor", source=_TORCHAO)
                 for f in ("mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2")
             },
+        },
+        fuses=False,
+    ),
+    "neuron": Recipe(
+        "neuron",
+        "NxD Inference 4bcdc54 with neuronx-distributed fbac349, on a CPU",
+        {
+            "fp8_e4m3_channel": RecipeRule("nxd_float", scale_floor=1e-5, source=_NXD_FP8),
+            "fp8_e4m3_tensor": RecipeRule("ct_float", source=_NXD_FP8),
+            "int8_channel": RecipeRule(
+                "torch_int",
+                "multiply",
+                source=_NXD + "observer.py PerChannelAbsMaxObserver.calculate_qparams; quantization_utils.py "
+                "quantize_pytorch_model_per_channel_symmetric; torch/ao/nn/quantized/dynamic/modules/linear.py "
+                "_quantize_weight (torch.quantize_per_channel)",
+            ),  # fmt: skip
         },
         fuses=False,
     ),

@@ -177,6 +177,8 @@ class BlockJob:
         differs from ``out``'s: a block array's fields are fixed)."""
         lay = self.layout(arr.shape)
         if self.fmt.integer:
+            if self.rule is not None and arr.size:
+                check_finite(block_kernels().amax_pattern(arr, src.name, False), self.recipe)
             q = self._integers(arr, src, lay)
             if out is None:
                 return q
@@ -245,10 +247,10 @@ class BlockJob:
     def binding(self, shape: tuple[int, ...], src: Format, quantize: bool = True) -> str:
         """Which binding of the kernels quantises (``quantize`` False: fake-quantises) an array of
         ``shape`` and dtype ``src`` (see :func:`~neuron_kernels.kernels.block_kernels.binding`)."""
+        if self.fmt.integer:
+            return "integers: rows of groups" + (f" (recipe {self.recipe}: {self.rule.scale})" if self.rule else "")
         if self.rule is not None:
             return f"recipe {self.recipe}: recipe_rows ({self.rule.scale})"
-        if self.fmt.integer:
-            return "integers: rows of groups"
         row = self.layout(shape).kernel_shapes().row
         source = "float32" if self.rotation is not None else src.name
         return str(block_kernels().binding(self, row, source, quantize))

@@ -35,6 +35,8 @@ def recipe_rule(name: str, bf: BlockFormat) -> RecipeRule:
     """The rule of recipe ``name`` for the format ``bf``, or a :class:`NotApplicableError` naming
     the formats the recipe writes."""
     recipe = recipe_of(name)
+    if bf.name in recipe.rules:
+        return recipe.rules[bf.name]
     if bf.integer and recipe.integers is not None:
         return recipe.integers
     if bf.name not in recipe.rules:
@@ -66,8 +68,10 @@ def recipe_options(name: str, bf: BlockFormat, options: dict[str, Any], given: s
     fixed = {"scale_mode", "rounding", "scale_bound", "four_over_six", "scale_search", "rht"}
     if rule.per_tensor == "none":  # otherwise a given one is a fused layer's (shared_per_tensor_scale)
         fixed.add("per_tensor_scale")
-    if bf.integer:  # the groups are the user's; the scales are in the weight's dtype
+    if bf.integer:  # the groups are the user's (not a per-channel rule's); the scales are in the weight's dtype
         fixed.add("scale_dtype")
+        if rule.scale != "package":
+            fixed |= {"block_size", "block_shape"}
     elif rule.scale != "package" or bf.float_scales:
         fixed |= {"block_size", "block_shape", "scale_dtype"}
     clash = sorted(given & fixed)

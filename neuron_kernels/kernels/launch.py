@@ -191,7 +191,8 @@ def integer_quantize(
     length = arr.shape[job.axis]
     rows = arr.size // max(length, 1)
     packed = bool(job.pack) and job.fmt.packable
-    kernel = INT.quantize_kernel(src, INT.ROUNDING_OF[job.fmt.scale], not job.fmt.zero_points, packed)
+    torch_rule = job.rule is not None and job.rule.scale == "torch_int"
+    kernel = INT.quantize_kernel(src, INT.ROUNDING_OF[job.fmt.scale], not job.fmt.zero_points, packed, torch_rule)
     grid = (rows, -1)
     spare = np.empty((1, 1), np.int8)
     args = (
@@ -316,7 +317,9 @@ def recipe_quantize(
         bump=rule.bump_bits,
         top=np.float32(bf.scale_format.max),
         lowest=np.float32(bf.scale_format.smallest_subnormal),
-        eps=np.float32(FORMATS[wdtype].eps if bf.float_scales else bf.scale_format.eps),
+        eps=np.float32(
+            rule.scale_floor or (FORMATS[wdtype].eps if bf.float_scales else bf.scale_format.eps)
+        ),  # the smallest scale (``nxd_float``), or the one a zero scale becomes
     )
     g = np.float32(0.0)
     if rule.per_tensor == "ct" and pts is not None:

@@ -27,10 +27,12 @@ from .block_kernels.spec import Element
 
 __all__ = ["RecipeSpec", "recipe_rows", "recipe_amax", "recipe_scales", "rule_id", "element_id", "zero_id"]
 
-CT_E4M3, MODELOPT_E4M3, GGML_UE4M3, CT_E8M0, GGML_E8M0, MODELOPT_E8M0, CT_FLOAT = (
+CT_E4M3, MODELOPT_E4M3, GGML_UE4M3, CT_E8M0, GGML_E8M0, MODELOPT_E8M0, CT_FLOAT, NXD_FLOAT = (
     SCALE_RULES.index(r)
-    for r in ("ct_e4m3", "modelopt_e4m3", "ggml_ue4m3", "ct_e8m0", "ggml_e8m0", "modelopt_e8m0", "ct_float")
-)
+    for r in (
+        "ct_e4m3", "modelopt_e4m3", "ggml_ue4m3", "ct_e8m0", "ggml_e8m0", "modelopt_e8m0", "ct_float", "nxd_float"
+    )
+)  # fmt: skip
 DIVIDE, MULTIPLY, GGML = (ELEMENT_RULES.index(r) for r in ("divide", "multiply", "ggml"))
 KEPT, NEGATIVE, POSITIVE = (ZERO_SIGNS.index(z) for z in ("kept", "negative", "positive"))
 
@@ -180,6 +182,9 @@ def _block_scale(a, rule, g, max_el, emax, bump, top, lowest, eps, sc, wc):  # p
         # elements are divided by W(2^(byte - 127)): multiplied by its exact reciprocal instead (the
         # same float32 quotient; 0 for byte 255, whose divisor is infinite)
         return np.uint32(byte), _pow2(127 - byte) if byte < 255 else np.float32(0.0)
+    if rule == NXD_FLOAT:  # the floor is ``eps``
+        s = max(a / max_el, eps)
+        return f32_bits(s), s
     # CT_FLOAT
     s = _w(a / max_el, wc)
     s = eps if s == 0 else s

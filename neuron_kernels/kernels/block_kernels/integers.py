@@ -90,14 +90,23 @@ def _code(u, s, z, qmin, qmax, mask, dt, symmetric):  # pragma: no cover - compi
     return np.uint8(np.int32(np.rint(min(max(v, qmin), qmax))) & mask)
 
 
+@jit(inline="always")
+def _torch_code(u, inv, qmin, qmax, mask):  # pragma: no cover - compiled
+    """torch's ``quantize_per_channel`` code of the float32 pattern ``u`` (zero point 0): ``x *
+    inv`` (``inv`` the float32 reciprocal of the scale) rounded to nearest even, clamped."""
+    return np.uint8(np.int32(min(max(np.rint(f32_from_bits(u) * inv), qmin), qmax)) & mask)
+
+
 @cache
-def quantize_kernel(source: str, dt: int, symmetric: bool, packed: bool = False) -> Any:
+def quantize_kernel(source: str, dt: int, symmetric: bool, packed: bool = False, torch_rule: bool = False) -> Any:
     """Kernel ``(x, codes, scales, zeros, group, bits, t0, t1)`` over rows ``[t0, t1)`` of (A, L)
     arrays: ``x`` the input as :func:`~.spec.input_view` gives it, ``codes`` uint8 (A, L), or
     (A, ceil(L / 2)) with ``packed`` 4-bit codes (element 2i in the low nibble), ``scales`` float32
     (A, groups), ``zeros`` int8 (A, groups) (unused when ``symmetric``), ``group`` the group
     length, ``bits`` the element width. Each group is read twice (its range, then its codes),
-    from the cache; its loops are over slices, which LLVM vectorises."""
+    from the cache; its loops are over slices, which LLVM vectorises. With ``torch_rule`` (symmetric,
+    float32: the recipes' ``torch_int``), torch.ao's arithmetic instead: the scale ``max(amax / qmax,
+    float32 epsilon)``, the codes by :func:`_torch_code`."""
     src = source_of(source)
     kind, codec = src.kind, src.codec
     eps = np.float32(_EPS[dt])
@@ -154,7 +163,9 @@ def quantize_kernel(source: str, dt: int, symmetric: bool, packed: bool = False)
                     step[g] = 0
                     shift[g] = 0
                     continue
-                if symmetric:
+                if torch_rule:  # floored rather than replaced where zero
+                    sc = max(max(-lo, hi) / qmax, np.float32(2.0**-23))
+                elif symmetric:
                     sc = rounded(max(-lo, hi) / half, dt)
                 else:
                     sc = rounded(rounded(hi - lo, dt) / span, dt)
@@ -181,6 +192,19 @@ def quantize_kernel(source: str, dt: int, symmetric: bool, packed: bool = False)
                     out[c0:c1] = 0
                     continue
                 k = c0
+                if torch_rule:
+                    inv = np.float32(1.0) / sc
+                    while k + CHUNK <= c1:
+                        seg = row[k : k + CHUNK]
+                        dst = out[k : k + CHUNK]
+                        for i in range(CHUNK):
+                            dst[i] = _torch_code(load_value(seg[i], kind, codec), inv, qmin, qmax, mask)
+                        k += CHUNK
+                    seg = row[k:c1]
+                    dst = out[k:c1]
+                    for i in range(seg.size):
+                        dst[i] = _torch_code(load_value(seg[i], kind, codec), inv, qmin, qmax, mask)
+                    continue
                 while k + CHUNK <= c1:
                     seg = row[k : k + CHUNK]
                     dst = out[k : k + CHUNK]
