@@ -420,9 +420,12 @@ def test_neuron_fp8_of_every_architecture_follows_nxds_rules(models, arch, tmp_p
     converted unless a ``modules_to_not_convert`` entry is a substring of its path without
     ``model.`` (neuronx_distributed/quantization/quantize.py); each converted module holds exactly
     ``weight`` float8_e4m3fn [out, in] within +-240 and ``scale`` float32 [out, 1] (and its
-    ``bias``), ``weight * scale`` the package's quantisation; every Linear the file holds plain is
-    not converted; no other tensor; the doctor finds nothing. Models whose experts are stacked
-    (not Linear layers) are refused in one line, GPT-2 and Mamba have nothing to quantise."""
+    ``bias``), ``weight * scale`` the package's quantisation; Llama 4's stacked experts as NxDI's
+    ``preprocess_llama4_FP8.py`` writes them (``PARAM`` float8_e4m3fn [E, in, out] and ``PARAM.scale``
+    float32 [E, 1, out], one scale per expert and output column; ``quantization_type``
+    ``expert_wise_per_channel_symmetric``); every Linear the file holds plain is not converted; no
+    other tensor; the doctor finds nothing. Models whose other stacked experts NxDI has no layout
+    for are refused in one line, GPT-2 and Mamba have nothing to quantise."""
     src = models / "models" / arch
     r = run("quantize", src, tmp_path / "out", "--layout", "neuron", "--format", "fp8_e4m3_channel", cwd=tmp_path,
             check=False)  # fmt: skip
@@ -436,10 +439,24 @@ def test_neuron_fp8_of_every_architecture_follows_nxds_rules(models, arch, tmp_p
     plain, written = nk.load_checkpoint(src), read_dir(tmp_path / "out")[0]
     arch_info = architecture_of(json.loads((src / "config.json").read_text()), nk.open_checkpoint(src).tensors)
 
-    def converted(module):
-        return not any(entry in module.removeprefix("model.") for entry in keep)
+    def converted(module):  # NxDI strips these prefixes (get_state_dict; Llama 4's conversion)
+        for prefix in ("language_model.model.", "language_model.", "model."):
+            if module.startswith(prefix):
+                module = module[len(prefix) :]
+                break
+        return not any(entry in module for entry in keep)
 
-    quantised = {n.rpartition(".")[0] for n, v in written.items() if v.dtype.name == "float8_e4m3fn"}
+    experts = {n for n, v in written.items() if v.dtype.name == "float8_e4m3fn" and v.ndim == 3}
+    assert bool(experts) == (arch == "llama4"), arch
+    assert (settings["quantization_type"] == "expert_wise_per_channel_symmetric") == bool(experts)
+    for name in experts:  # gate_up_proj [E, H, 2I], down_proj [E, I, H]
+        w, s = written[name], written[f"{name}.scale"]
+        assert s.dtype == np.float32 and s.shape == (w.shape[0], 1, w.shape[2])
+        assert np.abs(w.astype(np.float32)).max() <= 240
+        want = nk.quantize(plain[name], "fp8_e4m3_channel", scale_dtype="float32", axis=1).dequantize()
+        assert np.array_equal((w.astype(np.float32) * s).view(np.uint32), want.view(np.uint32)), name
+        assert converted(name.rpartition(".")[0]), name
+    quantised = {n.rpartition(".")[0] for n, v in written.items() if v.dtype.name == "float8_e4m3fn" and v.ndim == 2}
     assert quantised, arch
     for module in quantised:
         assert converted(module), module
@@ -451,12 +468,63 @@ def test_neuron_fp8_of_every_architecture_follows_nxds_rules(models, arch, tmp_p
         assert np.array_equal((w.astype(np.float32) * s).view(np.uint32), want.dequantize().view(np.uint32)), module
     for name, value in written.items():
         module = name.rpartition(".")[0]
-        if module in quantised:
+        if module in quantised or name in experts or name.removesuffix(".scale") in experts:
             continue
         assert name in plain and value.tobytes() == plain[name].tobytes(), name  # copied as it was
         if name.endswith(".weight") and arch_info.kind(module) in ("linear", "head"):
             assert not converted(module), module
     assert check_checkpoint(tmp_path / "out").clean
+
+
+def test_llama4_fp8_experts_fused_for_nxd_without_rounding_loss(models, tmp_path):
+    """Llama 4 with FP8 experts per expert (compressed-tensors, as Meta's FP8 checkpoints hold
+    them) into the neuron layout, as NxDI's ``preprocess_llama4_FP8.py`` lays them out
+    (models/llama4/conversion_script, NxDI 4bcdc54): ``experts.gate_up_proj`` [E, H, 2I] holding
+    expert e's ``[gate.T | up.T]`` and ``.scale`` [E, 1, 2I] their row scales side by side;
+    ``experts.down_proj`` [E, I, H] = ``down.T`` with [E, 1, H]. Where the script re-rounds every
+    code at 240/448 in bfloat16, the codes are moved and halved: every value equals the source's
+    ``code * scale`` but the elements the report counts (the smallest subnormals), none beyond 240."""
+    src = models / "models" / "llama4"
+    run("quantize", src, tmp_path / "ct", "--layout", "compressed-tensors", "--format", "fp8_channel", "--quiet",
+        cwd=tmp_path)  # fmt: skip
+    r = run("quantize", tmp_path / "ct", tmp_path / "out", "--layout", "neuron", "--format", "fp8_e4m3_channel",
+            cwd=tmp_path)  # fmt: skip
+    ct, written = read_dir(tmp_path / "ct")[0], read_dir(tmp_path / "out")[0]
+    settings = json.loads((tmp_path / "out" / "neuron_quantization.json").read_text())
+    assert settings["quantization_type"] == "expert_wise_per_channel_symmetric"
+
+    def value(linear):  # the source's value of one expert's Linear, [out, in]
+        return ct[f"{linear}.weight"].astype(np.float32) * ct[f"{linear}.weight_scale"].astype(np.float32)
+
+    changed_total = 0
+    for layer in (0, 1):
+        prefix = f"language_model.model.layers.{layer}.feed_forward.experts"
+        experts = written[f"{prefix}.gate_up_proj"].shape[0]
+        for param, linears in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+            want = np.stack([np.concatenate([value(f"{prefix}.{e}.{lin}").T for lin in linears], axis=1)
+                             for e in range(experts)])  # fmt: skip
+            codes, scale = written[f"{prefix}.{param}"], written[f"{prefix}.{param}.scale"]
+            assert codes.dtype.name == "float8_e4m3fn" and codes.shape == want.shape
+            assert scale.dtype == np.float32 and scale.shape == (experts, 1, want.shape[2])
+            assert np.abs(codes.astype(np.float32)).max() <= 240
+            changed = int((codes.astype(np.float32) * scale != want).sum())
+            line = next(x for x in r.stdout.splitlines() if x.startswith(f"{prefix}.{param} "))
+            assert "codes halved, scales doubled" in line, line
+            assert (f"{changed} element(s) not exact" in line) if changed else ("every value exact" in line), line
+            changed_total += changed
+        for e in range(experts):
+            for lin in ("gate_proj", "up_proj", "down_proj"):
+                assert f"{prefix}.{e}.{lin}.weight" not in written
+    assert 0 < changed_total < 200
+    assert check_checkpoint(tmp_path / "out").clean
+    refusals = (
+        (("--format", "int8_channel"), "FP8 per expert and output column only"),
+        (("--format", "fp8_e4m3_channel", "--recipe", "neuron"), "--ignore them or drop --recipe"),
+    )
+    for args, message in refusals:  # NxD has no int8 experts; NxD's own quantisers leave stacked experts alone
+        r = run("quantize", src, tmp_path / "no", "--layout", "neuron", *args, cwd=tmp_path, check=False)
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "no").exists()
 
 
 def _copy(src, dst, ignore=None, tensors=None):

@@ -231,6 +231,23 @@ def test_the_doctor_finds_fp8_beyond_240(tmp_path):
     assert f"error: fp8-range: {PROJ[0]}: {over} FP8 value(s) beyond +-240" in r.stdout
 
 
+def test_the_doctor_notes_ocp_fp8_that_nxd_would_load_beyond_240(tmp_path):
+    """NxDI renames ``*.weight_scale`` to ``*.scale`` when it loads a checkpoint (get_state_dict in
+    models/application_base.py), so a compressed-tensors FP8 checkpoint loads as its own; the
+    doctor notes the weights whose values exceed 240, and nothing once they are brought into range."""
+    make_ct_fp8(tmp_path / "ct", "channel")
+    r = run("check", "ct", cwd=tmp_path, check=False)
+    assert r.returncode == 0 and "note: neuron-fp8-range: 7 FP8 weight(s) hold values beyond +-240" in r.stdout
+    run("quantize", "ct", "neuron", "--layout", "neuron", "--format", "fp8_e4m3_channel", cwd=tmp_path)
+    assert "neuron-fp8-range" not in run("check", "neuron", cwd=tmp_path).stdout
+    tensors, _ = read_safetensors(tmp_path / "ct" / "model.safetensors")
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:  # every value within 240: no note
+        codes = tensors[name].view(np.uint8)
+        tensors[name] = np.where((codes & 0x7F) > 0x77, codes & 0xF7, codes).astype(np.uint8).view(E4M3FN)
+    write_safetensors(tmp_path / "ct" / "model.safetensors", tensors)
+    assert "neuron-fp8-range" not in run("check", "ct", cwd=tmp_path).stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

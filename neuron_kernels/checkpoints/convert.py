@@ -33,7 +33,7 @@ from ..io.safetensors import TensorSpec
 from ..recipes import RECIPES
 from .architecture import Architecture, architecture_of, module_of, transformers_available
 from .cluster import write_on_cluster
-from .experts import split_experts, stack_experts
+from .experts import split_experts, stack_experts, stacked_fp8_experts
 from .folder import CONFIG_NAME, Checkpoint, write_json
 from .fp8_range import MAGNITUDE, OCP_E4M3, beyond, halve
 from .layouts import LAYOUTS, CheckpointLayout, Output, StoredWeight, Weight, detect_layout, open_any, stored_weights
@@ -41,7 +41,14 @@ from .layouts.integer_weights import offset_fields, pack_words
 from .layouts.records import FOREIGN_PARTS, KV_SCALES, kv_cache_name
 from .reports import TensorReport, exact_stats, pipelined_stats
 from .scheme_map import OWN, SchemeMap
-from .selection import fused_groups, fused_layers, ignored_modules, module_decision
+from .selection import (
+    fused_groups,
+    fused_layers,
+    ignored_modules,
+    module_decision,
+    stacked_expert,
+    stacked_expert_decision,
+)
 from .shards import Item, Tally, shards_of, write_shards
 
 __all__ = [
@@ -327,6 +334,8 @@ def plan_quantization(
             raise FileFormatError(_unknown_architecture(ckpt, modules))
     if layout.decide is module_decision:  # stacked experts as the layout's runtime holds them
         inputs = split_experts(inputs, arch) if layout.splits_experts else stack_experts(inputs, arch)
+    if layout.experts_in_place and layout.fp8_max is not None and source is not None:
+        by_name.update(stacked_fp8_experts(by_name, arch))  # their codes moved, halved if need be
     copies: dict[str, StoredWeight] = {}
     relays: dict[str, StoredWeight] = {}
     rescales: dict[str, StoredWeight] = {}
@@ -340,7 +349,11 @@ def plan_quantization(
             reports.append(_kv_report(name, entry, renames[name], layout))
             continue
         mine = schemes.scheme_for(name, _model_name(arch, name))
-        why = layout.decide(name, entry.dtype, entry.shape, _whole(mine), ignore, only, arch=arch, towers=towers)
+        in_place = layout.experts_in_place and stacked_expert(name, entry.shape, arch)
+        if in_place:
+            why = stacked_expert_decision(name, entry.dtype, ignore, only)
+        else:
+            why = layout.decide(name, entry.dtype, entry.shape, _whole(mine), ignore, only, arch=arch, towers=towers)
         if not why and mine is None:
             why = schemes.kept_why()
         w = by_name.get(name)
@@ -348,7 +361,13 @@ def plan_quantization(
             chosen.append((name, entry, None))
             reports.append(_report_kept(name, entry, str(why) + (f" (dequantised from {w.label})" if w else "")))
             continue
-        chosen.append((name, entry, _layout_scheme(layout, mine, entry, w).job(len(entry.shape), entry.dtype.name)))
+        if in_place and mine.recipe is not None:
+            raise FileFormatError(
+                f"{name}: recipe {mine.recipe!r} quantises Linear weights along their input; these stacked experts "
+                "are blocked along another axis, which its producer does not quantise; --ignore them or drop --recipe"
+            )
+        job = _layout_scheme(layout, mine, entry, w).job(len(entry.shape), entry.dtype.name)
+        chosen.append((name, entry, replace(job, axis=1) if in_place else job))
         of[name] = mine
         fmt = mine.format
         if w is not None and source is not None and _copies_bytes(w, layout, mine):
@@ -403,7 +422,11 @@ def plan_quantization(
         config = layout.mixed(parts, kept, ignored, _Modules(arch), **extra)
     elif not layout.single_file:
         (only_scheme,) = by_scheme
-        groups = {"group_size": only_scheme.job(2).block_size} if BLOCK_FORMATS[only_scheme.format].integer else {}
+        groups: dict[str, Any] = {}
+        if BLOCK_FORMATS[only_scheme.format].integer:
+            groups["group_size"] = only_scheme.job(2).block_size
+        if layout.experts_in_place:
+            groups["experts"] = sorted(n for n in quantised if stacked_expert(n, quantised[n], arch))
         config = layout.config(only_scheme.format, kept, ignored, **groups)
         activations = schemes.activations(only_scheme)
         if activations is not OWN and layout.activations is not None:
@@ -614,13 +637,17 @@ def _rescales(w: Weight, layout: Any, scheme: Scheme) -> bool:
     where needed (:mod:`.fp8_range`): the layout declares a maximum below float8_e4m3fn's, the
     scheme's format is FP8 with float scales within it, in the blocks the weight is stored in, and
     no option asks for a quantisation of its own."""
-    if layout.fp8_max is None or not isinstance(w, StoredWeight) or w.transpose or len(w.shape) != 2:
+    if layout.fp8_max is None or not isinstance(w, StoredWeight) or w.transpose:
+        return False
+    if len(w.shape) != 2 and not w.columns_scaled:
         return False
     source, target = w.layout.format, BLOCK_FORMATS[scheme.format]
     if source.element_format is not OCP_E4M3 or not source.float_scales or not target.float_scales:
         return False
     if target.element_bits != 8 or target.max_element > layout.fp8_max:
         return False
+    if w.columns_scaled:  # stacked experts, one scale per expert and column: a per-channel target
+        return target.block_rows == 1 and target.block_size == WHOLE and not _given(scheme)
     blocks = Scheme(scheme.format).job(len(w.shape)).stored_blocks(w.shape)
     return (w.layout.block_size, w.layout.block_rows) == blocks and not _given(scheme)
 
@@ -637,15 +664,19 @@ def _rescaled_item(
     byte if every value lies within it, else every code halved and every scale doubled; the report
     says which, and how many elements (the smallest subnormals) changed and by how much at most."""
     by_role = {role: spec.name for spec, role in outputs}
-    rows, cols = w.shape
-    bm, bn = w.layout.block_rows, w.layout.block_size
+    if w.columns_scaled:  # [E, in, out] as rows of out, a scale per expert's rows and column
+        experts, depth, cols = w.shape
+        rows, bm, bn, grid_shape = experts * depth, depth, 1, (experts, cols)
+    else:
+        rows, cols = w.shape
+        bm, bn, grid_shape = w.layout.block_rows, w.layout.block_size, w.scales.shape
 
     def fill(sinks: dict[str, Any]) -> None:
         step = max(1, (16 << 20) // max(cols, 1))
         over = 0
         for r0 in range(0, rows, step):
             over += beyond(np.asarray(w.codes.read_flat(r0 * cols, min(rows, r0 + step) * cols)), largest)
-        grid = np.asarray(w.scales.read_flat(0, w.scales.size), np.float64).reshape(w.scales.shape)
+        grid = np.asarray(w.scales.read_flat(0, w.scales.size), np.float64).reshape(grid_shape)
         scale_sink, codes_sink = sinks[by_role["scales"]], sinks[by_role["codes"]]
         if not over:
             report.reason = f"bytes copied: every value of {w.label} lies within +-{largest:g}"

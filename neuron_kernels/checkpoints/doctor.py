@@ -150,6 +150,7 @@ def check_checkpoint(path: str | os.PathLike[str], chunk_bytes: int = 64 << 20) 
     for w in weights:
         findings += _value_findings(w, chunk_bytes)
         findings += _range_findings(layout, w, chunk_bytes)
+    findings += _neuron_findings(layout, weights, chunk_bytes)
     findings += _fused_findings(layout, weights, arch)
     findings += _runtime_findings(layout, weights, arch)
     findings += [Finding(sev, code, message, tensors) for sev, code, message, tensors in scheme_findings(
@@ -257,6 +258,37 @@ def _range_findings(layout: CheckpointLayout, w: StoredWeight, chunk_bytes: int)
         f"which halves the codes and doubles the scales"
     )
     return [Finding("error", "fp8-range", message, (w.name,))]
+
+
+#: The largest FP8 value of Trn1 and Trn2 (NxD's ``DtypeBound``; the ``neuron`` layout's maximum).
+_NEURON_FP8_MAX = 240.0
+
+
+def _neuron_findings(layout: CheckpointLayout, weights: list[StoredWeight], chunk_bytes: int) -> list[Finding]:
+    """A note on an OCP FP8 checkpoint whose ``*.weight_scale`` NxD Inference would load as its own
+    ``*.scale`` (``get_state_dict`` renames them, models/application_base.py), where FP8 values lie
+    beyond +-240: on Trn1 and Trn2 they may become NaN. One note for the checkpoint."""
+    if layout.fp8_max is not None:
+        return []  # the layout's own range: _range_findings
+    over: list[str] = []
+    for w in weights:
+        bf = w.layout.format
+        if bf.element_format is not OCP_E4M3 or not bf.float_scales or w.transpose:
+            continue
+        if not any(p.endswith(".weight_scale") for p in w.parts):
+            continue
+        step = max(1, chunk_bytes)
+        if any(beyond(np.asarray(w.codes.read_flat(a, min(a + step, w.codes.size))), _NEURON_FP8_MAX)
+               for a in range(0, w.codes.size, step)):  # fmt: skip
+            over.append(w.name)
+    if not over:
+        return []
+    message = (
+        f"{len(over)} FP8 weight(s) hold values beyond +-{_NEURON_FP8_MAX:g}: NxD Inference would load this "
+        f"checkpoint's weight_scale as its scale, but Trn1/Trn2 hold FP8 within +-{_NEURON_FP8_MAX:g} (beyond, values "
+        "may become NaN); --layout neuron with the fp8_e4m3_* format of the same blocks halves the codes instead"
+    )
+    return [Finding("note", "neuron-fp8-range", message, tuple(over))]
 
 
 def _value_findings(w: StoredWeight, chunk_bytes: int) -> list[Finding]:

@@ -13,17 +13,19 @@ time, so that every conversion streams as it does for any tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..blocks.layout import BlockLayout
 from ..io.arrays import ArrayEntry, FileFormatError
 from .architecture import Architecture
 from .runtime_modules import ExpertSplit
 
-__all__ = ["split_experts", "stack_experts"]
+__all__ = ["split_experts", "stack_experts", "stacked_fp8_experts"]
 
 #: The columns of a stacked parameter's [in, out] slice each part takes.
 _PARTS: dict[str, Callable[[int], slice]] = {
@@ -153,6 +155,57 @@ def _stacked(
 
         out[name] = ArrayEntry(first.path, name, (experts, rows, cols), out_dtype, _slab_reader(matrix, rows * cols))
     return out
+
+
+def stacked_fp8_experts(stored: dict[str, Any], arch: Architecture | None) -> dict[str, Any]:
+    """The stacked parameters (``MODULE.gate_up_proj`` [E, H, 2I], ``MODULE.down_proj`` [E, I, H]) of
+    per-expert FP8 weights stored per channel (``stored``: the checkpoint's stored weights by
+    name, as :class:`~.layouts.records.StoredWeight`), as stored weights of their codes moved
+    without decoding: each expert's codes transposed and its row scales laid along the columns
+    ([E, 1, out]), so that the stacked weight's values are the experts' exactly. Modules whose
+    experts are not all such weights are left out (they stack dequantised)."""
+    from .layouts.records import StoredWeight  # the layouts import this module's users
+
+    if arch is None or not arch.splits:
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    for name, w in stored.items():
+        m = _PER_EXPERT.match(name)
+        split = arch.split(m["module"]) if m is not None else None
+        if m is not None and split is not None and m["linear"] in split.linears():
+            found.setdefault(m["module"], {})[name] = w
+    out: dict[str, Any] = {}
+    for weights in found.values():
+        if not all(_per_channel_fp8(w) for w in weights.values()):
+            continue
+        codes = stack_experts({n: dataclasses.replace(w.codes, shape=w.shape) for n, w in weights.items()}, arch)
+        rows = {n: dataclasses.replace(w.scales, shape=(w.shape[0], 1)) for n, w in weights.items()}
+        scales = stack_experts(rows, arch)
+        parts = tuple(p for w in weights.values() for p in w.parts)
+        for param, entry in codes.items():
+            if param in weights or param not in scales:
+                continue
+            layout = BlockLayout("fp8_channel", entry.shape, 1, entry.shape[1], 1, False)
+            out[param] = StoredWeight(
+                param, layout, None, entry, scales[param], parts, param, False, "fp8 experts per channel, stacked"
+            )
+    return out
+
+
+def _per_channel_fp8(w: Any) -> bool:
+    """A 2-D float8_e4m3fn weight stored with one float scale per output row."""
+    lay = getattr(w, "layout", None)
+    return (
+        lay is not None
+        and lay.fmt == "fp8_channel"
+        and len(lay.shape) == 2
+        and lay.axis == 1
+        and lay.block_rows == 1
+        and lay.block_size >= lay.shape[1]
+        and not w.transpose
+        and w.per_tensor_scale is None
+        and w.scales.size == lay.shape[0]
+    )
 
 
 def _common(module: str, dtypes: set[np.dtype]) -> np.dtype:

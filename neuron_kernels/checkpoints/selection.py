@@ -242,6 +242,29 @@ def module_decision(
     return None
 
 
+def stacked_expert(name: str, shape: tuple[int, ...], arch: Architecture | None) -> bool:
+    """Whether ``name`` is a stacked expert parameter ([E, in, out]) of a module whose experts
+    transformers splits (:meth:`~.architecture.Architecture.split`: Llama 4's ``gate_up_proj`` and
+    ``down_proj``)."""
+    if arch is None or len(shape) != 3:
+        return False
+    module, _, param = name.rpartition(".")
+    split = arch.split(module)
+    return split is not None and param in dict(split.parameters)
+
+
+def stacked_expert_decision(
+    name: str, dtype: Any, ignore: tuple[str, ...] = (), only: tuple[str, ...] = ()
+) -> str | None:
+    """The rule for a :func:`stacked_expert` parameter in a layout that holds them quantised as
+    they are (NxD Inference's Llama 4 experts): None if quantised, else why it is kept (not a
+    float, or ``ignore`` / ``only`` keeps its name or its module's)."""
+    why = _not_a_float(dtype)
+    if why is not None:
+        return why
+    return _patterns_keep(name, ignore, only, ())
+
+
 def ignored_modules(kept: list[tuple[str, ArrayEntry]], arch: Architecture | None, names: Any = ()) -> list[str]:
     """compressed-tensors' ``ignore``: every Linear module left in higher precision, so that no
     runtime quantises on load what the file holds plain. With ``arch``: each kept tensor's module

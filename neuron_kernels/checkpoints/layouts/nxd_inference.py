@@ -35,9 +35,9 @@ from ...io.arrays import ArrayEntry, FileFormatError
 from ...io.safetensors import TensorSpec
 from ..architecture import module_of
 from ..folder import Checkpoint, json_file
-from ..selection import module_decision
+from ..selection import module_decision, stacked_expert
 from .integer_weights import BYTES, integer_weight
-from .records import FP8_CODES, CheckpointLayout, Output, Weight, scaled_weight
+from .records import FP8_CODES, CheckpointLayout, Output, StoredWeight, Weight, scaled_weight, uint8_view
 
 __all__ = ["LAYOUT", "SETTINGS_FILE", "NEURON_FP8_MAX", "NEURON_FORMATS"]
 
@@ -55,6 +55,10 @@ NEURON_FORMATS: dict[str, tuple[str, str]] = {
     "int8_channel": ("per_channel_symmetric", "int8"),
 }
 
+#: NxD's ``quantization_type`` of a model with quantised stacked experts (Llama 4's, as
+#: NxDI's ``preprocess_llama4_FP8.py`` writes them): FP8 per expert and output column.
+EXPERT_WISE = "expert_wise_per_channel_symmetric"
+
 _INT8 = np.dtype(np.int8)
 _F32 = np.dtype(np.float32)
 
@@ -71,20 +75,40 @@ def _grid(layout: BlockLayout) -> tuple[int, ...]:
 
 
 def _outputs(name: str, layout: BlockLayout, scale_dtype: str) -> list[Output]:
-    base = module_of(name)
     bf = layout.format
+    if len(layout.shape) == 3:  # stacked experts: the parameter's own name, a scale per expert and column
+        return [
+            (TensorSpec(name, np.dtype(FP8_CODES), layout.codes_shape), "codes"),
+            (TensorSpec(f"{name}.scale", _F32, layout.scales_shape), "scales"),
+        ]
+    base = module_of(name)
     codes = TensorSpec(f"{base}.weight", _INT8 if bf.integer else np.dtype(FP8_CODES), layout.codes_shape)
     return [(codes, "codes"), (TensorSpec(f"{base}.scale", _F32, _grid(layout)), "scales")]
 
 
+#: The leading parts of the checkpoint's names that NxDI strips before it matches them with its
+#: modules: ``model.`` (``get_state_dict`` in models/application_base.py), and Llama 4's
+#: ``language_model.model.`` and ``language_model.`` (``convert_hf_to_neuron_state_dict`` in
+#: models/llama4/modeling_llama4_text.py), longest first.
+_NXDI_PREFIXES = ("language_model.model.", "language_model.", "model.")
+
+
 def _not_converted(ignore: list[str]) -> list[str]:
-    """The modules kept plain as NxD matches them: substrings of its module paths, which have no
-    leading ``model.`` (NxDI strips it from the checkpoint's names)."""
-    return [name.removeprefix("model.") for name in ignore]
+    """The modules kept plain as NxD matches them: substrings of its module paths, which have none
+    of the prefixes NxDI strips from the checkpoint's names."""
+    out: dict[str, None] = {}
+    for name in ignore:
+        prefix = next((p for p in _NXDI_PREFIXES if name.startswith(p)), "")
+        out[name[len(prefix) :]] = None
+    return list(out)
 
 
-def _config(fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str], **_: Any) -> dict[str, Any]:
+def _config(
+    fmt: str, kept: list[tuple[str, ArrayEntry]], ignore: list[str], experts: Any = (), **_: Any
+) -> dict[str, Any]:
     kind, dtype = NEURON_FORMATS[fmt]
+    if experts:  # NxD takes one quantization_type for the whole model: the experts' (its Linear layers per channel)
+        kind = EXPERT_WISE
     settings: dict[str, Any] = {
         "quantized": True,
         "quantization_type": kind,
@@ -108,7 +132,8 @@ def _settings(ckpt: Checkpoint) -> dict[str, Any] | None:
 
 
 def _pairs(ckpt: Checkpoint) -> list[tuple[str, ArrayEntry, ArrayEntry]]:
-    """(module, codes, scale) of each ``MODULE.scale`` beside an int8 or float8_e4m3fn ``MODULE.weight``."""
+    """(module, codes, scale) of each ``MODULE.scale`` beside an int8 or float8_e4m3fn ``MODULE.weight``,
+    or (parameter, codes, scale) of a ``PARAM.scale`` beside a 3-D float8_e4m3fn ``PARAM`` (stacked experts)."""
     t = ckpt.tensors
     found = []
     for name, scale in t.items():
@@ -118,7 +143,22 @@ def _pairs(ckpt: Checkpoint) -> list[tuple[str, ArrayEntry, ArrayEntry]]:
         codes = t.get(f"{module}.weight")
         if codes is not None and codes.dtype in (_INT8, FP8_CODES):
             found.append((module, codes, scale))
+        elif module in t and t[module].dtype == FP8_CODES and len(t[module].shape) == 3:
+            found.append((module, t[module], scale))
     return found
+
+
+def _experts(name: str, codes: ArrayEntry, scale: ArrayEntry) -> Weight:
+    """Stacked experts [E, in, out] with a float32 scale [E, 1, out] (NxDI's Llama 4 experts)."""
+    experts, rows, cols = codes.shape
+    if scale.dtype != _F32 or scale.shape != (experts, 1, cols):
+        raise FileFormatError(
+            f"{scale.where}: the scale of stacked experts {list(codes.shape)} is float32 [{experts}, 1, {cols}] "
+            f"(one per expert and output column), found {scale.dtype} {list(scale.shape)}"
+        )
+    layout = BlockLayout("fp8_channel", codes.shape, 1, rows, 1, False)
+    label = "neuron fp8 experts (per expert and column)"
+    return StoredWeight(name, layout, None, uint8_view(codes), scale, (name, f"{name}.scale"), name, False, label)
 
 
 def _detect(ckpt: Checkpoint) -> bool:
@@ -132,6 +172,9 @@ def _weights(ckpt: Checkpoint) -> list[Weight]:
     block = settings.get("quantization_block_size")
     found: list[Weight] = []
     for module, codes, scale in _pairs(ckpt):
+        if codes.name == module:
+            found.append(_experts(module, codes, scale))
+            continue
         parts = (f"{module}.weight", f"{module}.scale")
         if len(codes.shape) != 2:
             raise FileFormatError(f"{codes.where}: a Neuron weight is [out, in]; found shape {list(codes.shape)}")
@@ -199,10 +242,17 @@ def _broadcast(scale: ArrayEntry, rows: int) -> ArrayEntry:
 def _fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, **context: Any) -> None:
     bf = BLOCK_FORMATS[fmt]
     for name, shape in quantised.items():
+        if stacked_expert(name, shape, context.get("arch")):
+            if fmt != "fp8_e4m3_channel":
+                raise FileFormatError(
+                    f"{name}: NxD Inference holds stacked experts in FP8 per expert and output column only "
+                    f"({EXPERT_WISE}); choose --format fp8_e4m3_channel, or --ignore the experts"
+                )
+            continue
         if len(shape) != 2:
             raise FileFormatError(
-                f"{name}: the neuron layout holds [out, in] weights (NxD's Linear layers); this one is "
-                f"{list(shape)} (stacked experts are not written yet)"
+                f"{name}: the neuron layout holds [out, in] weights (NxD's Linear layers) and Llama 4's stacked "
+                f"experts; this one is {list(shape)}"
             )
         if bf.block_rows not in (1, WHOLE) and (shape[0] % bf.block_rows or shape[1] % bf.block_size):
             raise FileFormatError(
@@ -226,6 +276,7 @@ LAYOUT = CheckpointLayout(
     files=lambda config: {SETTINGS_FILE: config},
     config_in_json=False,
     fp8_max=NEURON_FP8_MAX,
+    experts_in_place=True,
     refused={
         f: f"Trn1/Trn2 hold FP8 values within +-240 (float8_e4m3fn's go to 448); choose {f.replace('fp8', 'fp8_e4m3')}"
         for f in ("fp8_channel", "fp8_tensor", "fp8_block")

@@ -114,6 +114,8 @@ class StoredWeight:
         read (whole rows of tiles of 2-D blocks). For a stored [..., out, in] weight blocked along
         ``in`` (not gpt-oss's transposed experts)."""
         lay = self.layout
+        if self.columns_scaled:
+            return self._columns_entry()
         if self.transpose or lay.axis != len(lay.shape) - 1:
             raise FileFormatError(
                 f"{self.codes.where}: {self.name} is stored transposed; dequantize the checkpoint first "
@@ -147,6 +149,41 @@ class StoredWeight:
 
         amax = self.finite_amax if lay.format.float_scales or self.packed_mx else None
         return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read, finite_amax=amax)
+
+    @property
+    def columns_scaled(self) -> bool:
+        """Whether the weight is stacked [E, in, out] with one float scale per expert and column
+        (blocks along ``in``, axis 1, whole: NxDI's Llama 4 experts)."""
+        lay = self.layout
+        return (
+            not self.transpose
+            and len(lay.shape) == 3
+            and lay.axis == 1
+            and lay.format.float_scales
+            and lay.block_size >= lay.shape[1]
+        )
+
+    def _columns_entry(self) -> ArrayEntry:
+        """:meth:`decoded_entry` of a :attr:`columns_scaled` weight: each element's code times its
+        expert's scale of its column, in float32."""
+        lay, codes, scales = self.layout, self.codes, self.scales
+        _, rows, cols = lay.shape
+        per = rows * cols
+        table = np.arange(256, dtype=np.uint8).view(lay.format.element_format.result_dtype).astype(np.float32)
+
+        def read(start: int, stop: int) -> np.ndarray:
+            out = np.empty(max(stop - start, 0), np.float32)
+            at = start
+            while at < stop:
+                e, offset = divmod(at, per)
+                end = min(stop, (e + 1) * per)
+                row = np.asarray(scales.read_flat(e * cols, (e + 1) * cols), np.float32)
+                values = table[np.asarray(codes.read_flat(at, end)).view(np.uint8)]
+                out[at - start : end - start] = values * row[np.arange(offset, offset + end - at) % cols]
+                at = end
+            return out
+
+        return ArrayEntry(codes.path, self.out_name, lay.shape, np.dtype(np.float32), read)
 
     @property
     def packed_mx(self) -> bool:
@@ -406,6 +443,10 @@ class CheckpointLayout:
     #: The largest FP8 value its runtime holds, where below float8_e4m3fn's 448 (Neuron's 240): an
     #: FP8 weight beyond it is brought into range (:mod:`..fp8_range`), and the doctor reports one.
     fp8_max: float | None = None
+    #: Whether its runtime loads stacked expert parameters (:func:`~..selection.stacked_expert`:
+    #: Llama 4's [E, in, out]) quantised as they are stored: the codes [E, in, out] under the
+    #: parameter's name, one scale per expert and output column (blocks along ``in``, axis 1).
+    experts_in_place: bool = False
 
     def stored_per_tensor(self, pts: float) -> np.ndarray:
         """A per-tensor scale (the multiplier ``pts``) as the layout stores it: [1] float32, its
