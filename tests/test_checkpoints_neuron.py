@@ -231,6 +231,23 @@ def test_the_doctor_finds_fp8_beyond_240(tmp_path):
     assert f"error: fp8-range: {PROJ[0]}: {over} FP8 value(s) beyond +-240" in r.stdout
 
 
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_the_doctor_finds_scales_stored_as_divisors(dtype, tmp_path):
+    """NxD multiplies (``scale_dequantize``: weight * scale); scales written as divisors (1 / scale)
+    make every value enormous, which the doctor tells from their reciprocals' plausible values; the
+    same checkpoint with multipliers is clean."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((32, 64)) * 0.02).astype(np.float32)
+    fmt = "int8_channel" if dtype == "int8" else "fp8_e4m3_channel"
+    q = nk.quantize(w, fmt, scale_dtype="float32")
+    codes = q.codes.view(np.int8) if dtype == "int8" else q.codes.view(E4M3FN)
+    for name, scale in (("good", np.asarray(q.scales, np.float32)), ("bad", 1 / np.asarray(q.scales, np.float32))):
+        write_model(tmp_path / name, {PROJ[0]: codes.reshape(w.shape), PROJ[0].replace("weight", "scale"): scale})
+    assert "divisor-scales" not in run("check", "good", cwd=tmp_path).stdout
+    r = run("check", "bad", cwd=tmp_path, check=False)
+    assert r.returncode == 1 and f"error: divisor-scales: {PROJ[0]}: its largest value is" in r.stdout, r.stdout
+
+
 def test_the_doctor_notes_ocp_fp8_that_nxd_would_load_beyond_240(tmp_path):
     """NxDI renames ``*.weight_scale`` to ``*.scale`` when it loads a checkpoint (get_state_dict in
     models/application_base.py), so a compressed-tensors FP8 checkpoint loads as its own; the

@@ -15,7 +15,8 @@ What is checked, per weight and over the checkpoint:
 - values: NaN, infinite, negative block scales; block scales of zero under non-zero codes (the
   block's values lost); e8m0's NaN byte 0xff; NaN values; weights that are all zero; a per-tensor
   scale that reads as the reciprocal of its layout's convention (the weight's largest value over
-  ``RECIPROCAL_LIMITS[1]`` under the convention, within the limits under the reciprocal);
+  ``RECIPROCAL_LIMITS[1]`` under the convention, within the limits under the reciprocal), and
+  float block scales that read as divisors where the layout's multiply (``divisor-scales``);
 - schemes: modules the runtimes would give different schemes, fused layers stored in several formats,
   targets and ignore entries that name no module, KV-cache and activation scales that cannot be
   right (:mod:`.scheme_findings`);
@@ -81,7 +82,7 @@ _SEVERITIES = ("error", "warning", "note")
 class Finding:
     """One thing found: ``severity`` (error, warning, note), ``kind`` (a short name: structure,
     fused-scales, nan-scales, negative-scales, zero-scales, nan-values, all-zero, reciprocal,
-    fp8-range),
+    divisor-scales, fp8-range, neuron-fp8-range),
     the tensors concerned and what was found; ``sqnr_db``: for fused scales, each shard's SQNR
     under the runtime's rule against its own scale."""
 
@@ -291,6 +292,31 @@ def _neuron_findings(layout: CheckpointLayout, weights: list[StoredWeight], chun
     return [Finding("note", "neuron-fp8-range", message, tuple(over))]
 
 
+def _divisor_findings(w: StoredWeight, scales: np.ndarray, amax: float) -> list[Finding]:
+    """Float block scales that read as divisors where the layout's multiply (``code * scale``; NxD's
+    ``scale_dequantize``): the weight's largest value over the limit as stored, and every value
+    within the limits were each scale its reciprocal (bounded by the largest code magnitude over
+    the smallest scale, at least the largest value's block's reading)."""
+    low, high = RECIPROCAL_LIMITS
+    positive = scales[np.isfinite(scales) & (scales > 0)]
+    if not positive.size:
+        return []
+    largest_code = float(w.layout.format.element_format.max)
+    upper = largest_code / float(positive.min())
+    if not (upper <= high and amax / float(positive.max()) ** 2 >= low):
+        return []
+    return [
+        Finding(
+            "error",
+            "divisor-scales",
+            f"{w.name}: its largest value is {amax:.3g} with its block scales as multipliers (code * scale, as the "
+            f"layout's runtime reads them), and at most {upper:.3g} were they divisors: the scales look stored as "
+            "divisors (1 / scale); write their reciprocals",
+            (w.name,),
+        )
+    ]
+
+
 def _value_findings(w: StoredWeight, chunk_bytes: int) -> list[Finding]:
     """The findings of one weight's block scales and values (one pass over each)."""
     found: list[Finding] = []
@@ -345,6 +371,8 @@ def _value_findings(w: StoredWeight, chunk_bytes: int) -> list[Finding]:
         )
     pts = w.per_tensor_scale
     low, high = RECIPROCAL_LIMITS
+    if bf.float_scales and not pts and amax > high:
+        found += _divisor_findings(w, values, amax)
     if pts and amax > high and low <= amax / pts**2 <= high:
         found.append(
             Finding(

@@ -24,7 +24,7 @@ from ..checkpoint_helpers import make_deepseek_v4
 __all__ = ["VERSION", "build_seeds", "seeds_folder"]
 
 #: Bumped when the seeds change: a folder of another version is made anew.
-VERSION = 6
+VERSION = 7
 HIDDEN, INTER, VOCAB = 64, 128, 32
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -115,6 +115,28 @@ def _plain_checkpoint(folder: str, tensors: dict[str, np.ndarray], shards: int) 
         json.dump(_CONFIG, fh, indent=2)
     with open(os.path.join(folder, "generation_config.json"), "w") as fh:
         json.dump({"bos_token_id": 1, "eos_token_id": 2}, fh)
+
+
+def _neuron_experts(folder: str, rng: np.random.Generator) -> None:
+    """NxD Inference's Llama 4 experts (the neuron layout): stacked float8_e4m3fn [E, in, out]
+    within 240 with a float32 scale per expert and column [E, 1, out], beside a Linear per channel."""
+    e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+    prefix = "language_model.model.layers.0"
+    tensors = {}
+    for param, shape in (("gate_up_proj", (2, HIDDEN, 2 * INTER)), ("down_proj", (2, INTER, HIDDEN))):
+        name = f"{prefix}.feed_forward.experts.{param}"
+        tensors[name] = np.clip(rng.standard_normal(shape) * 60, -240, 240).astype(e4m3)
+        tensors[f"{name}.scale"] = rng.uniform(1e-4, 1e-3, (shape[0], 1, shape[2])).astype(np.float32)
+    q = np.clip(rng.standard_normal((HIDDEN, HIDDEN)) * 60, -240, 240)
+    tensors[f"{prefix}.self_attn.q_proj.weight"] = q.astype(e4m3)
+    tensors[f"{prefix}.self_attn.q_proj.scale"] = rng.uniform(1e-4, 1e-3, (HIDDEN, 1)).astype(np.float32)
+    os.makedirs(folder)
+    _write_safetensors(os.path.join(folder, "model.safetensors"), tensors)
+    settings = {"quantized": True, "quantization_type": "expert_wise_per_channel_symmetric",
+                "quantization_dtype": "f8e4m3", "modules_to_not_convert": []}  # fmt: skip
+    for name, content in (("neuron_quantization.json", settings), ("config.json", {"model_type": "llama4"})):
+        with open(os.path.join(folder, name), "w") as fh:
+            json.dump(content, fh)
 
 
 def _gguf(path: str, rng: np.random.Generator, experts: int = 0) -> None:
@@ -260,6 +282,7 @@ def build_seeds(root: str | None = None) -> str:
                 writer.add(name, array)
     # NxD Inference's layout (Trn1/Trn2): FP8 within 240 per channel, settings beside the shards
     _cli("quantize", "plain", "neuron", "--layout", "neuron", "--format", "fp8_e4m3_channel", cwd=tmp)
+    _neuron_experts(os.path.join(tmp, "neuron-experts"), np.random.default_rng(7))
     shutil.copytree(os.path.join(tmp, "plain"), os.path.join(tmp, "recipe"))
     with open(os.path.join(tmp, "recipe", "recipe.yaml"), "w") as fh:
         fh.write(_RECIPE)

@@ -327,10 +327,12 @@ _ADDED = {
     "ct-int-mixed": ("config.json", "model.safetensors"),
     "neuron": ("neuron_quantization.json", "config.json", "model.safetensors"),
 }
+#: Added after the integer block files: the neuron layout's stacked experts (Llama 4's).
+_ADDED_LATER = {"neuron-experts": ("neuron_quantization.json", "model.safetensors")}
 
 
 def _folder_slots(folders: list[str], args: tuple[str, ...] = ()) -> tuple[Slot, ...]:
-    return tuple(Slot(f, file, args) for f in folders for file in {**_FOLDERS, **_ADDED}[f])
+    return tuple(Slot(f, file, args) for f in folders for file in {**_FOLDERS, **_ADDED, **_ADDED_LATER}[f])
 
 
 _SHARDS = tuple(Slot(f, file) for f, files in _FOLDERS.items() for file in files if file.endswith(".safetensors")) + (
@@ -348,7 +350,11 @@ TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("safetensors", _SHARDS + (Slot("ct-fp8-block", "model.safetensors"),), _safetensors),
-        Target("checkpoint", _folder_slots(list(_FOLDERS)) + _folder_slots(list(_ADDED)), _checkpoint),
+        Target(
+            "checkpoint",
+            _folder_slots(list(_FOLDERS)) + _folder_slots(list(_ADDED)) + _folder_slots(list(_ADDED_LATER)),
+            _checkpoint,
+        ),
         Target("gguf", tuple(Slot(g) for g in _GGUF), _gguf),
         Target("npy", (Slot("numpy.npy"), Slot("fortran.npy"), Slot("x.npy")), _numpy),
         Target("npz", tuple(Slot(n) for n in _NPZ + _INTEGER_BLOCK_FILES), _numpy),
@@ -380,7 +386,8 @@ TARGETS: dict[str, Target] = {
             + tuple(Slot(n, "", ("--dtype", "float32")) for n in _BLOCK_FILES)
             + tuple(Slot(g) for g in ("nvfp4.gguf", "moe-nvfp4.gguf", "mxfp4.gguf"))
             + _folder_slots(list(_ADDED))
-            + tuple(Slot(n, "", ("--dtype", "float32")) for n in _INTEGER_BLOCK_FILES),
+            + tuple(Slot(n, "", ("--dtype", "float32")) for n in _INTEGER_BLOCK_FILES)
+            + _folder_slots(list(_ADDED_LATER)),
             _dequantize,
         ),
         Target(
@@ -396,7 +403,8 @@ TARGETS: dict[str, Target] = {
             "check",
             _folder_slots(_QUANTISED)
             + _folder_slots(["ct-nvfp4", "modelopt-nvfp4"], ("--repair",))
-            + _folder_slots(list(_ADDED)),
+            + _folder_slots(list(_ADDED))
+            + _folder_slots(list(_ADDED_LATER)),
             _check,
         ),
     )
