@@ -23,11 +23,9 @@ from neuron_kernels.checkpoints.fp8_range import HALVED, HALVED_EXACT
 from .checkpoint_helpers import read_safetensors, write_safetensors
 from .cli_runner import run
 from .fp8_checkpoints import decode, encode, make_ct_fp8
+from .neuron_checkpoints import BF16, PLAIN, PROJ, bf16_model, write_model
 
 E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-PROJ = ("model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight")
-PLAIN = ("model.layers.0.input_layernorm.weight", "lm_head.weight")
 
 
 def halved_reference(code: int) -> tuple[int, bool]:
@@ -54,20 +52,6 @@ def test_halving_every_code_as_the_encoding_says():
     positive = np.arange(1, 127)
     assert int(HALVED_EXACT[positive].sum()) == 118
     assert float(np.nanmax(HALVED.view(ml_dtypes.float8_e4m3fn).astype(np.float32))) == 224
-
-
-def write_model(folder, tensors: dict, quantization_config: dict | None = None) -> None:
-    folder.mkdir()
-    write_safetensors(folder / "model.safetensors", tensors)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "tie_word_embeddings": False}
-    if quantization_config is not None:
-        config["quantization_config"] = quantization_config
-    (folder / "config.json").write_text(json.dumps(config))
-
-
-def bf16_model(rng, rows: int = 256, cols: int = 256) -> dict:
-    w = {n: (rng.standard_normal((rows, cols)) * 0.02).astype(BF16) for n in PROJ}
-    return {**w, PLAIN[0]: np.ones(cols, BF16), PLAIN[1]: rng.standard_normal((64, cols)).astype(BF16)}
 
 
 def fp8_model(folder, rng, subnormals: bool = True) -> dict:

@@ -22,7 +22,7 @@ from neuron_kernels.errors import InvalidValueError, NotApplicableError
 from .checkpoint_helpers import read_safetensors
 from .cli_runner import run
 from .helpers import import_runtime
-from .test_checkpoints_neuron import PROJ, bf16_model, write_model
+from .neuron_checkpoints import PROJ, bf16_model, write_model
 
 E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
 F32 = np.float32

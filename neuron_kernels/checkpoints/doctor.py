@@ -53,6 +53,7 @@ from .architecture import Architecture, architecture_of, normalise
 from .folder import CONFIG_NAME, INDEX_NAME, Checkpoint, json_file, write_json
 from .fp8_range import OCP_E4M3, beyond
 from .layouts import CheckpointLayout, StoredWeight, open_any, stored_weights
+from .layouts.nxd_inference import NEURON_FP8_MAX
 from .layouts.records import check_fused_whole
 from .runtimes import fused_scale_ratio, fused_scale_rule
 from .scheme_findings import scheme_findings
@@ -261,10 +262,6 @@ def _range_findings(layout: CheckpointLayout, w: StoredWeight, chunk_bytes: int)
     return [Finding("error", "fp8-range", message, (w.name,))]
 
 
-#: The largest FP8 value of Trn1 and Trn2 (NxD's ``DtypeBound``; the ``neuron`` layout's maximum).
-_NEURON_FP8_MAX = 240.0
-
-
 def _neuron_findings(layout: CheckpointLayout, weights: list[StoredWeight], chunk_bytes: int) -> list[Finding]:
     """A note on an OCP FP8 checkpoint whose ``*.weight_scale`` NxD Inference would load as its own
     ``*.scale`` (``get_state_dict`` renames them, models/application_base.py), where FP8 values lie
@@ -279,14 +276,14 @@ def _neuron_findings(layout: CheckpointLayout, weights: list[StoredWeight], chun
         if not any(p.endswith(".weight_scale") for p in w.parts):
             continue
         step = max(1, chunk_bytes)
-        if any(beyond(np.asarray(w.codes.read_flat(a, min(a + step, w.codes.size))), _NEURON_FP8_MAX)
+        if any(beyond(np.asarray(w.codes.read_flat(a, min(a + step, w.codes.size))), NEURON_FP8_MAX)
                for a in range(0, w.codes.size, step)):  # fmt: skip
             over.append(w.name)
     if not over:
         return []
     message = (
-        f"{len(over)} FP8 weight(s) hold values beyond +-{_NEURON_FP8_MAX:g}: NxD Inference would load this "
-        f"checkpoint's weight_scale as its scale, but Trn1/Trn2 hold FP8 within +-{_NEURON_FP8_MAX:g} (beyond, values "
+        f"{len(over)} FP8 weight(s) hold values beyond +-{NEURON_FP8_MAX:g}: NxD Inference would load this "
+        f"checkpoint's weight_scale as its scale, but Trn1/Trn2 hold FP8 within +-{NEURON_FP8_MAX:g} (beyond, values "
         "may become NaN); --layout neuron with the fp8_e4m3_* format of the same blocks halves the codes instead"
     )
     return [Finding("note", "neuron-fp8-range", message, tuple(over))]

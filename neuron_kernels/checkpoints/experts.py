@@ -23,6 +23,7 @@ import numpy as np
 from ..blocks.layout import BlockLayout
 from ..io.arrays import ArrayEntry, FileFormatError
 from .architecture import Architecture
+from .fp8_range import OCP_E4M3
 from .runtime_modules import ExpertSplit
 
 __all__ = ["split_experts", "stack_experts", "stacked_fp8_experts"]
@@ -197,7 +198,8 @@ def _per_channel_fp8(w: Any) -> bool:
     lay = getattr(w, "layout", None)
     return (
         lay is not None
-        and lay.fmt == "fp8_channel"
+        and lay.format.element_format is OCP_E4M3
+        and lay.format.float_scales
         and len(lay.shape) == 2
         and lay.axis == 1
         and lay.block_rows == 1

@@ -243,7 +243,7 @@ def _fits(ckpt: Checkpoint, quantised: dict[str, tuple[int, ...]], fmt: str, **c
     bf = BLOCK_FORMATS[fmt]
     for name, shape in quantised.items():
         if stacked_expert(name, shape, context.get("arch")):
-            if fmt != "fp8_e4m3_channel":
+            if bf.integer or bf.block_rows != 1 or bf.block_size != WHOLE:  # FP8 per channel only
                 raise FileFormatError(
                     f"{name}: NxD Inference holds stacked experts in FP8 per expert and output column only "
                     f"({EXPERT_WISE}); choose --format fp8_e4m3_channel, or --ignore the experts"
