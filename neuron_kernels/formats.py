@@ -14,6 +14,7 @@ user's dtype description into a row (:func:`~neuron_kernels.dtypes.as_dtype`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import ml_dtypes
@@ -82,76 +83,76 @@ class Format:
     nan_payload_decode: bool = False
 
     # ---- derived values -------------------------------------------------------------------
-    @property
+    @cached_property
     def is_float(self) -> bool:
         return self.kind == "float"
 
-    @property
+    @cached_property
     def is_packed(self) -> bool:
         return self.kind == "packed"
 
-    @property
+    @cached_property
     def has_inf(self) -> bool:
         return self.kind == "float" and self.specials == "ieee"
 
-    @property
+    @cached_property
     def has_nan(self) -> bool:
         return self.kind == "float" and self.specials != "none"
 
-    @property
+    @cached_property
     def has_negative_zero(self) -> bool:
         return self.kind == "float" and self.signed and self.specials in ("ieee", "fn", "none")
 
-    @property
+    @cached_property
     def float32_items(self) -> bool:
         """Whether the format's items are float32 bit patterns (float32, and the formats the package
         stores in float32 arrays: float32r, tfloat32): kernels read and write them as such."""
         return self.kind == "float" and self.itemsize == 4 and self.ebits == 8 and self.bias == 127
 
-    @property
+    @cached_property
     def float32_values(self) -> bool:
         """Whether the format's values are float32's, every one (float32, float32r): nothing rounds
         between the two."""
         return self.float32_items and self.mbits == 23 and self.specials == "ieee"
 
-    @property
+    @cached_property
     def float64_items(self) -> bool:
         """Whether the format's items are float64 values, which kernels take as they are (the
         widest source, read to float32 with one rounding; not a pattern of codes)."""
         return self.kind == "float" and self.itemsize == 8
 
-    @property
+    @cached_property
     def magnitude_bits(self) -> int:
         """The bits of a code that are not its sign (all of them in an unsigned format)."""
         return self.bits - 1 if self.signed else self.bits
 
-    @property
+    @cached_property
     def max_exponent_field(self) -> int:
         """Largest biased exponent field that encodes finite values."""
         top = (1 << self.ebits) - 1
         return top - 1 if self.specials in ("ieee", "e8m0") else top
 
-    @property
+    @cached_property
     def max_mantissa_field(self) -> int:
         """Largest mantissa field at :attr:`max_exponent_field` that encodes a finite value."""
         full = (1 << self.mbits) - 1
         return full - 1 if self.specials == "fn" else full
 
-    @property
+    @cached_property
     def max_code(self) -> int:
         """Code of the largest finite positive value (sign bit clear)."""
         return (self.max_exponent_field << self.mbits) | self.max_mantissa_field
 
-    @property
+    @cached_property
     def sign_code(self) -> int:
         """The sign bit of a code (0 for unsigned formats)."""
         return 1 << (self.bits - 1) if self.signed else 0
 
-    @property
+    @cached_property
     def inf_code(self) -> int | None:
         return ((1 << self.ebits) - 1) << self.mbits if self.has_inf else None
 
-    @property
+    @cached_property
     def nan_code(self) -> int | None:
         """The positive quiet NaN code (fn and e8m0: every magnitude bit set; fnuz: the only NaN, 0x80)."""
         if self.specials == "ieee":
@@ -162,29 +163,29 @@ class Format:
             return 1 << (self.bits - 1)
         return None
 
-    @property
+    @cached_property
     def emin(self) -> int:
         """Exponent of the smallest normal value."""
         return 1 - self.bias if self.mbits else -self.bias
 
-    @property
+    @cached_property
     def emax(self) -> int:
         return self.max_exponent_field - self.bias
 
-    @property
+    @cached_property
     def integer(self) -> bool:
         """Whether the values are the integers of the codes (numpy's ints and the block elements of
         :func:`_qint`)."""
         return self.kind in ("int", "qint")
 
-    @property
+    @cached_property
     def max(self) -> float:
         if self.integer:
             return float((1 << self.magnitude_bits) - 1)
         frac = 1.0 + self.max_mantissa_field / (1 << self.mbits)
         return float(np.ldexp(frac, self.emax))
 
-    @property
+    @cached_property
     def lowest(self) -> float:
         if self.integer:
             return float(-(1 << self.magnitude_bits)) if self.signed else 0.0
@@ -192,33 +193,33 @@ class Format:
             return -self.max
         return self.smallest_normal if self.specials == "e8m0" else 0.0  # e8m0 has no zero
 
-    @property
+    @cached_property
     def smallest_normal(self) -> float:
         return float(np.ldexp(1.0, self.emin))
 
-    @property
+    @cached_property
     def smallest_subnormal(self) -> float:
         return float(np.ldexp(1.0, self.emin - self.mbits))
 
-    @property
+    @cached_property
     def eps(self) -> float:
         return float(np.ldexp(1.0, -self.mbits))
 
-    @property
+    @cached_property
     def dtype(self) -> np.dtype | NKDType:
         """The dtype object users see: the numpy/ml_dtypes dtype, else the package's own."""
         if self.numpy_name is not None:
             return _numpy_dtype(self.numpy_name)
         return NKDType._for(self)
 
-    @property
+    @cached_property
     def result_dtype(self) -> np.dtype:
         """The dtype of the arrays that hold values of this format."""
         if self.numpy_name is not None:
             return _numpy_dtype(self.numpy_name)
         return np.dtype(self.container)
 
-    @property
+    @cached_property
     def storage_dtype(self) -> np.dtype:
         """The unsigned integer dtype of the same width: what the kernels see."""
         return np.dtype(f"uint{8 * self.itemsize}")
@@ -459,56 +460,56 @@ class BlockFormat:
     #: Integer formats: a zero point per block (asymmetric: ``(q - z) * s``).
     zero_points: bool = False
 
-    @property
+    @cached_property
     def element_format(self) -> Format:
         return FORMATS[self.element]
 
-    @property
+    @cached_property
     def scale_format(self) -> Format:
         return FORMATS[self.scale]
 
-    @property
+    @cached_property
     def max_element(self) -> float:
         """The largest element value."""
         return self.element_format.max
 
-    @property
+    @cached_property
     def emax_elem(self) -> int:
         """Exponent of the element's largest normal value, floor(log2(max element))."""
         return self.element_format.emax
 
-    @property
+    @cached_property
     def mbits(self) -> int:
         """The element's mantissa width (fixed point: its fraction bits)."""
         return self.element_format.mbits
 
-    @property
+    @cached_property
     def element_bits(self) -> int:
         return self.element_format.bits
 
-    @property
+    @cached_property
     def packable(self) -> bool:
         """Whether codes can be stored two per byte (4-bit elements)."""
         return self.element_bits == 4
 
-    @property
+    @cached_property
     def x4(self) -> str | None:
         """The Neuron packed container of the element, if any."""
         return next((f.name for f in FORMATS.values() if f.kind == "packed" and f.element == self.element), None)
 
-    @property
+    @cached_property
     def nan_element_code(self) -> int:
         """The code of every element of a block holding a NaN or an infinity: the element's
         positive NaN code, or 0 where it has none."""
         return self.element_format.nan_code or 0
 
-    @property
+    @cached_property
     def integer(self) -> bool:
         """Whether the elements are integers (``int2`` ... ``int8``): a block's values are ``(q - z) *
         s``, ``z`` its zero point (0 for symmetric quantisation)."""
         return self.element_format.integer
 
-    @property
+    @cached_property
     def scale_modes(self) -> tuple[str, ...]:
         """The scale modes (``modes.SCALE_MODES``) of this scale format; the first is the default."""
         if self.integer:
@@ -517,33 +518,33 @@ class BlockFormat:
             return FLOAT_SCALE_MODES
         return E8M0_SCALE_MODES if self.scale_format.specials == "e8m0" else ("nearest",)
 
-    @property
+    @cached_property
     def float_scales(self) -> bool:
         """Whether the scales are floats of 16 or 32 bits (FP8 with float scales), not bytes."""
         return self.scale_format.kind == "float" and self.scale_format.bits >= 16
 
-    @property
+    @cached_property
     def scale_dtypes(self) -> tuple[str, ...]:
         """The dtypes the scales may be stored as; the first is the default."""
         return FLOAT_SCALE_DTYPES if self.float_scales else (self.scale,)
 
-    @property
+    @cached_property
     def per_matrix(self) -> bool:
         """Whether one scale covers a whole matrix (FP8 per tensor)."""
         return self.block_rows == WHOLE and self.block_size == WHOLE
 
-    @property
+    @cached_property
     def default_block_shape(self) -> tuple[int, ...]:
         """The default block, ``(block_size,)`` or the 2-D tile ``(block_rows, block_size)``
         (:data:`WHOLE` where it spans the axis)."""
         return (self.block_size,) if self.block_rows == 1 else (self.block_rows, self.block_size)
 
-    @property
+    @cached_property
     def is_mx(self) -> bool:
         """Whether this is an OCP MX format (power-of-two e8m0 scales)."""
         return self.scale_format.specials == "e8m0"
 
-    @property
+    @cached_property
     def family(self) -> str:
         """The family's name, as messages and reprs say it: ``MX``, ``INT`` (integer elements),
         ``FP8`` (float scales), or the format's own (``NVFP4``)."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import neuron_kernels as nk
+from neuron_kernels.errors import InvalidTypeError, InvalidValueError
 
 MX = [n for n, f in nk.BLOCK_FORMATS.items() if f.is_mx]
 FAMILIES = [
@@ -131,3 +132,27 @@ def test_the_options_are_declared_once():
     assert S.Scheme.of("nvfp4", {"scale_search": "mse", "x": 1}) == S.Scheme("nvfp4", scale_search="mse")
     with pytest.raises(TypeError, match="unknown option"):
         S.block_job("nvfp4", 2, blocksize=16)
+
+
+def test_checked_jobs_are_reused_without_changing_what_a_call_means():
+    """A scheme's job is checked once and reused (docs/performance.md "Per call"): the same result
+    for the same options; options of another type still checked as themselves (``True`` is no
+    block size, whatever ``1`` gave); stochastic rounding without a seed still draws a fresh one
+    per call; a refused option is refused every time."""
+    from neuron_kernels.blocks import scheme as S
+
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    first = nk.quantize(x, "mxfp8_e4m3", block_size=32)
+    assert any(isinstance(k[0], S.Scheme) and k[0].block_size == 32 for k in S._JOBS)
+    assert np.array_equal(nk.quantize(x, "mxfp8_e4m3", block_size=32).codes, first.codes)
+    assert nk.quantize(x, "mxfp8_e4m3", block_size=1).block_size == 1
+    with pytest.raises(InvalidTypeError, match="block_size must be a positive int, got True"):
+        nk.quantize(x, "mxfp8_e4m3", block_size=True)
+    nk.quantize(x, "nvfp4", block_shape=(1, 16))
+    with pytest.raises(InvalidTypeError, match="block_shape must be a positive int"):
+        nk.quantize(x, "nvfp4", block_shape=(1.0, 16))
+    draws = {nk.quantize(x, "mxfp4_e2m1", rounding="stochastic").codes.tobytes() for _ in range(4)}
+    assert len(draws) > 1
+    for _ in range(2):
+        with pytest.raises(InvalidValueError):
+            nk.quantize(x, "mxfp8_e4m3", scale_mode="nonsense")

@@ -212,6 +212,25 @@ class BlockArray(BlockFields):
         object.__setattr__(self, "group_index", group_index)
         self.__post_init__()
 
+    @classmethod
+    def _made(
+        cls,
+        codes: np.ndarray,
+        scales: np.ndarray,
+        layout: BlockLayout,
+        per_tensor_scale: float | None = None,
+        rotation: tuple[int, ...] | None = None,
+    ) -> BlockArray:
+        """A block array the package's own kernels have just written for ``layout`` (a checked
+        job's): its fields fit together by construction, so they are not checked again."""
+        made = object.__new__(cls)
+        for name, value in (
+            ("codes", codes), ("scales", scales), ("layout", layout), ("per_tensor_scale", per_tensor_scale),
+            ("rotation", rotation), ("zero_points", None), ("group_index", None),
+        ):  # fmt: skip
+            object.__setattr__(made, name, value)
+        return made
+
     def __post_init__(self) -> None:
         """Refuse fields that do not fit together (the kernels trust them)."""
         for name in ("codes", "scales"):

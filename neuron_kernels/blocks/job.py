@@ -22,7 +22,7 @@ from ..recipes import RecipeRule
 from ..registry import block_kernels
 from .array import BlockArray
 from .inputs import input_array
-from .layout import BlockLayout
+from .layout import BlockLayout, count
 from .recipe_options import check_finite, ct_global_scale, recipe_rule
 from .rotation import check_length, rotate_array, rotated_amax
 
@@ -137,7 +137,7 @@ class BlockJob:
     def _stored(self, shape: tuple[int, ...]) -> tuple[int, int]:
         """(block_size, block_rows) as a block array of ``shape`` records them (a block or tile
         longer than the array is cut to it)."""
-        if not int(np.prod(shape, dtype=np.int64)):
+        if not count(shape):
             return self.block_size, self.block_rows
         rows = min(self.block_rows, shape[-2]) if self.block_rows > 1 else self.block_rows
         return min(self.block_size, shape[self.axis]), rows
@@ -204,7 +204,7 @@ class BlockJob:
                 out.scales[...] = self._stored_scales(scales)
             return out if out.per_tensor_scale == pts else replace(out, per_tensor_scale=pts)
         size, rows = self._stored(arr.shape)
-        return BlockArray(
+        return BlockArray._made(
             codes,
             self._stored_scales(scales),
             BlockLayout(self.fmt.name, arr.shape, self.axis, size, rows, self.pack),

@@ -14,6 +14,8 @@ memory.
 
 from __future__ import annotations
 
+import functools
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..formats import BLOCK_FORMATS, BlockFormat
 
-__all__ = ["BlockLayout", "KernelShapes", "Pieces", "Cut", "geometry"]
+__all__ = ["BlockLayout", "KernelShapes", "Pieces", "Cut", "geometry", "count"]
 
 #: The longest row the quantising row kernels see (see BlockLayout.kernel_shapes): 256 KiB of
 #: float32, which a core's cache holds between a row's scale loop and its element loop (measured
@@ -33,10 +35,15 @@ ROW_ELEMENTS = 1 << 16
 Cut = tuple[int, int, int, int]
 
 
+def count(dims: Any) -> int:
+    """The number of elements of an array of the dimensions ``dims`` (Python ints; 1 for none)."""
+    return math.prod(map(int, dims))
+
+
 def geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     """(outer, length, inner): the array seen as (A, L, B) with blocks along L."""
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
+    outer = count(shape[:axis])
+    inner = count(shape[axis + 1 :])
     return outer, shape[axis], inner
 
 
@@ -93,7 +100,7 @@ class BlockLayout:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return count(self.shape)
 
     def _row_split(self, length: int) -> int:
         """How many rows a row of ``length`` elements is seen as by the quantising row kernels:
@@ -111,6 +118,13 @@ class BlockLayout:
         return 1
 
     def kernel_shapes(self, split_rows: bool = False) -> KernelShapes:
+        """:func:`_kernel_shapes` of this layout (made once per layout)."""
+        try:
+            return _kernel_shapes(self, split_rows)
+        except TypeError:  # fields that are not hashable values (a layout not yet checked)
+            return _kernel_shapes.__wrapped__(self, split_rows)
+
+    def _shapes(self, split_rows: bool) -> KernelShapes:
         """The shapes the kernels see the values, codes and scales as, and the tasks (see :class:`KernelShapes`).
 
         Row kernels see 2-D (A, L) arrays (1-D blocks along the last axis); tile kernels 3-D
@@ -122,7 +136,7 @@ class BlockLayout:
         codes_len = self.codes_shape[self.axis]
         nb = self.scales_shape[self.axis]
         if self.two_d:
-            a = int(np.prod(self.shape[:-2], dtype=np.int64))
+            a = count(self.shape[:-2])
             r, c = self.shape[-2], self.shape[-1]
             nrt = self.scales_shape[-2]
             return KernelShapes(False, (a, r, c), (a, r, codes_len), (a, nrt, nb), a * nrt)
@@ -192,6 +206,11 @@ class BlockLayout:
         return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _kernel_shapes(layout: BlockLayout, split_rows: bool) -> KernelShapes:
+    return layout._shapes(split_rows)
+
+
 @dataclass(frozen=True)
 class Pieces:
     """How to cut an array of a layout into pieces that are each contiguous in the values, the
@@ -213,7 +232,7 @@ class Pieces:
         """(outer, length, inner) of 1-D blocks; (A, R, C) of 2-D ones."""
         if self.layout.two_d:
             shape = self.layout.shape
-            return int(np.prod(shape[:-2], dtype=np.int64)), shape[-2], shape[-1]
+            return count(shape[:-2]), shape[-2], shape[-1]
         return geometry(self.layout.shape, self.layout.axis)
 
     def _rows(self) -> tuple[int, int]:
@@ -271,7 +290,7 @@ class Pieces:
         length, inner = self._rows()
         start = (r0 * length + l0) * inner
         shape = self.piece_layout(cut).shape
-        return start, start + int(np.prod(shape, dtype=np.int64)), shape
+        return start, start + count(shape), shape
 
     def codes(self, cut: Cut) -> tuple[int, int, tuple[int, ...]]:
         """(start, stop, shape) of the piece in the codes."""
@@ -282,7 +301,7 @@ class Pieces:
         width = lay.codes_shape[lay.axis]
         lo = l0 // 2 if lay.packed else l0
         start = (r0 * width + lo) * inner
-        return start, start + int(np.prod(piece.codes_shape, dtype=np.int64)), piece.codes_shape
+        return start, start + count(piece.codes_shape), piece.codes_shape
 
     def scales(self, cut: Cut) -> tuple[int, int, tuple[int, ...]]:
         """(start, stop, shape) of the piece in the scales."""
@@ -297,4 +316,4 @@ class Pieces:
             start = (matrix * nrt + row // lay.block_rows) * nb
         else:
             start = (r0 * nb + l0 // lay.block_size) * inner
-        return start, start + int(np.prod(piece.scales_shape, dtype=np.int64)), piece.scales_shape
+        return start, start + count(piece.scales_shape), piece.scales_shape

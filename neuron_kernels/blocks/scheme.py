@@ -87,7 +87,26 @@ class Scheme:
     ) -> BlockJob:
         """The :class:`~.job.BlockJob` of this scheme for arrays of ``ndim`` dimensions, every
         option checked (``formats``: the formats accepted, named ``what`` in errors; ``dtype``:
-        the input's, the intermediate dtype of a recipe that computes in the weight's)."""
+        the input's, the intermediate dtype of a recipe that computes in the weight's).
+
+        A job that draws nothing at random (nearest-even rounding, no rotation) is made once per
+        scheme, option types, ``ndim``, ``dtype``, formats and ``what``, and then reused: a call's
+        options are checked once, not on every call (:data:`_JOBS`)."""
+        if self.rounding != "nearest_even" or self.rht is not False:
+            return self._checked_job(ndim, dtype, formats, what)
+        try:
+            key = (self, tuple(_kind(getattr(self, n)) for n in OPTIONS), ndim, dtype, formats, what)
+            job = _JOBS.get(key)
+        except TypeError:  # an option that is no hashable value (a list): checked every time
+            return self._checked_job(ndim, dtype, formats, what)
+        if job is None:
+            job = self._checked_job(ndim, dtype, formats, what)
+            if len(_JOBS) >= _JOBS_KEPT:
+                _JOBS.clear()
+            _JOBS[key] = job
+        return job
+
+    def _checked_job(self, ndim: int, dtype: Any, formats: tuple[str, ...], what: str) -> BlockJob:
         if self.recipe is not None:
             return self._recipe_job(ndim, dtype, formats, what)
         return self._job(ndim, formats, what)
@@ -172,6 +191,16 @@ def _integer(bf: BlockFormat, rows: int, axis: int, ndim: int, rounding: str, ro
     if rotation is not None:
         raise NotApplicableError(f"{bf.name} takes no rotation (rht=)")
 
+
+def _kind(value: Any) -> Any:
+    """The type of an option's value, and of each member of a tuple: equal values of other types
+    (``16.0`` and ``16``, ``True`` and ``1``) are checked as themselves, not taken for each other."""
+    return (tuple, tuple(_kind(v) for v in value)) if isinstance(value, tuple) else type(value)
+
+
+#: The jobs of schemes already checked (see :meth:`Scheme.job`), and how many are kept.
+_JOBS: dict[Any, BlockJob] = {}
+_JOBS_KEPT = 512
 
 #: The options of a quantisation, in the order of :func:`neuron_kernels.quantize`'s signature.
 OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(Scheme))[1:]

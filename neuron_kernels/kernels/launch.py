@@ -11,6 +11,7 @@ is first needed). Nothing here validates: the job was.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -97,7 +98,7 @@ def bands(job: Any, shape: tuple[int, ...]) -> int:
         return 0
     rows, cols = shape[-2], shape[-1]
     threads = get_num_threads()
-    matrices = int(np.prod(shape[:-2], dtype=np.int64))
+    matrices = math.prod(map(int, shape[:-2]))
     if job.block_rows < rows or job.block_size < cols or matrices >= threads or rows < 2 * threads:
         return 0
     return -(-rows // (4 * threads)) if rows * cols >= PARALLEL_MIN_ELEMENTS else 0
