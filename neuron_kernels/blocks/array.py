@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -203,14 +203,13 @@ class BlockArray(BlockFields):
                 "BlockArray takes (codes, scales, layout, per_tensor_scale=None, rotation=None); "
                 f"got {len(fields)} more positional and {sorted(named)} named arguments"
             )
-        object.__setattr__(self, "codes", codes)
-        object.__setattr__(self, "scales", scales)
-        object.__setattr__(self, "layout", layout)
-        object.__setattr__(self, "per_tensor_scale", per_tensor_scale)
-        object.__setattr__(self, "rotation", rotation)
-        object.__setattr__(self, "zero_points", zero_points)
-        object.__setattr__(self, "group_index", group_index)
+        self._set(codes, scales, layout, per_tensor_scale, rotation, zero_points, group_index)
         self.__post_init__()
+
+    def _set(self, *values: Any) -> None:
+        """The fields, in their order, set on this frozen instance."""
+        for f, value in zip(fields(self), values, strict=True):
+            object.__setattr__(self, f.name, value)
 
     @classmethod
     def _made(
@@ -224,11 +223,7 @@ class BlockArray(BlockFields):
         """A block array the package's own kernels have just written for ``layout`` (a checked
         job's): its fields fit together by construction, so they are not checked again."""
         made = object.__new__(cls)
-        for name, value in (
-            ("codes", codes), ("scales", scales), ("layout", layout), ("per_tensor_scale", per_tensor_scale),
-            ("rotation", rotation), ("zero_points", None), ("group_index", None),
-        ):  # fmt: skip
-            object.__setattr__(made, name, value)
+        made._set(codes, scales, layout, per_tensor_scale, rotation, None, None)
         return made
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ from ..blocks.layout import BlockLayout
 from ..io.arrays import ArrayEntry, FileFormatError
 from .architecture import Architecture
 from .fp8_range import OCP_E4M3
+from .layouts.records import StoredWeight
 from .runtime_modules import ExpertSplit
 
 __all__ = ["split_experts", "stack_experts", "stacked_fp8_experts"]
@@ -165,8 +166,6 @@ def stacked_fp8_experts(stored: dict[str, Any], arch: Architecture | None) -> di
     without decoding: each expert's codes transposed and its row scales laid along the columns
     ([E, 1, out]), so that the stacked weight's values are the experts' exactly. Modules whose
     experts are not all such weights are left out (they stack dequantised)."""
-    from .layouts.records import StoredWeight  # the layouts import this module's users
-
     if arch is None or not arch.splits:
         return {}
     found: dict[str, dict[str, Any]] = {}
